@@ -1,0 +1,198 @@
+//! Rate-limiting algorithms: one file each, every one a pure state transition.
+//!
+//! An [`Algorithm`] never reads a clock and never touches storage. Given a key's state, the time
+//! `now` (integer microseconds, see [`clock`](crate::clock)) and a cost, [`Algorithm::decide`]
+//! answers with a [`Decision`] without changing anything, and [`Algorithm::apply`] charges an
+//! allowed request. Splitting the two is what lets several limits be all-or-nothing: every limit
+//! decides first, and only if all allow is any charged.
+//!
+//! Every algorithm:
+//! - refills lazily from elapsed time (no timers);
+//! - treats `State::default()` as a fresh key, which starts full;
+//! - caps idle banking at its capacity;
+//! - uses exact integer arithmetic, so the Redis scripts can mirror it bit for bit.
+//!
+//! | algorithm | state per key | bursts | how it fails |
+//! |---|---|---|---|
+//! | [`TokenBucket`] | 16 bytes | up to capacity, then the rate | admits capacity + rate × t in any span t |
+//! | [`Gcra`] | 8 bytes | same as token bucket | same as token bucket, one number |
+//! | [`FixedWindow`] | 16 bytes | whole window at once | 2× the limit across a window seam |
+//! | [`SlidingWindow`] | 24 bytes | up to the limit | approximates; under-counts end-of-window bursts |
+//! | [`SlidingLog`] | 16 bytes per admitted request | up to the limit | exact; memory grows with the limit |
+//! | [`LeakyBucket`] | 16 bytes | queue of capacity, drained at the rate | requests wait (or are refused when the queue is full) |
+//!
+//! ```
+//! use tollgate::algorithm::{Algorithm, TokenBucket};
+//! use tollgate::Quota;
+//!
+//! // Capacity 20, refilling 10 per second.
+//! let bucket = TokenBucket::new(Quota::per_second(10).burst(20)).unwrap();
+//! let mut state = Default::default();
+//! for _ in 0..20 {
+//!     assert!(bucket.check(&mut state, 0, 1).allowed());
+//! }
+//! let d = bucket.check(&mut state, 50_000, 1); // 50 ms later
+//! assert!(!d.allowed());
+//! assert_eq!(d.retry_after(), Some(std::time::Duration::from_millis(50)));
+//! ```
+
+use std::fmt::Debug;
+
+use crate::decision::Decision;
+use crate::error::ConfigError;
+use crate::quota::Quota;
+
+mod fixed_window;
+mod gcra;
+mod leaky_bucket;
+mod sliding_log;
+mod sliding_window;
+mod token_bucket;
+
+pub use fixed_window::{FixedWindow, FixedWindowState};
+pub use gcra::{Gcra, GcraState};
+pub use leaky_bucket::{LeakyBucket, LeakyBucketState};
+pub use sliding_log::{SlidingLog, SlidingLogState};
+pub use sliding_window::{SlidingWindow, SlidingWindowState};
+pub use token_bucket::{TokenBucket, TokenBucketState};
+
+/// A rate-limiting algorithm: a pure transition over a key's state.
+///
+/// Times are microseconds on a monotonic clock. Implementations must tolerate `now` earlier than
+/// a time already seen (treat it as no time elapsed) and any `cost` (a cost above
+/// [`capacity`](Self::capacity) gets [`Decision::impossible`]).
+pub trait Algorithm: Send + Sync + Debug + 'static {
+    /// Per-key state. `Default` is a fresh key, which starts full.
+    type State: Default + Debug + Send + Sync + 'static;
+
+    /// The quota this algorithm enforces.
+    fn quota(&self) -> &Quota;
+
+    /// The largest cost a single request can ever be granted.
+    fn capacity(&self) -> u64;
+
+    /// Decides a request of `cost` at `now` without changing `state`.
+    fn decide(&self, state: &Self::State, now: u64, cost: u64) -> Decision;
+
+    /// Charges a request that [`decide`](Self::decide) allowed at the same `now` and `cost`.
+    fn apply(&self, state: &mut Self::State, now: u64, cost: u64);
+
+    /// Gives back `cost` charged at `now` (reserve-then-refund across stores). Never makes the
+    /// state fuller than a fresh key.
+    fn refund(&self, state: &mut Self::State, now: u64, cost: u64);
+
+    /// Microseconds without requests after which any state is indistinguishable from a fresh
+    /// key; stores use it to expire idle keys.
+    fn idle_timeout_micros(&self) -> u64;
+
+    /// Decides and, if allowed, charges: `decide` followed by `apply`.
+    #[inline]
+    fn check(&self, state: &mut Self::State, now: u64, cost: u64) -> Decision {
+        let decision = self.decide(state, now, cost);
+        if decision.allowed() {
+            self.apply(state, now, cost);
+        }
+        decision
+    }
+}
+
+/// Which algorithm a limit uses; builds the typed algorithm from a [`Quota`].
+///
+/// ```
+/// use tollgate::algorithm::AlgorithmKind;
+///
+/// assert_eq!("gcra".parse::<AlgorithmKind>().unwrap(), AlgorithmKind::Gcra);
+/// assert_eq!(AlgorithmKind::default(), AlgorithmKind::TokenBucket);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum AlgorithmKind {
+    /// [`TokenBucket`]: bursts up to capacity, sustained rate. The default.
+    #[default]
+    TokenBucket,
+    /// [`Gcra`]: token bucket semantics in one timestamp.
+    Gcra,
+    /// [`FixedWindow`]: one counter per aligned window.
+    FixedWindow,
+    /// [`SlidingWindow`]: weighted previous + current window counters.
+    SlidingWindow,
+    /// [`SlidingLog`]: exact log of admitted requests.
+    SlidingLog,
+    /// [`LeakyBucket`]: a queue drained at a constant rate.
+    LeakyBucket,
+}
+
+impl AlgorithmKind {
+    /// Every algorithm, in a fixed order.
+    pub const ALL: [AlgorithmKind; 6] = [
+        AlgorithmKind::TokenBucket,
+        AlgorithmKind::Gcra,
+        AlgorithmKind::FixedWindow,
+        AlgorithmKind::SlidingWindow,
+        AlgorithmKind::SlidingLog,
+        AlgorithmKind::LeakyBucket,
+    ];
+
+    /// The algorithm's name, as parsed by `FromStr`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            AlgorithmKind::TokenBucket => "token_bucket",
+            AlgorithmKind::Gcra => "gcra",
+            AlgorithmKind::FixedWindow => "fixed_window",
+            AlgorithmKind::SlidingWindow => "sliding_window",
+            AlgorithmKind::SlidingLog => "sliding_log",
+            AlgorithmKind::LeakyBucket => "leaky_bucket",
+        }
+    }
+
+    /// Checks that this algorithm can enforce `quota` (e.g. window algorithms take no burst).
+    pub fn validate(&self, quota: &Quota) -> Result<(), ConfigError> {
+        match self {
+            AlgorithmKind::TokenBucket => TokenBucket::new(*quota).map(drop),
+            AlgorithmKind::Gcra => Gcra::new(*quota).map(drop),
+            AlgorithmKind::FixedWindow => FixedWindow::new(*quota).map(drop),
+            AlgorithmKind::SlidingWindow => SlidingWindow::new(*quota).map(drop),
+            AlgorithmKind::SlidingLog => SlidingLog::new(*quota).map(drop),
+            AlgorithmKind::LeakyBucket => LeakyBucket::new(*quota).map(drop),
+        }
+    }
+}
+
+impl std::fmt::Display for AlgorithmKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for AlgorithmKind {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let norm = s.trim().to_ascii_lowercase().replace(['-', ' '], "_");
+        AlgorithmKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == norm)
+            .ok_or_else(|| {
+                ConfigError::new(
+                    "algorithm",
+                    format!(
+                        "unknown algorithm {s:?}; use one of token_bucket, gcra, fixed_window, sliding_window, sliding_log, leaky_bucket"
+                    ),
+                )
+            })
+    }
+}
+
+/// Rejects a window algorithm's quota that sets a burst different from its count.
+pub(crate) fn reject_window_burst(quota: &Quota, name: &str) -> Result<(), ConfigError> {
+    if quota.has_explicit_burst() && quota.burst_size() != quota.count() {
+        return Err(ConfigError::new(
+            "quota.burst",
+            format!(
+                "{name} counts requests per window and has no separate burst; remove .burst({}) or use the token bucket",
+                quota.burst_size()
+            ),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,195 @@
+//! Token bucket: a bucket of `burst` tokens refilled at `count / period`.
+
+use std::time::Duration;
+
+use super::Algorithm;
+use crate::decision::Decision;
+use crate::error::ConfigError;
+use crate::quota::Quota;
+
+/// Token bucket: permits a burst of its capacity, then settles to the rate.
+///
+/// # Exact arithmetic
+///
+/// Tokens are fixed-point: one token is `unit = period_us / g` steps and each microsecond earns
+/// `per = count / g` steps, where `g = gcd(period_us, count)`; the capacity is
+/// `cap = burst × unit`. The state stores the **deficit** (steps missing from a full bucket),
+/// so the zero state is a full bucket. At `now`:
+///
+/// ```text
+/// elapsed  = max(0, now - last)
+/// deficit' = max(0, deficit - elapsed × per)
+/// need     = cost × unit
+/// allowed  = deficit' + need <= cap
+/// after    = deficit' + need            (if allowed, else deficit')
+/// remaining   = floor((cap - after) / unit)
+/// reset       = ceil(after / per) µs
+/// retry_after = ceil((deficit' + need - cap) / per) µs   (if rejected)
+/// ```
+///
+/// ```
+/// use tollgate::algorithm::{Algorithm, TokenBucket};
+/// use tollgate::Quota;
+///
+/// // Capacity 20 refilling 2/s, idle for a minute, then 30 requests at once: 20 pass.
+/// let bucket = TokenBucket::new(Quota::per_second(2).burst(20)).unwrap();
+/// let mut state = Default::default();
+/// let admitted = (0..30).filter(|_| bucket.check(&mut state, 60_000_000, 1).allowed()).count();
+/// assert_eq!(admitted, 20);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenBucket {
+    quota: Quota,
+    unit: u64,
+    per: u64,
+    cap: u64,
+}
+
+/// Per-key state of a [`TokenBucket`]: the deficit from full (fixed-point) and the last update.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokenBucketState {
+    /// Fixed-point steps missing from a full bucket.
+    pub deficit: u64,
+    /// Time of the last charge, µs.
+    pub last: u64,
+}
+
+impl TokenBucket {
+    /// A token bucket of capacity `quota.burst_size()`, refilling `quota.count()` per
+    /// `quota.period()`.
+    pub fn new(quota: Quota) -> Result<Self, ConfigError> {
+        quota.validate()?;
+        let fp = quota.fixed_point();
+        Ok(Self {
+            quota,
+            unit: fp.unit,
+            per: fp.per_micro,
+            cap: quota.burst_size() * fp.unit,
+        })
+    }
+
+    #[inline]
+    fn deficit_at(&self, state: &TokenBucketState, now: u64) -> u64 {
+        let elapsed = now.saturating_sub(state.last);
+        state.deficit.saturating_sub(elapsed.saturating_mul(self.per))
+    }
+}
+
+impl Algorithm for TokenBucket {
+    type State = TokenBucketState;
+
+    fn quota(&self) -> &Quota {
+        &self.quota
+    }
+
+    fn capacity(&self) -> u64 {
+        self.quota.burst_size()
+    }
+
+    #[inline]
+    fn decide(&self, state: &TokenBucketState, now: u64, cost: u64) -> Decision {
+        let limit = self.quota.burst_size();
+        let deficit = self.deficit_at(state, now);
+        let remaining_now = (self.cap - deficit) / self.unit;
+        let reset_now = Duration::from_micros(deficit.div_ceil(self.per));
+        if cost > limit {
+            return Decision::impossible(limit, remaining_now, reset_now);
+        }
+        let after = deficit + cost * self.unit;
+        if after <= self.cap {
+            Decision::allowed_with(
+                limit,
+                (self.cap - after) / self.unit,
+                Duration::from_micros(after.div_ceil(self.per)),
+            )
+        } else {
+            Decision::rejected(
+                limit,
+                remaining_now,
+                reset_now,
+                Duration::from_micros((after - self.cap).div_ceil(self.per)),
+            )
+        }
+    }
+
+    #[inline]
+    fn apply(&self, state: &mut TokenBucketState, now: u64, cost: u64) {
+        let deficit = self.deficit_at(state, now);
+        state.deficit = (deficit + cost.saturating_mul(self.unit)).min(self.cap);
+        state.last = state.last.max(now);
+    }
+
+    fn refund(&self, state: &mut TokenBucketState, now: u64, cost: u64) {
+        let deficit = self.deficit_at(state, now);
+        state.deficit = deficit.saturating_sub(cost.saturating_mul(self.unit));
+        state.last = state.last.max(now);
+    }
+
+    fn idle_timeout_micros(&self) -> u64 {
+        self.cap.div_ceil(self.per)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000;
+
+    #[test]
+    fn seed_batch_of_twenty_then_retry_in_50ms_then_full_after_3s() {
+        let b = TokenBucket::new(Quota::per_second(10).burst(20)).unwrap();
+        let mut s = TokenBucketState::default();
+        for i in 0..20 {
+            let d = b.check(&mut s, 0, 1);
+            assert!(d.allowed(), "request {i}");
+            assert_eq!(d.remaining(), 19 - i);
+        }
+        let d = b.check(&mut s, 50 * MS, 1);
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(50)));
+        let d = b.decide(&s, 3_000 * MS, 20);
+        assert!(d.allowed(), "full again after 3 s");
+        assert_eq!(d.remaining(), 0);
+        assert_eq!(b.decide(&s, 3_000 * MS, 0).remaining(), 20);
+    }
+
+    #[test]
+    fn retry_after_waiting_succeeds() {
+        let b = TokenBucket::new(Quota::per_second(3).burst(2)).unwrap();
+        let mut s = TokenBucketState::default();
+        assert!(b.check(&mut s, 0, 2).allowed());
+        let d = b.check(&mut s, 10, 1);
+        let wait = d.retry_after().unwrap().as_micros() as u64;
+        assert!(!b.decide(&s, 10 + wait - 1, 1).allowed());
+        assert!(b.decide(&s, 10 + wait, 1).allowed());
+    }
+
+    #[test]
+    fn cost_over_capacity_is_impossible() {
+        let b = TokenBucket::new(Quota::per_second(1).burst(5)).unwrap();
+        let d = b.decide(&TokenBucketState::default(), 0, 6);
+        assert!(d.is_impossible());
+        assert_eq!(d.remaining(), 5);
+    }
+
+    #[test]
+    fn refund_restores_exactly() {
+        let b = TokenBucket::new(Quota::per_second(1).burst(5)).unwrap();
+        let mut s = TokenBucketState::default();
+        b.check(&mut s, 0, 3);
+        b.refund(&mut s, 0, 3);
+        assert_eq!(s.deficit, 0);
+        b.refund(&mut s, 0, 3);
+        assert_eq!(s.deficit, 0, "never fuller than fresh");
+    }
+
+    #[test]
+    fn clock_going_backwards_earns_nothing() {
+        let b = TokenBucket::new(Quota::per_second(1).burst(1)).unwrap();
+        let mut s = TokenBucketState::default();
+        assert!(b.check(&mut s, 5_000_000, 1).allowed());
+        assert!(!b.check(&mut s, 1_000_000, 1).allowed());
+        assert!(b.check(&mut s, 6_000_000, 1).allowed());
+    }
+}

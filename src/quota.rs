@@ -1,0 +1,359 @@
+//! [`Quota`]: how much a key may do, and how fast it comes back.
+//!
+//! A quota is `count` units per `period`, with an optional `burst` (the bucket capacity for token
+//! bucket, GCRA and leaky bucket; it defaults to `count`). Names say what they mean:
+//! `Quota::per_second(10)` is ten per second.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tollgate::Quota;
+//!
+//! let q = Quota::per_second(10).burst(50);
+//! assert_eq!(q.count(), 10);
+//! assert_eq!(q.period(), Duration::from_secs(1));
+//! assert_eq!(q.burst_size(), 50);
+//!
+//! // The same, parsed from configuration text.
+//! let parsed: Quota = "10/s burst 50".parse().unwrap();
+//! assert_eq!(parsed, q);
+//! assert_eq!("100/min".parse::<Quota>().unwrap(), Quota::per_minute(100));
+//! assert_eq!("5/15min".parse::<Quota>().unwrap(), Quota::per(Duration::from_secs(900), 5));
+//! ```
+//!
+//! Invalid quotas are [`ConfigError`]s that say what to fix:
+//!
+//! ```
+//! use tollgate::Quota;
+//!
+//! let err = Quota::per_second(0).validate().unwrap_err();
+//! assert_eq!(err.field(), "quota.count");
+//! assert!("ten per second".parse::<Quota>().is_err());
+//! ```
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::clock::duration_to_micros;
+use crate::error::ConfigError;
+
+/// The largest integer every backend represents exactly (Lua numbers are IEEE doubles).
+pub const MAX_EXACT: u64 = 1 << 53;
+
+/// `count` units per `period`, with a `burst` capacity. See the [module docs](self).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Quota {
+    count: u64,
+    period: Duration,
+    burst: Option<u64>,
+}
+
+impl Quota {
+    /// `count` units per `period`.
+    pub const fn per(period: Duration, count: u64) -> Self {
+        Self {
+            count,
+            period,
+            burst: None,
+        }
+    }
+
+    /// `count` per second.
+    pub const fn per_second(count: u64) -> Self {
+        Self::per(Duration::from_secs(1), count)
+    }
+
+    /// `count` per minute.
+    pub const fn per_minute(count: u64) -> Self {
+        Self::per(Duration::from_secs(60), count)
+    }
+
+    /// `count` per hour.
+    pub const fn per_hour(count: u64) -> Self {
+        Self::per(Duration::from_secs(3600), count)
+    }
+
+    /// `count` per day (86,400 s).
+    pub const fn per_day(count: u64) -> Self {
+        Self::per(Duration::from_secs(86_400), count)
+    }
+
+    /// Sets the burst: the bucket capacity of token bucket, GCRA and leaky bucket. Window
+    /// algorithms reject a burst different from the count.
+    #[must_use]
+    pub const fn burst(mut self, burst: u64) -> Self {
+        self.burst = Some(burst);
+        self
+    }
+
+    /// Units replenished per [`period`](Self::period) (the window's limit for window algorithms).
+    pub const fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The period over which [`count`](Self::count) units are replenished (the window length).
+    pub const fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// The capacity: the explicit burst, or [`count`](Self::count) when none was set.
+    pub const fn burst_size(&self) -> u64 {
+        match self.burst {
+            Some(b) => b,
+            None => self.count,
+        }
+    }
+
+    /// Whether a burst was set explicitly.
+    pub const fn has_explicit_burst(&self) -> bool {
+        self.burst.is_some()
+    }
+
+    /// The period in whole microseconds.
+    pub fn period_micros(&self) -> u64 {
+        duration_to_micros(self.period)
+    }
+
+    /// Time to earn one unit, in microseconds, rounded **up** so a limiter never admits more than
+    /// the quota promises.
+    pub fn emission_interval_micros(&self) -> u64 {
+        self.period_micros().div_ceil(self.count.max(1))
+    }
+
+    /// The exact fixed-point scale used by the bucket algorithms: one unit is worth
+    /// `unit` fixed-point steps, and each microsecond earns `per_micro` steps. Both are reduced
+    /// by their gcd, so `count / period` is represented without rounding.
+    pub fn fixed_point(&self) -> FixedPoint {
+        let period = self.period_micros().max(1);
+        let count = self.count.max(1);
+        let g = gcd(period, count);
+        FixedPoint {
+            unit: period / g,
+            per_micro: count / g,
+        }
+    }
+
+    /// Checks that every backend can enforce this quota exactly.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.count == 0 {
+            return Err(ConfigError::new(
+                "quota.count",
+                "the count must be at least 1 (to block everything, do not route to the service)",
+            ));
+        }
+        if self.period.is_zero() || self.period_micros() == 0 {
+            return Err(ConfigError::new(
+                "quota.period",
+                "the period must be at least 1 microsecond, e.g. Quota::per_second(10)",
+            ));
+        }
+        if self.burst == Some(0) {
+            return Err(ConfigError::new(
+                "quota.burst",
+                "the burst must be at least 1; omit it to use the count",
+            ));
+        }
+        if self.period_micros() >= MAX_EXACT {
+            return Err(ConfigError::new(
+                "quota.period",
+                "the period is too long; use at most 100 years",
+            ));
+        }
+        if self.count > self.period_micros() {
+            return Err(ConfigError::new(
+                "quota.count",
+                format!(
+                    "{} per {:?} is faster than one unit per microsecond; use a count of at most {}",
+                    self.count,
+                    self.period,
+                    self.period_micros()
+                ),
+            ));
+        }
+        let fp = self.fixed_point();
+        match self.burst_size().checked_mul(fp.unit) {
+            Some(cap) if cap < MAX_EXACT => Ok(()),
+            _ => Err(ConfigError::new(
+                "quota.burst",
+                format!(
+                    "burst {} with {} per {:?} overflows exact arithmetic; lower the burst or pick a count that divides the period",
+                    self.burst_size(),
+                    self.count,
+                    self.period
+                ),
+            )),
+        }
+    }
+}
+
+/// Exact fixed-point parameters of a quota; see [`Quota::fixed_point`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FixedPoint {
+    /// Fixed-point steps in one unit (token).
+    pub unit: u64,
+    /// Fixed-point steps earned per microsecond.
+    pub per_micro: u64,
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+impl fmt::Debug for Quota {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// Formats as the text [`FromStr`] parses: `10/s`, `100/min`, `5/15min burst 10`.
+impl fmt::Display for Quota {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/", self.count)?;
+        let micros = self.period_micros();
+        const UNITS: [(u64, &str); 5] = [
+            (86_400_000_000, "d"),
+            (3_600_000_000, "h"),
+            (60_000_000, "min"),
+            (1_000_000, "s"),
+            (1_000, "ms"),
+        ];
+        let (n, unit) = UNITS
+            .iter()
+            .find(|(u, _)| micros % u == 0)
+            .map(|(u, name)| (micros / u, *name))
+            .unwrap_or((micros, "us"));
+        if n != 1 {
+            write!(f, "{n}")?;
+        }
+        f.write_str(unit)?;
+        if let Some(b) = self.burst {
+            write!(f, " burst {b}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Parses `COUNT/[N]UNIT [burst B]`, where UNIT is one of `us`, `ms`, `s`/`sec`/`second`,
+/// `m`/`min`/`minute`, `h`/`hr`/`hour`, `d`/`day` (plurals accepted).
+impl FromStr for Quota {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = |why: &str| {
+            ConfigError::new(
+                "quota",
+                format!("cannot parse {s:?}: {why}; expected e.g. \"100/min\" or \"10/s burst 50\""),
+            )
+        };
+        let mut words = s.split_whitespace();
+        let rate = words.next().ok_or_else(|| bad("it is empty"))?;
+        let burst = match (words.next(), words.next(), words.next()) {
+            (None, _, _) => None,
+            (Some(kw), Some(b), None) if kw.eq_ignore_ascii_case("burst") => Some(
+                b.parse::<u64>()
+                    .map_err(|_| bad("the burst is not a whole number"))?,
+            ),
+            _ => return Err(bad("only \"burst N\" may follow the rate")),
+        };
+        let (count, per) = rate.split_once('/').ok_or_else(|| bad("no '/'"))?;
+        let count = count
+            .parse::<u64>()
+            .map_err(|_| bad("the count is not a whole number"))?;
+        let digits = per.bytes().take_while(u8::is_ascii_digit).count();
+        let (n, unit) = per.split_at(digits);
+        let n = if n.is_empty() {
+            1
+        } else {
+            n.parse::<u64>()
+                .map_err(|_| bad("the period multiplier is not a whole number"))?
+        };
+        let unit_micros: u64 = match unit.to_ascii_lowercase().trim_end_matches('s') {
+            "u" | "µ" | "micro" | "microsecond" => 1,
+            "m" if unit.eq_ignore_ascii_case("ms") => 1_000,
+            "millisecond" | "milli" => 1_000,
+            "" if unit.eq_ignore_ascii_case("s") => 1_000_000,
+            "sec" | "second" => 1_000_000,
+            "m" | "min" | "minute" => 60_000_000,
+            "h" | "hr" | "hour" => 3_600_000_000,
+            "d" | "day" => 86_400_000_000,
+            _ => return Err(bad("unknown time unit (use s, min, h or d)")),
+        };
+        let micros = n
+            .checked_mul(unit_micros)
+            .ok_or_else(|| bad("the period overflows"))?;
+        let mut quota = Quota::per(Duration::from_micros(micros), count);
+        if let Some(b) = burst {
+            quota = quota.burst(b);
+        }
+        quota.validate()?;
+        Ok(quota)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_units_and_burst() {
+        let cases = [
+            ("100/min", Quota::per_minute(100)),
+            ("10/s burst 50", Quota::per_second(10).burst(50)),
+            ("10/sec", Quota::per_second(10)),
+            ("3/seconds", Quota::per_second(3)),
+            ("1000/h", Quota::per_hour(1000)),
+            ("5000/day", Quota::per_day(5000)),
+            ("5/15min", Quota::per(Duration::from_secs(900), 5)),
+            ("2/500ms", Quota::per(Duration::from_millis(500), 2)),
+            ("7/m", Quota::per_minute(7)),
+        ];
+        for (text, want) in cases {
+            assert_eq!(text.parse::<Quota>().unwrap(), want, "{text}");
+        }
+    }
+
+    #[test]
+    fn display_round_trips() {
+        for text in ["100/min", "10/s burst 50", "5/15min", "2/500ms", "9/d", "1/3us"] {
+            let q: Quota = text.parse().unwrap();
+            assert_eq!(q.to_string(), text);
+            assert_eq!(q.to_string().parse::<Quota>().unwrap(), q);
+        }
+    }
+
+    #[test]
+    fn rejects_garbage_with_a_reason() {
+        for text in ["", "10", "x/s", "10/fortnight", "10/s burst", "10/s burst x", "10/s turbo 5"] {
+            let err = text.parse::<Quota>().unwrap_err();
+            assert!(err.to_string().contains("expected e.g."), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        assert_eq!(Quota::per_second(0).validate().unwrap_err().field(), "quota.count");
+        assert_eq!(Quota::per(Duration::ZERO, 1).validate().unwrap_err().field(), "quota.period");
+        assert_eq!(Quota::per_second(1).burst(0).validate().unwrap_err().field(), "quota.burst");
+        assert_eq!(
+            Quota::per_second(2_000_000).validate().unwrap_err().field(),
+            "quota.count"
+        );
+        assert_eq!(
+            Quota::per_day(7).burst(u64::MAX / 2).validate().unwrap_err().field(),
+            "quota.burst"
+        );
+        assert!(Quota::per_day(100_000).validate().is_ok());
+    }
+
+    #[test]
+    fn fixed_point_is_exact() {
+        let fp = Quota::per_second(3).fixed_point();
+        assert_eq!(fp, FixedPoint { unit: 1_000_000, per_micro: 3 });
+        let fp = Quota::per_second(10).fixed_point();
+        assert_eq!(fp, FixedPoint { unit: 100_000, per_micro: 1 });
+        assert_eq!(Quota::per_second(3).emission_interval_micros(), 333_334);
+    }
+}
