@@ -13,9 +13,12 @@ pub mod clock;
 pub mod cost;
 mod decision;
 mod error;
+pub mod headers;
 pub mod key;
+pub mod layer;
 pub mod quota;
 mod request;
+pub mod response;
 pub mod store;
 
 pub use decision::{Decision, PolicyName};

@@ -1,0 +1,1 @@
+//! PLACEHOLDER: response headers (owned by the layer work).

@@ -1,0 +1,1 @@
+//! PLACEHOLDER: the layer, service and future (owned by the layer work).

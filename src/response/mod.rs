@@ -1,0 +1,1 @@
+//! PLACEHOLDER: rejection responses (owned by the layer work).
