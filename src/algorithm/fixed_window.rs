@@ -1,25 +1,288 @@
-//! PLACEHOLDER: to be implemented.
-use super::Algorithm;
+//! Fixed window: one counter per window, windows aligned to the clock's origin.
+
+use std::time::Duration;
+
+use super::{reject_window_burst, Algorithm};
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::quota::Quota;
 
-/// PLACEHOLDER.
-#[derive(Debug, Clone, Copy)]
-pub struct FixedWindow { quota: Quota }
-/// PLACEHOLDER.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct FixedWindowState;
-impl FixedWindow {
-    /// PLACEHOLDER.
-    pub fn new(quota: Quota) -> Result<Self, ConfigError> { quota.validate()?; Ok(Self { quota }) }
+/// Fixed window: at most `count` units per window of `period`, windows cut from the clock's
+/// origin (`[k × period, (k + 1) × period)`), so every key's windows line up.
+///
+/// The cheapest limiter (one counter), and the one with the best-known flaw: a caller who
+/// spends a whole window's worth just before a seam and another just after gets **twice the
+/// limit** in a moment. Use it for daily or monthly quotas, where that does not matter; use
+/// [`SlidingWindow`](super::SlidingWindow) or [`SlidingLog`](super::SlidingLog) where it does.
+///
+/// # Exact arithmetic
+///
+/// `P` is the period in µs and `L = count`. The state is the index of the window last charged
+/// and the units charged in it. At `now`, for a request of `cost`:
+///
+/// ```text
+/// w        = max(floor(now / P), window)        (an earlier clock stays in the stored window)
+/// used     = count  if w == window,  else 0
+/// allowed  = used + cost <= L
+/// after    = used + cost                        (if allowed, else used)
+/// remaining   = L - after
+/// reset       = (w + 1) × P - now µs  if after > 0, else 0
+/// retry_after = (w + 1) × P - now µs            (if rejected: the next window always fits)
+/// apply:  window = w; count = used + cost
+/// refund: if w == window: count = count - min(count, cost)
+/// idle timeout = P µs
+/// ```
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::algorithm::{Algorithm, FixedWindow};
+/// use tollgate::Quota;
+///
+/// let fw = FixedWindow::new(Quota::per_minute(100)).unwrap();
+/// let mut state = Default::default();
+/// // 100 in the last second of one window, 100 more in the first second of the next.
+/// let late = (0..100).filter(|_| fw.check(&mut state, 59_000_000, 1).allowed()).count();
+/// let early = (0..100).filter(|_| fw.check(&mut state, 60_000_000, 1).allowed()).count();
+/// assert_eq!(late + early, 200); // the seam doubles the limit
+/// let d = fw.check(&mut state, 61_000_000, 1);
+/// assert_eq!(d.retry_after(), Some(Duration::from_secs(59))); // the start of the next window
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FixedWindow {
+    quota: Quota,
+    /// Window length `P`, µs.
+    period: u64,
+    /// Units per window `L`.
+    limit: u64,
 }
+
+/// Per-key state of a [`FixedWindow`]: the window last charged and its count.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct FixedWindowState {
+    /// Index of the window last charged: `floor(now / period)`.
+    pub window: u64,
+    /// Units charged in that window.
+    pub count: u64,
+}
+
+impl FixedWindow {
+    /// A fixed window of `quota.count()` units per `quota.period()`.
+    ///
+    /// A quota with an explicit burst different from its count is a [`ConfigError`]: a window
+    /// has no separate burst.
+    pub fn new(quota: Quota) -> Result<Self, ConfigError> {
+        quota.validate()?;
+        reject_window_burst(&quota, "fixed_window")?;
+        Ok(Self {
+            quota,
+            period: quota.period_micros(),
+            limit: quota.count(),
+        })
+    }
+
+    /// `(w, used)`: the effective window at `now` and the units already charged in it.
+    #[inline]
+    fn window_at(&self, state: &FixedWindowState, now: u64) -> (u64, u64) {
+        let w = now / self.period;
+        if w > state.window {
+            (w, 0)
+        } else {
+            // `min` keeps a hand-built state with count > limit from underflowing.
+            (state.window, state.count.min(self.limit))
+        }
+    }
+
+    /// Microseconds from `now` to the end of window `w`.
+    #[inline]
+    fn until_end(&self, w: u64, now: u64) -> u64 {
+        (w + 1).saturating_mul(self.period).saturating_sub(now)
+    }
+}
+
 impl Algorithm for FixedWindow {
     type State = FixedWindowState;
-    fn quota(&self) -> &Quota { &self.quota }
-    fn capacity(&self) -> u64 { todo!() }
-    fn decide(&self, _: &Self::State, _: u64, _: u64) -> Decision { todo!() }
-    fn apply(&self, _: &mut Self::State, _: u64, _: u64) { todo!() }
-    fn refund(&self, _: &mut Self::State, _: u64, _: u64) { todo!() }
-    fn idle_timeout_micros(&self) -> u64 { todo!() }
+
+    fn quota(&self) -> &Quota {
+        &self.quota
+    }
+
+    fn capacity(&self) -> u64 {
+        self.limit
+    }
+
+    #[inline]
+    fn decide(&self, state: &FixedWindowState, now: u64, cost: u64) -> Decision {
+        let (w, used) = self.window_at(state, now);
+        let end = Duration::from_micros(self.until_end(w, now));
+        let reset = |after: u64| if after > 0 { end } else { Duration::ZERO };
+        if cost > self.limit {
+            return Decision::impossible(self.limit, self.limit - used, reset(used));
+        }
+        let after = used + cost;
+        if after <= self.limit {
+            Decision::allowed_with(self.limit, self.limit - after, reset(after))
+        } else {
+            Decision::rejected(self.limit, self.limit - used, end, end)
+        }
+    }
+
+    #[inline]
+    fn apply(&self, state: &mut FixedWindowState, now: u64, cost: u64) {
+        let (w, used) = self.window_at(state, now);
+        state.window = w;
+        state.count = used.saturating_add(cost).min(self.limit);
+    }
+
+    fn refund(&self, state: &mut FixedWindowState, now: u64, cost: u64) {
+        let (w, _) = self.window_at(state, now);
+        if w == state.window {
+            state.count = state.count.saturating_sub(cost);
+        }
+    }
+
+    fn idle_timeout_micros(&self) -> u64 {
+        self.period
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000;
+
+    #[test]
+    fn counts_per_aligned_window() {
+        let fw = FixedWindow::new(Quota::per_second(3)).unwrap();
+        let mut s = FixedWindowState::default();
+        for i in 0..3 {
+            let d = fw.check(&mut s, 2 * S + 400_000, 1);
+            assert!(d.allowed());
+            assert_eq!(d.remaining(), 2 - i);
+            assert_eq!(d.reset(), Duration::from_millis(600));
+        }
+        let d = fw.check(&mut s, 2 * S + 900_000, 1);
+        assert!(!d.allowed());
+        assert_eq!(d.remaining(), 0);
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(100)));
+        assert!(
+            !fw.decide(&s, 3 * S - 1, 1).allowed(),
+            "1 µs early is still this window"
+        );
+        assert!(
+            fw.decide(&s, 3 * S, 3).allowed(),
+            "the next window starts empty"
+        );
+    }
+
+    #[test]
+    fn seam_admits_twice_the_limit() {
+        let fw = FixedWindow::new(Quota::per(Duration::from_secs(10), 5)).unwrap();
+        let mut s = FixedWindowState::default();
+        let times = [9_900_000, 9_950_000, 9_990_000, 9_995_000, 9_999_999];
+        let before = times
+            .iter()
+            .filter(|&&t| fw.check(&mut s, t, 1).allowed())
+            .count();
+        let after = (0..5)
+            .filter(|i| fw.check(&mut s, 10 * S + i, 1).allowed())
+            .count();
+        assert_eq!(
+            before + after,
+            10,
+            "10 admitted within 100 ms against a limit of 5"
+        );
+    }
+
+    #[test]
+    fn idle_minute_admits_the_limit_of_thirty() {
+        let fw = FixedWindow::new(Quota::per_minute(20)).unwrap();
+        let mut s = FixedWindowState::default();
+        assert!(fw.check(&mut s, 0, 20).allowed());
+        let admitted = (0..30)
+            .filter(|_| fw.check(&mut s, 61 * S, 1).allowed())
+            .count();
+        assert_eq!(admitted, 20);
+    }
+
+    #[test]
+    fn rejects_an_explicit_burst() {
+        let err = FixedWindow::new(Quota::per_minute(10).burst(20)).unwrap_err();
+        assert_eq!(err.field(), "quota.burst");
+        assert!(err.message().contains("fixed_window"), "{err}");
+        assert!(FixedWindow::new(Quota::per_minute(10).burst(10)).is_ok());
+        assert!(FixedWindow::new(Quota::per_minute(0)).is_err());
+    }
+
+    #[test]
+    fn cost_zero_and_impossible_costs() {
+        let fw = FixedWindow::new(Quota::per_second(4)).unwrap();
+        let mut s = FixedWindowState::default();
+        let d = fw.check(&mut s, 0, 0);
+        assert!(d.allowed());
+        assert_eq!((d.remaining(), d.reset()), (4, Duration::ZERO));
+        assert_eq!(s.count, 0);
+        assert!(fw.check(&mut s, 0, 4).allowed());
+        assert!(
+            fw.check(&mut s, 0, 0).allowed(),
+            "cost 0 passes even when exhausted"
+        );
+        let d = fw.decide(&s, 0, 5);
+        assert!(d.is_impossible());
+        assert_eq!(d.reset(), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn refund_restores_and_never_overfills() {
+        let fw = FixedWindow::new(Quota::per_second(4)).unwrap();
+        let mut s = FixedWindowState::default();
+        fw.check(&mut s, 5 * S, 1);
+        let before = fw.decide(&s, 5 * S, 3);
+        fw.check(&mut s, 5 * S, 3);
+        fw.refund(&mut s, 5 * S, 3);
+        assert_eq!(fw.decide(&s, 5 * S, 3), before);
+        fw.refund(&mut s, 5 * S, 10);
+        assert_eq!(s.count, 0);
+        // A refund in a later window does not touch the (already reset) count.
+        fw.check(&mut s, 5 * S, 4);
+        fw.refund(&mut s, 6 * S, 4);
+        assert_eq!(
+            s,
+            FixedWindowState {
+                window: 5,
+                count: 4
+            }
+        );
+    }
+
+    #[test]
+    fn clock_going_backwards_stays_in_the_stored_window() {
+        let fw = FixedWindow::new(Quota::per_second(1)).unwrap();
+        let mut s = FixedWindowState::default();
+        assert!(fw.check(&mut s, 5 * S, 1).allowed());
+        let d = fw.check(&mut s, 4 * S, 1);
+        assert!(!d.allowed(), "an earlier window does not reopen");
+        assert_eq!(d.retry_after(), Some(Duration::from_secs(2)));
+        assert!(fw.check(&mut s, 6 * S, 1).allowed());
+    }
+
+    #[test]
+    fn idle_timeout_restores_a_fresh_key() {
+        let fw = FixedWindow::new(Quota::per_minute(10)).unwrap();
+        let mut s = FixedWindowState::default();
+        let t = 123 * S + 456;
+        fw.check(&mut s, t, 10);
+        let fresh = FixedWindowState::default();
+        let later = t + fw.idle_timeout_micros();
+        assert_eq!(fw.decide(&s, later, 10), fw.decide(&fresh, later, 10));
+    }
+
+    #[test]
+    fn extreme_times_do_not_panic() {
+        let fw = FixedWindow::new(Quota::per_second(2)).unwrap();
+        let mut s = FixedWindowState::default();
+        fw.check(&mut s, u64::MAX, 2);
+        assert!(fw.decide(&s, u64::MAX, 1).retry_after().is_some());
+        fw.refund(&mut s, 0, 2);
+    }
 }
