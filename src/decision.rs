@@ -235,7 +235,10 @@ mod tests {
         let d = Decision::rejected(5, 0, Duration::from_secs(1), Duration::ZERO);
         assert_eq!(d.retry_after(), Some(Duration::from_micros(1)));
         assert_eq!(d.retry_after_secs_ceil(), Some(1));
-        assert_eq!(Decision::impossible(5, 5, Duration::ZERO).retry_after_secs_ceil(), None);
+        assert_eq!(
+            Decision::impossible(5, 5, Duration::ZERO).retry_after_secs_ceil(),
+            None
+        );
     }
 
     #[test]

@@ -42,7 +42,11 @@ impl ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid rate-limit configuration: {}: {}", self.field, self.message)
+        write!(
+            f,
+            "invalid rate-limit configuration: {}: {}",
+            self.field, self.message
+        )
     }
 }
 

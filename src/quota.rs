@@ -245,7 +245,9 @@ impl FromStr for Quota {
         let bad = |why: &str| {
             ConfigError::new(
                 "quota",
-                format!("cannot parse {s:?}: {why}; expected e.g. \"100/min\" or \"10/s burst 50\""),
+                format!(
+                    "cannot parse {s:?}: {why}; expected e.g. \"100/min\" or \"10/s burst 50\""
+                ),
             )
         };
         let mut words = s.split_whitespace();
@@ -317,7 +319,14 @@ mod tests {
 
     #[test]
     fn display_round_trips() {
-        for text in ["100/min", "10/s burst 50", "5/15min", "2/500ms", "9/d", "1/3us"] {
+        for text in [
+            "100/min",
+            "10/s burst 50",
+            "5/15min",
+            "2/500ms",
+            "9/d",
+            "1/3us",
+        ] {
             let q: Quota = text.parse().unwrap();
             assert_eq!(q.to_string(), text);
             assert_eq!(q.to_string().parse::<Quota>().unwrap(), q);
@@ -326,7 +335,15 @@ mod tests {
 
     #[test]
     fn rejects_garbage_with_a_reason() {
-        for text in ["", "10", "x/s", "10/fortnight", "10/s burst", "10/s burst x", "10/s turbo 5"] {
+        for text in [
+            "",
+            "10",
+            "x/s",
+            "10/fortnight",
+            "10/s burst",
+            "10/s burst x",
+            "10/s turbo 5",
+        ] {
             let err = text.parse::<Quota>().unwrap_err();
             assert!(err.to_string().contains("expected e.g."), "{text}: {err}");
         }
@@ -334,15 +351,35 @@ mod tests {
 
     #[test]
     fn validation_names_the_field() {
-        assert_eq!(Quota::per_second(0).validate().unwrap_err().field(), "quota.count");
-        assert_eq!(Quota::per(Duration::ZERO, 1).validate().unwrap_err().field(), "quota.period");
-        assert_eq!(Quota::per_second(1).burst(0).validate().unwrap_err().field(), "quota.burst");
+        assert_eq!(
+            Quota::per_second(0).validate().unwrap_err().field(),
+            "quota.count"
+        );
+        assert_eq!(
+            Quota::per(Duration::ZERO, 1)
+                .validate()
+                .unwrap_err()
+                .field(),
+            "quota.period"
+        );
+        assert_eq!(
+            Quota::per_second(1)
+                .burst(0)
+                .validate()
+                .unwrap_err()
+                .field(),
+            "quota.burst"
+        );
         assert_eq!(
             Quota::per_second(2_000_000).validate().unwrap_err().field(),
             "quota.count"
         );
         assert_eq!(
-            Quota::per_day(7).burst(u64::MAX / 2).validate().unwrap_err().field(),
+            Quota::per_day(7)
+                .burst(u64::MAX / 2)
+                .validate()
+                .unwrap_err()
+                .field(),
             "quota.burst"
         );
         assert!(Quota::per_day(100_000).validate().is_ok());
@@ -351,9 +388,21 @@ mod tests {
     #[test]
     fn fixed_point_is_exact() {
         let fp = Quota::per_second(3).fixed_point();
-        assert_eq!(fp, FixedPoint { unit: 1_000_000, per_micro: 3 });
+        assert_eq!(
+            fp,
+            FixedPoint {
+                unit: 1_000_000,
+                per_micro: 3
+            }
+        );
         let fp = Quota::per_second(10).fixed_point();
-        assert_eq!(fp, FixedPoint { unit: 100_000, per_micro: 1 });
+        assert_eq!(
+            fp,
+            FixedPoint {
+                unit: 100_000,
+                per_micro: 1
+            }
+        );
         assert_eq!(Quota::per_second(3).emission_interval_micros(), 333_334);
     }
 }

@@ -71,7 +71,9 @@ impl TokenBucket {
     #[inline]
     fn deficit_at(&self, state: &TokenBucketState, now: u64) -> u64 {
         let elapsed = now.saturating_sub(state.last);
-        state.deficit.saturating_sub(elapsed.saturating_mul(self.per))
+        state
+            .deficit
+            .saturating_sub(elapsed.saturating_mul(self.per))
     }
 }
 
