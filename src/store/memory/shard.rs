@@ -1,0 +1,340 @@
+//! One shard of a table: a bounded slab of per-key states in exact least-recently-used order,
+//! indexed by key fingerprint.
+//!
+//! Layout, chosen so that a key costs a few tens of bytes however long it is:
+//!
+//! - `entries: Vec<Entry<S>>` is a dense slab. An entry is the key's 64-bit fingerprint, two
+//!   `u32` links of an intrusive doubly linked LRU list and the algorithm state (for the token
+//!   bucket: 8 + 4 + 4 + 16 = 32 bytes). Slots are never freed: once the shard is full, the least
+//!   recently used slot is reused in place, so the slab never exceeds the shard's capacity.
+//! - `index: HashTable<u32>` maps a fingerprint to its slot: 4 bytes plus one control byte per
+//!   bucket, at most 7/8 full, so 5.7 to 11.4 bytes per key.
+//!
+//! Nothing here allocates on a lookup; an insertion allocates only when the slab or the index
+//! grows (doubling, clamped to the capacity), which happens a logarithmic number of times.
+
+use std::fmt;
+
+use hashbrown::HashTable;
+
+/// The "no slot" link.
+const NIL: u32 = u32::MAX;
+
+/// The slab's first allocation, in entries.
+const MIN_ALLOC: usize = 8;
+
+/// One key's slot.
+#[derive(Debug)]
+struct Entry<S> {
+    /// The key's fingerprint (see the module docs of `store::memory`).
+    fp: u64,
+    /// The next more recently used slot, or `NIL` at the head.
+    prev: u32,
+    /// The next less recently used slot, or `NIL` at the tail.
+    next: u32,
+    /// The algorithm's per-key state.
+    state: S,
+}
+
+/// A bounded map from fingerprint to state with exact LRU eviction.
+pub(crate) struct Shard<S> {
+    index: HashTable<u32>,
+    entries: Vec<Entry<S>>,
+    /// Most recently used slot.
+    head: u32,
+    /// Least recently used slot: the next to be evicted.
+    tail: u32,
+    /// Most entries this shard holds (at least 1, less than `NIL`).
+    cap: u32,
+}
+
+impl<S> fmt::Debug for Shard<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shard")
+            .field("len", &self.entries.len())
+            .field("cap", &self.cap)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Default> Shard<S> {
+    /// An empty shard holding at most `cap` keys (`1 <= cap < u32::MAX`). Allocates nothing.
+    pub(crate) fn new(cap: u32) -> Self {
+        debug_assert!((1..NIL).contains(&cap));
+        Self {
+            index: HashTable::new(),
+            entries: Vec::new(),
+            head: NIL,
+            tail: NIL,
+            cap,
+        }
+    }
+
+    /// Number of keys held.
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Heap bytes held by this shard (slab and index), allocated capacity included.
+    pub(crate) fn memory_usage(&self) -> usize {
+        self.entries.capacity() * std::mem::size_of::<Entry<S>>() + self.index.allocation_size()
+    }
+
+    /// The slot of `fp`, marked most recently used.
+    #[inline]
+    pub(crate) fn lookup(&mut self, fp: u64) -> Option<u32> {
+        let entries = &self.entries;
+        let slot = *self
+            .index
+            .find(fp, |&slot| entries[slot as usize].fp == fp)?;
+        self.touch(slot);
+        Some(slot)
+    }
+
+    /// The state in `slot`.
+    #[inline]
+    pub(crate) fn state(&self, slot: u32) -> &S {
+        &self.entries[slot as usize].state
+    }
+
+    /// The state in `slot`, mutably.
+    #[inline]
+    pub(crate) fn state_mut(&mut self, slot: u32) -> &mut S {
+        &mut self.entries[slot as usize].state
+    }
+
+    /// Inserts `fp` (which must not be present) with a fresh state, as the most recently used
+    /// key, and returns its slot.
+    ///
+    /// The slot is the least recently used one, reset, when the shard is full or when
+    /// `recyclable` says that entry's state is as good as fresh; otherwise a new slot.
+    pub(crate) fn insert(&mut self, fp: u64, recyclable: impl FnOnce(&S) -> bool) -> u32 {
+        let full = self.entries.len() >= self.cap as usize;
+        let reuse =
+            self.tail != NIL && (full || recyclable(&self.entries[self.tail as usize].state));
+        let slot = if reuse {
+            let slot = self.tail;
+            let old = self.entries[slot as usize].fp;
+            if let Ok(found) = self.index.find_entry(old, |&s| s == slot) {
+                found.remove();
+            } else {
+                debug_assert!(false, "LRU tail missing from the index");
+            }
+            self.unlink(slot);
+            let entry = &mut self.entries[slot as usize];
+            entry.fp = fp;
+            entry.state = S::default();
+            slot
+        } else {
+            let len = self.entries.len();
+            if len == self.entries.capacity() {
+                // Double, but never past the cap: a full shard holds exactly `cap` entries.
+                let target = (len * 2).max(MIN_ALLOC).min(self.cap as usize);
+                self.entries.reserve_exact(target - len);
+            }
+            self.entries.push(Entry {
+                fp,
+                prev: NIL,
+                next: NIL,
+                state: S::default(),
+            });
+            // `len < cap < u32::MAX`, so the slot fits.
+            len as u32
+        };
+        self.index_insert(fp, slot);
+        self.push_front(slot);
+        slot
+    }
+
+    /// Adds `slot` (whose entry already holds `fp`) to the index.
+    ///
+    /// Removing a key can leave a tombstone in the index, and once tombstones use up its spare
+    /// room, hashbrown would rehash: in place if at most half full, otherwise by doubling. A
+    /// full shard that keeps evicting is more than half full, so left alone its index would
+    /// double once for nothing. Instead, when no room is left, the index is rebuilt in place
+    /// from the slab, and doubled only if the rebuilt table would have less than one eighth of
+    /// its keys' worth of room left (so rebuilds stay rare: amortised, at most eight
+    /// re-insertions per insertion). Either way the index stays within 5.7 to 12.9 bytes per key.
+    fn index_insert(&mut self, fp: u64, slot: u32) {
+        let Self { index, entries, .. } = self;
+        let hasher = |&s: &u32| entries[s as usize].fp;
+        if index.len() < index.capacity() {
+            index.insert_unique(fp, slot, hasher);
+            return;
+        }
+        // Every slot of the slab, `slot` included, is a live key.
+        let keys = entries.len();
+        index.clear();
+        let room = index.capacity();
+        if keys > room || room - keys < (keys / 8).max(1) {
+            index.reserve((room + 1).max(keys), hasher);
+        }
+        for s in 0..keys as u32 {
+            index.insert_unique(entries[s as usize].fp, s, hasher);
+        }
+    }
+
+    /// Marks `slot` most recently used.
+    #[inline]
+    fn touch(&mut self, slot: u32) {
+        if self.head != slot {
+            self.unlink(slot);
+            self.push_front(slot);
+        }
+    }
+
+    /// Takes `slot` out of the LRU list.
+    #[inline]
+    fn unlink(&mut self, slot: u32) {
+        let Entry { prev, next, .. } = self.entries[slot as usize];
+        if prev == NIL {
+            self.head = next;
+        } else {
+            self.entries[prev as usize].next = next;
+        }
+        if next == NIL {
+            self.tail = prev;
+        } else {
+            self.entries[next as usize].prev = prev;
+        }
+    }
+
+    /// Puts an unlinked `slot` at the head of the LRU list.
+    #[inline]
+    fn push_front(&mut self, slot: u32) {
+        let old_head = self.head;
+        {
+            let entry = &mut self.entries[slot as usize];
+            entry.prev = NIL;
+            entry.next = old_head;
+        }
+        if old_head == NIL {
+            self.tail = slot;
+        } else {
+            self.entries[old_head as usize].prev = slot;
+        }
+        self.head = slot;
+    }
+
+    /// The most keys this shard holds (tests only).
+    #[cfg(test)]
+    pub(crate) fn cap(&self) -> u32 {
+        self.cap
+    }
+
+    /// Fingerprints from most to least recently used (tests only).
+    #[cfg(test)]
+    fn lru_order(&self) -> Vec<u64> {
+        let mut out = Vec::new();
+        let mut slot = self.head;
+        while slot != NIL {
+            out.push(self.entries[slot as usize].fp);
+            slot = self.entries[slot as usize].next;
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn never(_: &u64) -> bool {
+        false
+    }
+
+    fn insert(shard: &mut Shard<u64>, fp: u64, value: u64) {
+        let slot = shard.insert(fp, never);
+        *shard.state_mut(slot) = value;
+    }
+
+    fn get(shard: &mut Shard<u64>, fp: u64) -> Option<u64> {
+        shard.lookup(fp).map(|slot| *shard.state(slot))
+    }
+
+    #[test]
+    fn lookup_finds_inserted_keys_and_misses_others() {
+        let mut shard = Shard::new(4);
+        insert(&mut shard, 10, 100);
+        insert(&mut shard, 20, 200);
+        assert_eq!(get(&mut shard, 10), Some(100));
+        assert_eq!(get(&mut shard, 20), Some(200));
+        assert_eq!(get(&mut shard, 30), None);
+        assert_eq!(shard.len(), 2);
+    }
+
+    #[test]
+    fn evicts_exactly_the_least_recently_used() {
+        let mut shard = Shard::new(3);
+        for fp in 1..=3 {
+            insert(&mut shard, fp, fp);
+        }
+        assert_eq!(shard.lru_order(), [3, 2, 1]);
+        // Using 1 makes 2 the least recently used.
+        assert_eq!(get(&mut shard, 1), Some(1));
+        assert_eq!(shard.lru_order(), [1, 3, 2]);
+        insert(&mut shard, 4, 4);
+        assert_eq!(shard.lru_order(), [4, 1, 3]);
+        assert_eq!(get(&mut shard, 2), None, "2 was evicted");
+        assert_eq!(shard.len(), 3);
+        // The reused slot starts from a fresh state, not the evicted key's.
+        let slot = shard.lookup(4).unwrap();
+        assert_eq!(*shard.state(slot), 4);
+    }
+
+    #[test]
+    fn reused_slot_is_reset_to_default() {
+        let mut shard = Shard::new(1);
+        insert(&mut shard, 1, 7);
+        let slot = shard.insert(2, never);
+        assert_eq!(*shard.state(slot), 0);
+        assert_eq!(get(&mut shard, 1), None);
+    }
+
+    #[test]
+    fn stays_at_cap_under_churn_and_never_over_allocates() {
+        let cap = 1000;
+        let mut shard = Shard::new(cap);
+        for fp in 0..10 * u64::from(cap) {
+            insert(&mut shard, fp.wrapping_mul(0x9E37_79B9_7F4A_7C15), fp);
+        }
+        assert_eq!(shard.len(), cap as usize);
+        assert_eq!(
+            shard.entries.capacity(),
+            cap as usize,
+            "slab growth is clamped to the cap"
+        );
+        // The last `cap` keys are the ones kept, in reverse insertion order.
+        let kept: Vec<u64> = (9 * u64::from(cap)..10 * u64::from(cap))
+            .rev()
+            .map(|fp| fp.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .collect();
+        assert_eq!(shard.lru_order(), kept);
+    }
+
+    #[test]
+    fn recyclable_tail_is_reused_before_growing() {
+        let mut shard = Shard::new(10);
+        insert(&mut shard, 1, 0);
+        insert(&mut shard, 2, 5);
+        // Tail (key 1, state 0) is recyclable under "state == 0".
+        let slot = shard.insert(3, |s| *s == 0);
+        assert_eq!(shard.len(), 2);
+        assert_eq!(get(&mut shard, 1), None);
+        assert_eq!(*shard.state(slot), 0);
+        // Tail is now key 2 (state 5): not recyclable, so the slab grows.
+        shard.insert(4, |s| *s == 0);
+        assert_eq!(shard.len(), 3);
+    }
+
+    #[test]
+    fn single_entry_list_links_stay_consistent() {
+        let mut shard = Shard::new(1);
+        for fp in 0..5 {
+            insert(&mut shard, fp, fp);
+            assert_eq!(shard.lru_order(), [fp]);
+            assert_eq!(get(&mut shard, fp), Some(fp));
+        }
+    }
+}

@@ -1,0 +1,684 @@
+//! [`MemoryStore`]: decides checks against in-process tables, synchronously.
+
+use std::fmt;
+use std::future::Future;
+use std::hash::BuildHasher;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use super::table::{AnyLocked, AnyTable};
+use crate::clock::{Clock, SystemClock};
+use crate::decision::Decision;
+use crate::error::{StoreError, StoreErrorKind};
+use crate::key::Key;
+use crate::store::{Checked, Decisions, LimitCheck, Store, MAX_LIMITS};
+
+/// The in-memory store: one bounded, sharded table per limit. Built by
+/// [`MemoryBackend`](super::MemoryBackend); see the [module docs](super).
+///
+/// Every [`Store::check`] is decided synchronously ([`Checked::Ready`]). For use without the
+/// HTTP layer, [`check_one`](Self::check_one) checks one key against one limit.
+pub struct MemoryStore<C = SystemClock> {
+    tables: Box<[AnyTable]>,
+    /// Seeded per store: see "Keys" in the module docs.
+    hasher: foldhash::quality::RandomState,
+    max_keys: usize,
+    clock: C,
+}
+
+impl<C: fmt::Debug> fmt::Debug for MemoryStore<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("tables", &self.tables)
+            .field("max_keys", &self.max_keys)
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The [`Store::Future`] of [`MemoryStore`]: it has no values, because the memory store always
+/// answers [`Checked::Ready`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryFuture {}
+
+impl Future for MemoryFuture {
+    type Output = Result<Decisions, StoreError>;
+
+    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
+        match *self.get_mut() {}
+    }
+}
+
+impl<C: Clock> MemoryStore<C> {
+    pub(crate) fn new(tables: Box<[AnyTable]>, max_keys: usize, clock: C) -> Self {
+        Self {
+            tables,
+            hasher: foldhash::quality::RandomState::default(),
+            max_keys,
+            clock,
+        }
+    }
+
+    /// Checks `key` against the limit at index `limit` (its position in the slice given to
+    /// [`Backend::build`](crate::store::Backend::build)) and charges `cost` if allowed.
+    ///
+    /// This is the direct API: one clock read, one hash, one lock. The decision is attributed to
+    /// the limit's name. The only error is an out-of-range `limit`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::algorithm::AlgorithmKind;
+    /// use tollgate::clock::ManualClock;
+    /// use tollgate::key::Key;
+    /// use tollgate::store::{Backend, LimitSpec, MemoryBackend};
+    /// use tollgate::{PolicyName, Quota};
+    ///
+    /// let clock = ManualClock::new();
+    /// let spec = LimitSpec::new(
+    ///     PolicyName::new("login"),
+    ///     Quota::per_second(1).burst(2),
+    ///     AlgorithmKind::TokenBucket,
+    /// );
+    /// let store = MemoryBackend::new().clock(clock.clone()).build(&[spec]).unwrap();
+    /// let alice = Key::string("alice");
+    ///
+    /// assert_eq!(store.check_one(0, &alice, 1).unwrap().remaining(), 1);
+    /// assert_eq!(store.check_one(0, &alice, 1).unwrap().remaining(), 0);
+    /// let rejected = store.check_one(0, &alice, 1).unwrap();
+    /// assert!(!rejected.allowed());
+    /// assert_eq!(rejected.policy().as_str(), "login");
+    /// assert_eq!(rejected.retry_after(), Some(Duration::from_secs(1)));
+    ///
+    /// clock.advance(Duration::from_secs(1));
+    /// assert!(store.check_one(0, &alice, 1).unwrap().allowed());
+    /// assert!(store.check_one(7, &alice, 1).is_err(), "there is no limit 7");
+    /// ```
+    #[inline]
+    pub fn check_one(
+        &self,
+        limit: usize,
+        key: &Key<'_>,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        let table = self.table(limit)?;
+        let fp = self.fingerprint(key);
+        Ok(table.check(fp, self.clock.now_micros(), cost))
+    }
+
+    /// [`Store::check`] without the [`Checked`] wrapper: decides every check, all-or-nothing,
+    /// at one instant.
+    ///
+    /// Errors (and then nothing is charged) if a check names a limit this store does not have,
+    /// or names the same limit twice.
+    pub fn check_all(&self, checks: &[LimitCheck<'_>]) -> Result<Decisions, StoreError> {
+        let mut decisions = Decisions::new();
+        match checks {
+            [] => {}
+            [one] => {
+                let table = self.table(one.limit)?;
+                let fp = self.fingerprint(&one.key);
+                decisions.push(table.check(fp, self.clock.now_micros(), one.cost));
+            }
+            many => self.check_many(many, &mut decisions)?,
+        }
+        Ok(decisions)
+    }
+
+    /// Several limits, atomically: lock every involved shard in ascending limit order (a
+    /// global order, so two checks cannot deadlock), decide all, apply all only if all allow.
+    fn check_many(
+        &self,
+        checks: &[LimitCheck<'_>],
+        decisions: &mut Decisions,
+    ) -> Result<(), StoreError> {
+        const NONE: usize = usize::MAX;
+        // Position in `checks` of each limit's check; validates indices and duplicates.
+        let mut position = [NONE; MAX_LIMITS];
+        for (i, check) in checks.iter().enumerate() {
+            self.table(check.limit)?;
+            if position[check.limit] != NONE {
+                return Err(invalid(format!(
+                    "limit {} is checked twice in one request; check each limit once",
+                    check.limit
+                )));
+            }
+            position[check.limit] = i;
+        }
+        // Hash before taking any lock.
+        let mut fps = [0u64; MAX_LIMITS];
+        for (fp, check) in fps.iter_mut().zip(checks) {
+            *fp = self.fingerprint(&check.key);
+        }
+        let now = self.clock.now_micros();
+
+        let mut locked: [Option<AnyLocked<'_>>; MAX_LIMITS] = Default::default();
+        for (table, &i) in self.tables.iter().zip(&position) {
+            if i != NONE {
+                locked[i] = Some(table.lock(fps[i]));
+            }
+        }
+        let locked = &mut locked[..checks.len()];
+
+        let mut all_allowed = true;
+        for (slot, check) in locked.iter_mut().zip(checks) {
+            if let Some(shard) = slot {
+                let decision = shard.decide(now, check.cost);
+                all_allowed &= decision.allowed();
+                decisions.push(decision);
+            }
+        }
+        let reported = decisions.as_mut_slice();
+        for ((slot, check), decision) in locked.iter_mut().zip(checks).zip(reported) {
+            if let Some(shard) = slot {
+                if all_allowed {
+                    shard.apply(now, check.cost);
+                } else if decision.allowed() {
+                    // Not charged after all: report this limit's actual state.
+                    *decision = shard.decide(now, 0);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Keys held, over all limits.
+    pub fn len(&self) -> usize {
+        self.tables.iter().map(AnyTable::len).sum()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Keys held for the limit at index `limit`, or `None` if there is no such limit.
+    pub fn len_of(&self, limit: usize) -> Option<usize> {
+        self.tables.get(limit).map(AnyTable::len)
+    }
+
+    /// The most keys held per limit.
+    pub fn max_keys(&self) -> usize {
+        self.max_keys
+    }
+
+    /// Shards per limit.
+    pub fn shards(&self) -> usize {
+        self.tables.first().map_or(0, AnyTable::shards)
+    }
+
+    /// Number of limits.
+    pub fn limits(&self) -> usize {
+        self.tables.len()
+    }
+
+    /// Heap bytes held by the tables (allocated capacity included; not counting per-key heap
+    /// data an algorithm may own, such as a sliding log's entries).
+    pub fn memory_usage(&self) -> usize {
+        self.tables
+            .iter()
+            .map(AnyTable::memory_usage)
+            .sum::<usize>()
+            + std::mem::size_of_val::<[AnyTable]>(&self.tables)
+    }
+
+    /// The store's clock.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    #[inline]
+    fn table(&self, limit: usize) -> Result<&AnyTable, StoreError> {
+        match self.tables.get(limit) {
+            Some(table) => Ok(table),
+            None => Err(invalid(format!(
+                "limit index {limit} is out of range: this store holds {} limits",
+                self.tables.len()
+            ))),
+        }
+    }
+
+    #[inline]
+    fn fingerprint(&self, key: &Key<'_>) -> u64 {
+        self.hasher.hash_one(key)
+    }
+}
+
+#[cold]
+fn invalid(message: String) -> StoreError {
+    tracing::warn!(%message, "invalid in-memory rate-limit check");
+    StoreError::new(StoreErrorKind::Other, message)
+}
+
+impl<C: Clock> Store for MemoryStore<C> {
+    type Future = MemoryFuture;
+
+    #[inline]
+    fn check(&self, checks: &[LimitCheck<'_>]) -> Checked<MemoryFuture> {
+        Checked::Ready(self.check_all(checks))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::algorithm::{Algorithm, AlgorithmKind, TokenBucket};
+    use crate::clock::ManualClock;
+    use crate::decision::PolicyName;
+    use crate::quota::Quota;
+    use crate::store::{Backend, LimitSpec, MemoryBackend};
+
+    fn tb(name: &str, quota: Quota) -> LimitSpec {
+        LimitSpec::new(PolicyName::new(name), quota, AlgorithmKind::TokenBucket)
+    }
+
+    fn store_with(
+        limits: &[LimitSpec],
+        backend: MemoryBackend,
+    ) -> (MemoryStore<ManualClock>, ManualClock) {
+        let clock = ManualClock::new();
+        let store = backend.clock(clock.clone()).build(limits).unwrap();
+        (store, clock)
+    }
+
+    fn remaining(store: &MemoryStore<ManualClock>, limit: usize, key: &Key<'_>) -> u64 {
+        store.check_one(limit, key, 0).unwrap().remaining()
+    }
+
+    fn check(store: &MemoryStore<ManualClock>, checks: &[LimitCheck<'_>]) -> Decisions {
+        match store.check(checks) {
+            Checked::Ready(decisions) => decisions.unwrap(),
+            Checked::Pending(never) => match never {},
+        }
+    }
+
+    #[test]
+    fn lru_bound_holds_under_ten_times_the_cap() {
+        let cap = 1_000;
+        let (store, _) = store_with(
+            &[tb("a", Quota::per_minute(10))],
+            MemoryBackend::new().max_keys(cap),
+        );
+        assert!(store.shards() > 1, "exercise several shards");
+        for i in 0..5 * cap as u64 {
+            assert!(store.check_one(0, &Key::int(i), 1).unwrap().allowed());
+        }
+        assert_eq!(store.len(), cap);
+        let full = store.memory_usage();
+        for i in 5 * cap as u64..10 * cap as u64 {
+            assert!(store.check_one(0, &Key::int(i), 1).unwrap().allowed());
+            assert!(store.len() <= cap);
+        }
+        assert_eq!(store.len_of(0), Some(cap));
+        assert_eq!(
+            store.memory_usage(),
+            full,
+            "memory stops growing at the bound"
+        );
+        // The most recent keys are held (charged), the oldest were evicted (fresh again).
+        assert_eq!(remaining(&store, 0, &Key::int(10 * cap as u64 - 1)), 9);
+        assert_eq!(remaining(&store, 0, &Key::int(0)), 10);
+    }
+
+    #[test]
+    fn lru_evicts_the_least_recently_used_key() {
+        let (store, _) = store_with(
+            &[tb("a", Quota::per_minute(5))],
+            MemoryBackend::new().max_keys(3).shards(1),
+        );
+        let [a, b, c, d] = ["a", "b", "c", "d"].map(Key::string);
+        for key in [&a, &b, &c] {
+            store.check_one(0, key, 1).unwrap();
+        }
+        // Using `a` again (even when rejected it would count) leaves `b` least recently used.
+        store.check_one(0, &a, 1).unwrap();
+        store.check_one(0, &d, 1).unwrap();
+        assert_eq!(store.len(), 3);
+        assert_eq!(remaining(&store, 0, &a), 3, "a survived with its charges");
+        assert_eq!(remaining(&store, 0, &c), 4);
+        assert_eq!(remaining(&store, 0, &d), 4);
+        assert_eq!(remaining(&store, 0, &b), 5, "b was evicted: fresh again");
+        assert_eq!(
+            store.len(),
+            3,
+            "a cost-0 probe of an unknown key stores nothing"
+        );
+    }
+
+    #[test]
+    fn rejected_checks_keep_a_key_recent() {
+        let (store, _) = store_with(
+            &[tb("a", Quota::per_minute(1))],
+            MemoryBackend::new().max_keys(2).shards(1),
+        );
+        let [hot, x, y] = ["hot", "x", "y"].map(Key::string);
+        store.check_one(0, &hot, 1).unwrap();
+        store.check_one(0, &x, 1).unwrap();
+        assert!(!store.check_one(0, &hot, 1).unwrap().allowed());
+        store.check_one(0, &y, 1).unwrap();
+        assert!(
+            !store.check_one(0, &hot, 1).unwrap().allowed(),
+            "hot was not evicted"
+        );
+        assert_eq!(remaining(&store, 0, &x), 1, "x was");
+    }
+
+    #[test]
+    fn manual_clock_drives_refill() {
+        let (store, clock) = store_with(
+            &[tb("refill", Quota::per_second(10).burst(20))],
+            MemoryBackend::new(),
+        );
+        let key = Key::string("k");
+        for i in 0..20 {
+            let d = store.check_one(0, &key, 1).unwrap();
+            assert!(d.allowed(), "{i}");
+            assert_eq!(d.policy().as_str(), "refill");
+        }
+        clock.advance(Duration::from_millis(50));
+        let d = store.check_one(0, &key, 1).unwrap();
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(50)));
+        clock.advance(Duration::from_millis(50));
+        assert!(store.check_one(0, &key, 1).unwrap().allowed());
+        clock.advance(Duration::from_secs(3));
+        assert_eq!(remaining(&store, 0, &key), 20);
+    }
+
+    #[test]
+    fn same_decisions_as_the_algorithm() {
+        // The store is the algorithm plus storage: replay a stream against both.
+        let quota = Quota::per_second(3).burst(4);
+        let bucket = TokenBucket::new(quota).unwrap();
+        let (store, clock) = store_with(&[tb("same", quota)], MemoryBackend::new());
+        let mut states = [Default::default(), Default::default(), Default::default()];
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        for _ in 0..2_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            clock.advance(Duration::from_micros(x % 300_000));
+            let (key, cost) = ((x >> 20) % 3, (x >> 30) % 3);
+            let want = bucket
+                .check(&mut states[key as usize], clock.now_micros(), cost)
+                .with_policy(PolicyName::new("same"));
+            assert_eq!(store.check_one(0, &Key::int(key), cost).unwrap(), want);
+        }
+    }
+
+    #[test]
+    fn several_limits_are_all_or_nothing() {
+        let (store, _) = store_with(
+            &[
+                tb("wide", Quota::per_minute(10)),
+                tb("narrow", Quota::per_minute(1)),
+            ],
+            MemoryBackend::new(),
+        );
+        let user = Key::string("user");
+        let checks = [
+            LimitCheck {
+                limit: 0,
+                key: user.clone(),
+                cost: 1,
+            },
+            LimitCheck {
+                limit: 1,
+                key: user.clone(),
+                cost: 1,
+            },
+        ];
+        let first = check(&store, &checks);
+        assert!(first.allowed());
+        assert_eq!(first.as_slice()[0].remaining(), 9);
+        assert_eq!(first.as_slice()[1].remaining(), 0);
+        assert_eq!(first.reported().unwrap().policy().as_str(), "narrow");
+
+        for _ in 0..3 {
+            let rejected = check(&store, &checks);
+            assert!(!rejected.allowed());
+            assert_eq!(rejected.rejected().unwrap().policy().as_str(), "narrow");
+            let wide = rejected.as_slice()[0];
+            assert!(wide.allowed(), "wide alone would allow");
+            assert_eq!(wide.policy().as_str(), "wide");
+            assert_eq!(wide.remaining(), 9, "reported uncharged");
+        }
+        assert_eq!(remaining(&store, 0, &user), 9, "wide was never charged");
+
+        // Check order does not matter; the global lock order is by limit.
+        let reversed = [checks[1].clone(), checks[0].clone()];
+        let d = check(&store, &reversed);
+        assert_eq!(d.as_slice()[0].policy().as_str(), "narrow");
+        assert!(!d.as_slice()[0].allowed());
+        assert_eq!(remaining(&store, 0, &user), 9);
+    }
+
+    #[test]
+    fn several_limits_on_new_keys_charge_each() {
+        let (store, _) = store_with(
+            &[
+                tb("per-key", Quota::per_minute(2)),
+                tb("global", Quota::per_minute(3)),
+            ],
+            MemoryBackend::new(),
+        );
+        let admitted = ["a", "a", "a", "b", "b", "c"].map(|k| {
+            check(
+                &store,
+                &[
+                    LimitCheck {
+                        limit: 0,
+                        key: Key::string(k),
+                        cost: 1,
+                    },
+                    LimitCheck {
+                        limit: 1,
+                        key: Key::global(),
+                        cost: 1,
+                    },
+                ],
+            )
+            .allowed()
+        });
+        assert_eq!(admitted, [true, true, false, true, false, false]);
+        assert_eq!(remaining(&store, 1, &Key::global()), 0);
+        assert_eq!(remaining(&store, 0, &Key::string("b")), 1);
+        assert_eq!(store.len_of(0), Some(2), "c was rejected: not stored");
+    }
+
+    #[test]
+    fn bad_checks_are_errors_and_charge_nothing() {
+        let (store, _) = store_with(
+            &[tb("a", Quota::per_minute(5)), tb("b", Quota::per_minute(5))],
+            MemoryBackend::new(),
+        );
+        let key = Key::int(1);
+        let out_of_range = [
+            LimitCheck {
+                limit: 0,
+                key: key.clone(),
+                cost: 1,
+            },
+            LimitCheck {
+                limit: 2,
+                key: key.clone(),
+                cost: 1,
+            },
+        ];
+        assert!(store.check_all(&out_of_range).is_err());
+        assert!(store.check_all(&out_of_range[1..]).is_err());
+        assert!(store.check_one(9, &key, 1).is_err());
+        let twice = [
+            LimitCheck {
+                limit: 0,
+                key: key.clone(),
+                cost: 1,
+            },
+            LimitCheck {
+                limit: 0,
+                key: key.clone(),
+                cost: 1,
+            },
+        ];
+        let err = store.check_all(&twice).unwrap_err();
+        assert!(err.to_string().contains("twice"), "{err}");
+        assert!(store.is_empty());
+        assert!(store.check_all(&[]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn impossible_cost_is_not_stored() {
+        let (store, _) = store_with(&[tb("a", Quota::per_minute(5))], MemoryBackend::new());
+        let d = store.check_one(0, &Key::int(1), 6).unwrap();
+        assert!(d.is_impossible());
+        assert!(store.is_empty());
+    }
+
+    #[test]
+    fn huge_keys_work_and_cost_no_memory() {
+        let (store, _) = store_with(&[tb("a", Quota::per_minute(3))], MemoryBackend::new());
+        store.check_one(0, &Key::int(0), 1).unwrap();
+        let before = store.memory_usage();
+        let mut value = vec![b'x'; 1 << 20];
+        let huge = Key::bytes(&value[..]);
+        assert_eq!(store.check_one(0, &huge, 1).unwrap().remaining(), 2);
+        assert_eq!(store.check_one(0, &huge, 1).unwrap().remaining(), 1);
+        // The last byte matters: a different 1 MB key is a different key.
+        *value.last_mut().unwrap() = b'y';
+        assert_eq!(
+            store
+                .check_one(0, &Key::bytes(&value[..]), 1)
+                .unwrap()
+                .remaining(),
+            2
+        );
+        assert!(
+            store.memory_usage() - before < 4096,
+            "grew by {} bytes for two 1 MB keys",
+            store.memory_usage() - before
+        );
+        assert_eq!(store.len(), 3);
+    }
+
+    #[test]
+    fn idle_keys_are_recycled_before_the_store_grows() {
+        let (store, clock) = store_with(
+            &[tb("a", Quota::per_second(10))],
+            MemoryBackend::new().max_keys(100).shards(1),
+        );
+        store.check_one(0, &Key::int(1), 10).unwrap();
+        store.check_one(0, &Key::int(2), 1).unwrap();
+        // Key 1 needs the full second to refill; key 2 only 100 ms.
+        clock.advance(Duration::from_millis(999));
+        store.check_one(0, &Key::int(2), 0).unwrap(); // key 1 is now least recently used
+        store.check_one(0, &Key::int(3), 1).unwrap();
+        assert_eq!(store.len(), 3, "key 1 is not fresh yet");
+        clock.advance(Duration::from_millis(1));
+        store.check_one(0, &Key::int(2), 0).unwrap();
+        store.check_one(0, &Key::int(3), 0).unwrap();
+        store.check_one(0, &Key::int(4), 1).unwrap();
+        assert_eq!(store.len(), 3, "key 1 was fresh again: its slot was reused");
+        assert_eq!(remaining(&store, 0, &Key::int(1)), 10);
+    }
+
+    #[test]
+    fn index_stays_compact_under_churn_at_the_cap() {
+        let cap = 10_000;
+        let (store, _) = store_with(
+            &[tb("a", Quota::per_minute(10))],
+            MemoryBackend::new().max_keys(cap).shards(1),
+        );
+        for i in 0..cap as u64 {
+            store.check_one(0, &Key::int(i), 1).unwrap();
+        }
+        let full = store.memory_usage();
+        for i in cap as u64..30 * cap as u64 {
+            store.check_one(0, &Key::int(i), 1).unwrap();
+        }
+        assert_eq!(store.len(), cap);
+        let per_key = store.memory_usage() as f64 / cap as f64;
+        assert!(per_key <= 32.0 + 12.9 + 1.0, "{per_key} bytes per key");
+        assert!(
+            store.memory_usage() <= full + full / 3,
+            "{} > {full}",
+            store.memory_usage()
+        );
+    }
+
+    #[test]
+    fn concurrent_checks_admit_exactly_the_capacity() {
+        let capacity = 2_000;
+        let (store, _) = store_with(
+            &[tb("hot", Quota::per_hour(capacity))],
+            MemoryBackend::new(),
+        );
+        let admitted = std::sync::atomic::AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    let key = Key::string("one key");
+                    for _ in 0..capacity {
+                        if store.check_one(0, &key, 1).unwrap().allowed() {
+                            admitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(admitted.into_inner(), capacity);
+    }
+
+    #[test]
+    fn concurrent_multi_limit_checks_stay_consistent() {
+        // Four users of 40 each under a global 100: exactly 100 pass, and every pass
+        // charged both its user and the global limit.
+        let (store, _) = store_with(
+            &[
+                tb("user", Quota::per_hour(40)),
+                tb("global", Quota::per_hour(100)),
+            ],
+            MemoryBackend::new(),
+        );
+        let per_user: Vec<u64> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4u64)
+                .map(|u| {
+                    let store = &store;
+                    s.spawn(move || {
+                        let checks = [
+                            LimitCheck {
+                                limit: 0,
+                                key: Key::int(u),
+                                cost: 1,
+                            },
+                            LimitCheck {
+                                limit: 1,
+                                key: Key::global(),
+                                cost: 1,
+                            },
+                        ];
+                        (0..60).filter(|_| check(store, &checks).allowed()).count() as u64
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(per_user.iter().sum::<u64>(), 100);
+        for (u, n) in per_user.iter().enumerate() {
+            assert_eq!(remaining(&store, 0, &Key::int(u as u64)), 40 - n);
+        }
+        assert_eq!(remaining(&store, 1, &Key::global()), 0);
+    }
+
+    #[test]
+    fn memory_future_is_uninhabited() {
+        assert_eq!(std::mem::size_of::<MemoryFuture>(), 0);
+        let (store, _) = store_with(&[tb("a", Quota::per_minute(1))], MemoryBackend::new());
+        let checks = [LimitCheck {
+            limit: 0,
+            key: Key::global(),
+            cost: 1,
+        }];
+        assert!(matches!(store.check(&checks), Checked::Ready(Ok(_))));
+    }
+}
