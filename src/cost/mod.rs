@@ -1,39 +1,53 @@
 //! Cost functions: how many units a request spends.
+//!
+//! Every limit charges each request a cost (one unit unless said otherwise) computed by a
+//! [`Cost`]: a [`ConstantCost`], a [`CostTable`] by method and route, or a closure. A cost function
+//! that can declare its maximum ([`Cost::max_cost`]) lets the layer reject, at build time, a limit
+//! whose capacity is smaller than the most expensive request: such a request could never succeed,
+//! however long its client waited.
+//!
+//! # Examples
+//!
+//! A constant cost:
+//!
+//! ```
+//! use tollgate::cost::{ConstantCost, Cost};
+//! use tollgate::RequestView;
+//!
+//! let req = http::Request::get("/export").body(()).unwrap();
+//! assert_eq!(ConstantCost(10).cost(&RequestView::new(&req)), 10);
+//! assert_eq!(ConstantCost(10).max_cost(), Some(10));
+//! ```
+//!
+//! Costs by route and method, and a closure:
+//!
+//! ```
+//! use http::Method;
+//! use tollgate::cost::{Cost, CostTable};
+//! use tollgate::RequestView;
+//!
+//! let table = CostTable::new(1).route("/search", 5).method(Method::POST, 3);
+//! let batch = |req: &RequestView<'_>| {
+//!     // `?n=` items per request, between 1 and 100.
+//!     req.uri()
+//!         .query()
+//!         .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("n=")))
+//!         .and_then(|n| n.parse::<u64>().ok())
+//!         .unwrap_or(1)
+//!         .clamp(1, 100)
+//! };
+//!
+//! let req = http::Request::get("/search?n=20").body(()).unwrap();
+//! let view = RequestView::new(&req);
+//! assert_eq!(table.cost(&view), 5);
+//! assert_eq!(batch.cost(&view), 20);
+//! assert_eq!(table.max_cost(), Some(5));
+//! ```
 
-use crate::request::RequestView;
+mod constant;
+mod cost_fn;
+mod table;
 
-/// How many units a request spends from a limit.
-///
-/// Implemented for closures `Fn(&RequestView<'_>) -> u64`.
-pub trait Cost: Send + Sync + 'static {
-    /// The cost of `req`. Zero is allowed (the request is reported but not charged).
-    fn cost(&self, req: &RequestView<'_>) -> u64;
-
-    /// The largest cost this function can return, if known at build time. The builder rejects a
-    /// cost function whose maximum exceeds a limit's capacity, since such requests could never
-    /// succeed.
-    fn max_cost(&self) -> Option<u64> {
-        None
-    }
-}
-
-impl<F> Cost for F
-where
-    F: Fn(&RequestView<'_>) -> u64 + Send + Sync + 'static,
-{
-    #[inline]
-    fn cost(&self, req: &RequestView<'_>) -> u64 {
-        self(req)
-    }
-}
-
-impl Cost for Box<dyn Cost> {
-    #[inline]
-    fn cost(&self, req: &RequestView<'_>) -> u64 {
-        (**self).cost(req)
-    }
-
-    fn max_cost(&self) -> Option<u64> {
-        (**self).max_cost()
-    }
-}
+pub use constant::ConstantCost;
+pub use cost_fn::Cost;
+pub use table::CostTable;

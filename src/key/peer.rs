@@ -1,0 +1,166 @@
+//! [`PeerIp`]: the address of the TCP peer.
+
+use super::ip::{check_ipv6_prefix, group, peer_ip, DEFAULT_IPV6_PREFIX};
+use super::{Key, KeyError, KeyExtractor};
+use crate::error::ConfigError;
+use crate::request::RequestView;
+
+/// Keys a request by the IP address of the TCP peer: the right key when clients connect directly.
+///
+/// Behind a proxy or load balancer every request comes from the proxy, so all clients would share
+/// one key; use [`ClientIp`](super::ClientIp) there.
+///
+/// The address is read from axum's `ConnectInfo<SocketAddr>` (with the `axum` feature; serve the
+/// app with `into_make_service_with_connect_info::<SocketAddr>()`) or from a plain
+/// [`SocketAddr`](std::net::SocketAddr) request extension, which a hyper server inserts itself.
+/// Without either, extraction fails with a [misconfiguration](KeyError::is_misconfiguration).
+///
+/// - IPv4 addresses are keys as they are.
+/// - IPv6 addresses are grouped by their first 64 bits, since one host is routinely given a whole
+///   `/64` and could otherwise rotate through 2^64 keys. [`PeerIp::ipv6_prefix`] changes that.
+/// - IPv4-mapped IPv6 addresses (`::ffff:192.0.2.1`, from dual-stack sockets) count as IPv4.
+///
+/// ```
+/// use std::net::SocketAddr;
+/// use tollgate::key::{KeyExtractor, PeerIp};
+/// use tollgate::RequestView;
+///
+/// fn key_for(extractor: &PeerIp, peer: &str) -> String {
+///     let mut req = http::Request::get("/").body(()).unwrap();
+///     req.extensions_mut().insert(peer.parse::<SocketAddr>().unwrap());
+///     extractor.extract(&RequestView::new(&req)).unwrap().to_string()
+/// }
+///
+/// let by_peer = PeerIp::new();
+/// assert_eq!(key_for(&by_peer, "203.0.113.9:443"), "ip:203.0.113.9");
+/// assert_eq!(key_for(&by_peer, "[::ffff:203.0.113.9]:443"), "ip:203.0.113.9");
+/// assert_eq!(key_for(&by_peer, "[2001:db8:1:2:3:4:5:6]:443"), "ip:2001:db8:1:2::");
+///
+/// let by_56 = PeerIp::new().ipv6_prefix(56).unwrap();
+/// assert_eq!(key_for(&by_56, "[2001:db8:1:2ff:3:4:5:6]:443"), "ip:2001:db8:1:200::");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerIp {
+    ipv6_prefix: u8,
+}
+
+impl PeerIp {
+    /// Keys by peer address, grouping IPv6 addresses by `/64`.
+    pub const fn new() -> Self {
+        Self {
+            ipv6_prefix: DEFAULT_IPV6_PREFIX,
+        }
+    }
+
+    /// Groups IPv6 addresses by their first `prefix` bits instead of 64: `128` counts single
+    /// addresses, `48` or `56` a whole site. `prefix` must be in `1..=128`.
+    pub fn ipv6_prefix(mut self, prefix: u8) -> Result<Self, ConfigError> {
+        self.ipv6_prefix = check_ipv6_prefix("key.peer_ip.ipv6_prefix", prefix)?;
+        Ok(self)
+    }
+
+    /// The IPv6 grouping prefix length.
+    pub fn ipv6_prefix_len(&self) -> u8 {
+        self.ipv6_prefix
+    }
+}
+
+impl Default for PeerIp {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl KeyExtractor for PeerIp {
+    #[inline]
+    fn extract<'r>(&self, req: &RequestView<'r>) -> Result<Key<'r>, KeyError> {
+        let ip = peer_ip(req.extensions())?;
+        Ok(Key::ip(group(ip, self.ipv6_prefix)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, SocketAddr};
+
+    use super::*;
+
+    fn extract(extractor: &PeerIp, peer: Option<&str>) -> Result<Key<'static>, KeyError> {
+        let mut req = http::Request::get("/")
+            .header("x-forwarded-for", "1.1.1.1")
+            .body(())
+            .unwrap();
+        if let Some(peer) = peer {
+            req.extensions_mut()
+                .insert(peer.parse::<SocketAddr>().unwrap());
+        }
+        extractor
+            .extract(&RequestView::new(&req))
+            .map(Key::into_owned)
+    }
+
+    fn ip_key(s: &str) -> Key<'static> {
+        Key::ip(s.parse::<IpAddr>().unwrap())
+    }
+
+    #[test]
+    fn ipv4_is_kept_and_headers_ignored() {
+        let key = extract(&PeerIp::new(), Some("192.0.2.1:1234")).unwrap();
+        assert_eq!(key, ip_key("192.0.2.1"));
+    }
+
+    #[test]
+    fn ipv4_mapped_counts_as_ipv4() {
+        let key = extract(&PeerIp::new(), Some("[::ffff:192.0.2.1]:1234")).unwrap();
+        assert_eq!(key, ip_key("192.0.2.1"));
+    }
+
+    #[test]
+    fn ipv6_grouped_by_64() {
+        let p = PeerIp::new();
+        let a = extract(&p, Some("[2001:db8:aa:bb:1::1]:1")).unwrap();
+        let b = extract(&p, Some("[2001:db8:aa:bb:ffff:ffff:ffff:ffff]:2")).unwrap();
+        let c = extract(&p, Some("[2001:db8:aa:bc::1]:1")).unwrap();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert_eq!(a, ip_key("2001:db8:aa:bb::"));
+    }
+
+    #[test]
+    fn ipv6_prefix_is_configurable_and_checked() {
+        let p = PeerIp::new().ipv6_prefix(128).unwrap();
+        let a = extract(&p, Some("[2001:db8::1]:1")).unwrap();
+        let b = extract(&p, Some("[2001:db8::2]:1")).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(p.ipv6_prefix_len(), 128);
+
+        let p48 = PeerIp::new().ipv6_prefix(48).unwrap();
+        assert_eq!(
+            extract(&p48, Some("[2001:db8:7:ffff::1]:1")).unwrap(),
+            ip_key("2001:db8:7::")
+        );
+
+        for bad in [0, 129, 255] {
+            let err = PeerIp::new().ipv6_prefix(bad).unwrap_err();
+            assert_eq!(err.field(), "key.peer_ip.ipv6_prefix");
+        }
+    }
+
+    #[test]
+    fn missing_peer_is_a_misconfiguration() {
+        let err = extract(&PeerIp::new(), None).unwrap_err();
+        assert!(err.is_misconfiguration());
+        assert!(err.reason().contains("SocketAddr"), "{err}");
+    }
+
+    #[cfg(feature = "axum")]
+    #[test]
+    fn reads_axum_connect_info() {
+        let mut req = http::Request::get("/").body(()).unwrap();
+        let addr: SocketAddr = "198.51.100.3:80".parse().unwrap();
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(addr));
+        let key = PeerIp::new().extract(&RequestView::new(&req)).unwrap();
+        assert_eq!(key, ip_key("198.51.100.3"));
+    }
+}
