@@ -1,1 +1,444 @@
-//! PLACEHOLDER: response headers (owned by the layer work).
+//! Rate-limit response headers: `X-RateLimit-*`, the IETF `RateLimit` / `RateLimit-Policy` fields
+//! and `Retry-After`, written from [`Decision`]s.
+//!
+//! [`RateLimitLayer`](crate::layer::RateLimitLayer) writes these on **every** response it
+//! decided, allowed or rejected, according to a [`RateLimitHeaders`] configuration:
+//!
+//! | header | when | value |
+//! |---|---|---|
+//! | `X-RateLimit-Limit` | on by default | the reported limit's size |
+//! | `X-RateLimit-Remaining` | on by default | units left after this request |
+//! | `X-RateLimit-Reset` | on by default | when the limit is *fully* restored: Unix seconds (default) or delta seconds ([`ResetFormat`]) |
+//! | `RateLimit-Policy` | opt-in ([`RateLimitHeaders::ietf`]) | every limit: `"burst";q=5;w=5, "daily";q=5000;w=86400` |
+//! | `RateLimit` | opt-in | every limit: `"burst";r=4;t=1, "daily";r=4999;t=18` |
+//! | `Retry-After` | rejections only | whole seconds until this request would succeed, rounded up, never 0 |
+//!
+//! The reported decision (for `X-RateLimit-*`) is [`Decisions::reported`]: the limit that
+//! rejected, else the one closest to exhaustion.
+//!
+//! In `RateLimit-Policy`, `q` is the limit's capacity and `w` the seconds it takes to refill from
+//! empty ([`policy_window_secs`]): for a window algorithm that is the window (`100/min` is
+//! `q=100;w=60`); for a bucket of 50 refilling 10 per second it is `q=50;w=5`, which states both the
+//! burst and the sustained rate. In `RateLimit`, `r` is the remaining units and `t` the seconds
+//! until the limit is fully restored, rounded up.
+//!
+//! # Examples
+//!
+//! Writing the default headers for one decision:
+//!
+//! ```
+//! use std::time::Duration;
+//! use http::HeaderMap;
+//! use tollgate::headers::{RateLimitHeaders, ResetFormat, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET};
+//! use tollgate::Decision;
+//!
+//! let decision = Decision::allowed_with(5, 4, Duration::from_millis(1500));
+//! let mut headers = HeaderMap::new();
+//! RateLimitHeaders::new()
+//!     .reset_format(ResetFormat::DeltaSeconds)
+//!     .write_x_ratelimit(&decision, &mut headers);
+//! assert_eq!(headers[X_RATELIMIT_LIMIT], "5");
+//! assert_eq!(headers[X_RATELIMIT_REMAINING], "4");
+//! assert_eq!(headers[X_RATELIMIT_RESET], "2"); // 1.5 s, rounded up
+//! ```
+//!
+//! The IETF structured fields, listing every limit:
+//!
+//! ```
+//! use std::time::Duration;
+//! use http::HeaderMap;
+//! use tollgate::headers::{RateLimitHeaders, RATELIMIT, RATELIMIT_POLICY};
+//! use tollgate::{Decision, PolicyName, Quota};
+//!
+//! let burst = Decision::allowed_with(5, 4, Duration::from_secs(1)).with_policy(PolicyName::new("burst"));
+//! let daily = Decision::allowed_with(5000, 4999, Duration::from_secs(18)).with_policy(PolicyName::new("daily"));
+//! let (qb, qd) = (Quota::per_second(1).burst(5), Quota::per_day(5000));
+//! let mut headers = HeaderMap::new();
+//! RateLimitHeaders::new().ietf(true).write_ietf([(&burst, &qb), (&daily, &qd)], &mut headers);
+//! assert_eq!(headers[RATELIMIT_POLICY], r#""burst";q=5;w=5, "daily";q=5000;w=86400"#);
+//! assert_eq!(headers[RATELIMIT], r#""burst";r=4;t=1, "daily";r=4999;t=18"#);
+//! ```
+//!
+//! [`Decisions::reported`]: crate::store::Decisions::reported
+
+use std::fmt::Write as _;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::header::RETRY_AFTER;
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::decision::{ceil_secs, Decision};
+use crate::quota::Quota;
+
+/// `X-RateLimit-Limit`: the reported limit's size.
+pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// `X-RateLimit-Remaining`: units left after this request.
+pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// `X-RateLimit-Reset`: when the limit is fully restored (see [`ResetFormat`]).
+pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+/// `RateLimit` (IETF draft-ietf-httpapi-ratelimit-headers-10): remaining and reset per limit.
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// `RateLimit-Policy` (IETF draft-10): quota and window per limit.
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+
+/// How `X-RateLimit-Reset` is expressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum ResetFormat {
+    /// Unix time in seconds at which the limit is fully restored, rounded up (the convention
+    /// GitHub-style clients read). The default.
+    #[default]
+    UnixSeconds,
+    /// Seconds from now until the limit is fully restored, rounded up.
+    DeltaSeconds,
+}
+
+/// Which rate-limit headers to write, and how. See the [module docs](self).
+///
+/// The default writes `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset` (Unix
+/// seconds), and not the IETF fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RateLimitHeaders {
+    x_ratelimit: bool,
+    ietf: bool,
+    reset: ResetFormat,
+}
+
+impl Default for RateLimitHeaders {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RateLimitHeaders {
+    /// `X-RateLimit-*` with a Unix-seconds reset; no IETF fields.
+    pub const fn new() -> Self {
+        Self {
+            x_ratelimit: true,
+            ietf: false,
+            reset: ResetFormat::UnixSeconds,
+        }
+    }
+
+    /// No rate-limit headers at all (a rejection still carries `Retry-After`).
+    pub const fn none() -> Self {
+        Self {
+            x_ratelimit: false,
+            ietf: false,
+            reset: ResetFormat::UnixSeconds,
+        }
+    }
+
+    /// Whether to write `X-RateLimit-Limit`, `-Remaining` and `-Reset` (default: yes).
+    #[must_use]
+    pub const fn x_ratelimit(mut self, enabled: bool) -> Self {
+        self.x_ratelimit = enabled;
+        self
+    }
+
+    /// Whether to write the IETF draft-10 `RateLimit-Policy` and `RateLimit` fields listing every
+    /// limit (default: no).
+    #[must_use]
+    pub const fn ietf(mut self, enabled: bool) -> Self {
+        self.ietf = enabled;
+        self
+    }
+
+    /// How `X-RateLimit-Reset` is expressed (default: [`ResetFormat::UnixSeconds`]).
+    #[must_use]
+    pub const fn reset_format(mut self, format: ResetFormat) -> Self {
+        self.reset = format;
+        self
+    }
+
+    /// Whether `X-RateLimit-*` headers are written.
+    pub const fn writes_x_ratelimit(&self) -> bool {
+        self.x_ratelimit
+    }
+
+    /// Whether the IETF fields are written.
+    pub const fn writes_ietf(&self) -> bool {
+        self.ietf
+    }
+
+    /// The `X-RateLimit-Reset` format.
+    pub const fn reset(&self) -> ResetFormat {
+        self.reset
+    }
+
+    /// Writes (replacing) `X-RateLimit-Limit`, `-Remaining` and `-Reset` for `decision`, if enabled.
+    pub fn write_x_ratelimit(&self, decision: &Decision, headers: &mut HeaderMap) {
+        if !self.x_ratelimit {
+            return;
+        }
+        headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(decision.limit()));
+        headers.insert(
+            X_RATELIMIT_REMAINING,
+            HeaderValue::from(decision.remaining()),
+        );
+        let reset = match self.reset {
+            ResetFormat::DeltaSeconds => ceil_secs(decision.reset()),
+            ResetFormat::UnixSeconds => unix_reset_secs(SystemTime::now(), decision.reset()),
+        };
+        headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
+    }
+
+    /// Appends `RateLimit-Policy` and `RateLimit` items for every `(decision, quota)` pair, if
+    /// enabled. Appending (not replacing) lets stacked layers each add their limits to the list.
+    pub fn write_ietf<'a, I>(&self, limits: I, headers: &mut HeaderMap)
+    where
+        I: IntoIterator<Item = (&'a Decision, &'a Quota)>,
+        I::IntoIter: Clone,
+    {
+        if !self.ietf {
+            return;
+        }
+        let limits = limits.into_iter();
+        if let Some(v) = policy_field(limits.clone().map(|(d, q)| (d.policy().as_str(), q))) {
+            headers.append(RATELIMIT_POLICY, v);
+        }
+        if let Some(v) = ratelimit_field(limits.map(|(d, _)| d)) {
+            headers.append(RATELIMIT, v);
+        }
+    }
+}
+
+/// The `Retry-After` value for a rejected decision: whole seconds, rounded up, never 0.
+///
+/// `None` for an allowed decision and for one that can never succeed
+/// ([`Decision::is_impossible`]).
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{headers::retry_after, Decision};
+///
+/// let d = Decision::rejected(5, 0, Duration::from_secs(5), Duration::from_millis(10));
+/// assert_eq!(retry_after(&d).unwrap(), "1");
+/// assert!(retry_after(&Decision::allowed_with(5, 4, Duration::ZERO)).is_none());
+/// ```
+pub fn retry_after(decision: &Decision) -> Option<HeaderValue> {
+    if decision.allowed() {
+        return None;
+    }
+    decision.retry_after_secs_ceil().map(HeaderValue::from)
+}
+
+/// Sets `Retry-After` to `secs` (at least 1) unless the map already has one.
+pub(crate) fn set_retry_after_if_absent(headers: &mut HeaderMap, secs: u64) {
+    if !headers.contains_key(RETRY_AFTER) {
+        headers.insert(RETRY_AFTER, HeaderValue::from(secs.max(1)));
+    }
+}
+
+/// The `w` of a limit in `RateLimit-Policy`: seconds to refill its whole capacity from empty,
+/// rounded up (`burst × period / count`). For window algorithms, whose capacity is the count,
+/// this is the window.
+///
+/// ```
+/// use tollgate::{headers::policy_window_secs, Quota};
+///
+/// assert_eq!(policy_window_secs(&Quota::per_minute(100)), 60);
+/// assert_eq!(policy_window_secs(&Quota::per_second(10).burst(50)), 5);
+/// assert_eq!(policy_window_secs(&Quota::per_day(5000)), 86_400);
+/// ```
+pub fn policy_window_secs(quota: &Quota) -> u64 {
+    let micros = u128::from(quota.burst_size()) * u128::from(quota.period_micros())
+        / u128::from(quota.count().max(1));
+    let micros = u64::try_from(micros).unwrap_or(u64::MAX);
+    ceil_secs(Duration::from_micros(micros)).max(1)
+}
+
+/// Unix seconds at `now + reset`, rounded up.
+fn unix_reset_secs(now: SystemTime, reset: Duration) -> u64 {
+    let since_epoch = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+    ceil_secs(since_epoch.saturating_add(reset))
+}
+
+/// Appends `name` as a structured-field string: quoted, with `"` and `\` escaped. Limit names are
+/// validated to printable ASCII when a layer is built; any other byte is replaced by `?` so the
+/// field stays valid whatever the caller passes.
+fn push_sf_string(out: &mut String, name: &str) {
+    out.push('"');
+    for c in name.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('?'),
+        }
+    }
+    out.push('"');
+}
+
+/// `"name";q=Q;w=W, ...`, or `None` for no limits.
+pub(crate) fn policy_field<'a>(
+    limits: impl Iterator<Item = (&'a str, &'a Quota)>,
+) -> Option<HeaderValue> {
+    let mut out = String::new();
+    for (name, quota) in limits {
+        if !out.is_empty() {
+            out.push_str(", ");
+        }
+        push_sf_string(&mut out, name);
+        let _ = write!(
+            out,
+            ";q={};w={}",
+            quota.burst_size(),
+            policy_window_secs(quota)
+        );
+    }
+    to_header_value(out)
+}
+
+/// `"name";r=R;t=T, ...`, or `None` for no decisions.
+fn ratelimit_field<'a>(decisions: impl Iterator<Item = &'a Decision>) -> Option<HeaderValue> {
+    let mut out = String::new();
+    for d in decisions {
+        if !out.is_empty() {
+            out.push_str(", ");
+        }
+        push_sf_string(&mut out, d.policy().as_str());
+        let _ = write!(out, ";r={};t={}", d.remaining(), ceil_secs(d.reset()));
+    }
+    to_header_value(out)
+}
+
+fn to_header_value(s: String) -> Option<HeaderValue> {
+    if s.is_empty() {
+        return None;
+    }
+    // Only printable ASCII is ever pushed, so this cannot fail; stay panic-free regardless.
+    HeaderValue::try_from(s).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::PolicyName;
+
+    fn named(d: Decision, name: &str) -> Decision {
+        d.with_policy(PolicyName::new(name))
+    }
+
+    #[test]
+    fn x_ratelimit_delta_rounds_up() {
+        let mut h = HeaderMap::new();
+        let cfg = RateLimitHeaders::new().reset_format(ResetFormat::DeltaSeconds);
+        cfg.write_x_ratelimit(
+            &Decision::allowed_with(10, 3, Duration::from_micros(1)),
+            &mut h,
+        );
+        assert_eq!(h[X_RATELIMIT_LIMIT], "10");
+        assert_eq!(h[X_RATELIMIT_REMAINING], "3");
+        assert_eq!(h[X_RATELIMIT_RESET], "1");
+        cfg.write_x_ratelimit(&Decision::allowed_with(10, 10, Duration::ZERO), &mut h);
+        assert_eq!(h[X_RATELIMIT_REMAINING], "10");
+        assert_eq!(h[X_RATELIMIT_RESET], "0");
+        assert_eq!(
+            h.get_all(X_RATELIMIT_LIMIT).iter().count(),
+            1,
+            "replaced, not appended"
+        );
+    }
+
+    #[test]
+    fn unix_reset_is_now_plus_reset_rounded_up() {
+        let now = UNIX_EPOCH + Duration::from_millis(1_700_000_000_250);
+        assert_eq!(unix_reset_secs(now, Duration::ZERO), 1_700_000_001);
+        assert_eq!(
+            unix_reset_secs(now, Duration::from_millis(750)),
+            1_700_000_001
+        );
+        assert_eq!(
+            unix_reset_secs(now, Duration::from_millis(751)),
+            1_700_000_002
+        );
+        let exact = UNIX_EPOCH + Duration::from_secs(100);
+        assert_eq!(unix_reset_secs(exact, Duration::from_secs(5)), 105);
+
+        let mut h = HeaderMap::new();
+        let before = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        RateLimitHeaders::new().write_x_ratelimit(
+            &Decision::allowed_with(5, 0, Duration::from_secs(5)),
+            &mut h,
+        );
+        let after = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let reset: u64 = h[X_RATELIMIT_RESET].to_str().unwrap().parse().unwrap();
+        assert!(
+            reset >= before + 5 && reset <= after + 6,
+            "{before} {reset} {after}"
+        );
+    }
+
+    #[test]
+    fn disabled_headers_write_nothing() {
+        let mut h = HeaderMap::new();
+        let d = Decision::allowed_with(5, 4, Duration::from_secs(1));
+        RateLimitHeaders::none().write_x_ratelimit(&d, &mut h);
+        RateLimitHeaders::none().write_ietf([(&d, &Quota::per_second(5))], &mut h);
+        assert!(h.is_empty());
+        // IETF is opt-in.
+        RateLimitHeaders::new().write_ietf([(&d, &Quota::per_second(5))], &mut h);
+        assert!(h.is_empty());
+    }
+
+    #[test]
+    fn ietf_fields_escape_names_and_append() {
+        let d = named(
+            Decision::rejected(3, 0, Duration::from_millis(2001), Duration::from_millis(10)),
+            r#"we"ird\name"#,
+        );
+        let q = Quota::per_minute(3);
+        let mut h = HeaderMap::new();
+        let cfg = RateLimitHeaders::new().ietf(true);
+        cfg.write_ietf([(&d, &q)], &mut h);
+        assert_eq!(h[RATELIMIT_POLICY], r#""we\"ird\\name";q=3;w=60"#);
+        assert_eq!(h[RATELIMIT], r#""we\"ird\\name";r=0;t=3"#);
+        // A second layer appends its own field line.
+        let g = named(
+            Decision::allowed_with(100, 99, Duration::from_secs(1)),
+            "global",
+        );
+        cfg.write_ietf([(&g, &Quota::per_second(100))], &mut h);
+        let all: Vec<_> = h.get_all(RATELIMIT).iter().collect();
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[1], r#""global";r=99;t=1"#);
+    }
+
+    #[test]
+    fn sf_string_replaces_non_ascii() {
+        let mut s = String::new();
+        push_sf_string(&mut s, "é\tx");
+        assert_eq!(s, "\"??x\"");
+    }
+
+    #[test]
+    fn window_secs_round_up_and_never_zero() {
+        assert_eq!(
+            policy_window_secs(&Quota::per(Duration::from_millis(500), 2)),
+            1
+        );
+        assert_eq!(policy_window_secs(&Quota::per_second(3).burst(4)), 2); // 1.33 s
+        assert_eq!(policy_window_secs(&Quota::per_second(1).burst(5)), 5);
+    }
+
+    #[test]
+    fn retry_after_never_zero() {
+        let d = Decision::rejected(1, 0, Duration::ZERO, Duration::from_nanos(1));
+        assert_eq!(retry_after(&d).unwrap(), "1");
+        assert!(retry_after(&Decision::impossible(1, 1, Duration::ZERO)).is_none());
+        let mut h = HeaderMap::new();
+        set_retry_after_if_absent(&mut h, 0);
+        assert_eq!(h[RETRY_AFTER], "1");
+        set_retry_after_if_absent(&mut h, 9);
+        assert_eq!(h[RETRY_AFTER], "1");
+    }
+}

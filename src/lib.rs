@@ -23,5 +23,6 @@ pub mod store;
 
 pub use decision::{Decision, PolicyName};
 pub use error::{ConfigError, StoreError, StoreErrorKind};
+pub use layer::{Limit, MissingKey, RateLimit, RateLimitLayer};
 pub use quota::Quota;
 pub use request::RequestView;

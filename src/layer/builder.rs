@@ -1,0 +1,197 @@
+//! [`RateLimitLayerBuilder`]: configures and validates a [`RateLimitLayer`].
+
+use std::fmt;
+use std::sync::Arc;
+
+use super::layer::{RateLimitLayer, Shared};
+use super::limit::Limit;
+use crate::error::ConfigError;
+use crate::headers::{RateLimitHeaders, ResetFormat};
+use crate::request::RequestView;
+use crate::response::{DefaultRejection, Rejection};
+use crate::store::memory::MemoryBackend;
+use crate::store::{Backend, LimitSpec, MAX_LIMITS};
+
+/// Configures a [`RateLimitLayer`]; created by [`RateLimitLayer::builder`].
+///
+/// [`build`](Self::build) validates everything and says what to fix: no limit, more than
+/// [`MAX_LIMITS`], duplicate or unprintable names, a missing key extractor, a quota the algorithm
+/// cannot enforce, a cost function that can charge more than a limit holds, a missing-key status
+/// that is not an error, and whatever the backend rejects.
+///
+/// ```
+/// use tollgate::layer::{Limit, RateLimitLayer};
+/// use tollgate::Quota;
+///
+/// let err = RateLimitLayer::builder().build().unwrap_err();
+/// assert_eq!(err.field(), "limits");
+///
+/// let err = RateLimitLayer::builder()
+///     .limit(Limit::new("burst", Quota::per_second(5)))
+///     .build()
+///     .unwrap_err();
+/// assert_eq!(err.field(), "limit.key");
+/// assert!(err.message().contains("\"burst\""), "{err}");
+/// ```
+#[must_use = "call .build() to get a layer"]
+pub struct RateLimitLayerBuilder<B = MemoryBackend> {
+    limits: Vec<Limit>,
+    backend: B,
+    headers: RateLimitHeaders,
+    rejection: Option<Box<dyn Rejection>>,
+    skip: Option<Box<super::layer::SkipFn>>,
+}
+
+impl RateLimitLayerBuilder<MemoryBackend> {
+    /// A builder with no limits, the in-memory backend, default headers and rejection.
+    #[allow(clippy::default_constructed_unit_structs)]
+    pub fn new() -> Self {
+        Self {
+            limits: Vec::new(),
+            backend: MemoryBackend::default(),
+            headers: RateLimitHeaders::new(),
+            rejection: None,
+            skip: None,
+        }
+    }
+}
+
+impl Default for RateLimitLayerBuilder<MemoryBackend> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<B: fmt::Debug> fmt::Debug for RateLimitLayerBuilder<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayerBuilder")
+            .field("limits", &self.limits)
+            .field("backend", &self.backend)
+            .field("headers", &self.headers)
+            .field("rejection", &self.rejection.as_ref().map(|_| ".."))
+            .field("skip", &self.skip.is_some())
+            .finish()
+    }
+}
+
+impl<B> RateLimitLayerBuilder<B> {
+    /// Adds a limit. Every limit is checked for every request (all-or-nothing: if one rejects,
+    /// none is charged). At most [`MAX_LIMITS`] per layer.
+    pub fn limit(mut self, limit: Limit) -> Self {
+        self.limits.push(limit);
+        self
+    }
+
+    /// Where limiter state lives (default: [`MemoryBackend::default`]).
+    pub fn backend<B2: Backend>(self, backend: B2) -> RateLimitLayerBuilder<B2> {
+        RateLimitLayerBuilder {
+            limits: self.limits,
+            backend,
+            headers: self.headers,
+            rejection: self.rejection,
+            skip: self.skip,
+        }
+    }
+
+    /// Which rate-limit headers to write (default: [`RateLimitHeaders::new`]).
+    pub fn headers(mut self, headers: RateLimitHeaders) -> Self {
+        self.headers = headers;
+        self
+    }
+
+    /// Whether to write `X-RateLimit-Limit`, `-Remaining`, `-Reset` (default: yes).
+    pub fn x_ratelimit_headers(mut self, enabled: bool) -> Self {
+        self.headers = self.headers.x_ratelimit(enabled);
+        self
+    }
+
+    /// Whether to write the IETF draft-10 `RateLimit-Policy` and `RateLimit` fields (default: no).
+    pub fn ietf_headers(mut self, enabled: bool) -> Self {
+        self.headers = self.headers.ietf(enabled);
+        self
+    }
+
+    /// How `X-RateLimit-Reset` is expressed (default: Unix seconds).
+    pub fn reset_format(mut self, format: ResetFormat) -> Self {
+        self.headers = self.headers.reset_format(format);
+        self
+    }
+
+    /// The response for refused requests (default: [`DefaultRejection`]). Takes any
+    /// [`Rejection`], including a closure `Fn(&Rejected<'_>) -> Response<RejectionBody>`.
+    ///
+    /// [`Rejected`]: crate::response::Rejected
+    /// [`RejectionBody`]: crate::response::RejectionBody
+    pub fn rejection(mut self, rejection: impl Rejection) -> Self {
+        self.rejection = Some(Box::new(rejection));
+        self
+    }
+
+    /// Exempts requests for which `predicate` returns `true` (health checks, internal callers):
+    /// no limit is checked or charged and no rate-limit header is written.
+    ///
+    /// ```
+    /// use tollgate::layer::RateLimitLayer;
+    /// use tollgate::RequestView;
+    ///
+    /// let builder = RateLimitLayer::builder().skip(|req: &RequestView<'_>| req.uri().path() == "/health");
+    /// # drop(builder);
+    /// ```
+    pub fn skip<F>(mut self, predicate: F) -> Self
+    where
+        F: Fn(&RequestView<'_>) -> bool + Send + Sync + 'static,
+    {
+        self.skip = Some(Box::new(predicate));
+        self
+    }
+}
+
+impl<B: Backend> RateLimitLayerBuilder<B> {
+    /// Validates the configuration and builds the layer and its store.
+    pub fn build(self) -> Result<RateLimitLayer<B::Store>, ConfigError> {
+        if self.limits.is_empty() {
+            return Err(ConfigError::new(
+                "limits",
+                "no limit configured; add one, e.g. .limit(Limit::new(\"per-ip\", Quota::per_second(10)).key(PeerIp::new()))",
+            ));
+        }
+        if self.limits.len() > MAX_LIMITS {
+            return Err(ConfigError::new(
+                "limits",
+                format!(
+                    "{} limits configured but a layer holds at most {MAX_LIMITS}; stack a second RateLimitLayer for the rest",
+                    self.limits.len()
+                ),
+            ));
+        }
+        for (i, limit) in self.limits.iter().enumerate() {
+            if self.limits[..i].iter().any(|l| l.name() == limit.name()) {
+                return Err(ConfigError::new(
+                    "limit.name",
+                    format!(
+                        "two limits are named \"{}\"; names identify limits in headers and stores, give each a distinct one",
+                        limit.name()
+                    ),
+                ));
+            }
+        }
+        let limits = self
+            .limits
+            .iter()
+            .map(Limit::compile)
+            .collect::<Result<Box<[_]>, _>>()?;
+        let specs: Vec<LimitSpec> = self.limits.iter().map(Limit::spec).collect();
+        let store = self.backend.build(&specs)?;
+        Ok(RateLimitLayer {
+            shared: Arc::new(Shared {
+                limits,
+                store,
+                headers: self.headers,
+                rejection: self
+                    .rejection
+                    .unwrap_or_else(|| Box::new(DefaultRejection::new())),
+                skip: self.skip,
+            }),
+        })
+    }
+}

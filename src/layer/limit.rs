@@ -1,0 +1,276 @@
+//! [`Limit`]: one named limit of a layer, and [`MissingKey`].
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::StatusCode;
+
+use crate::algorithm::AlgorithmKind;
+use crate::cost::Cost;
+use crate::decision::PolicyName;
+use crate::error::ConfigError;
+use crate::key::KeyExtractor;
+use crate::quota::Quota;
+use crate::request::RequestView;
+use crate::store::{FailurePolicy, LimitSpec};
+
+/// What a limit does with a request for which its key extractor finds no key.
+///
+/// The default is [`MissingKey::Reject`] with `500 Internal Server Error`: a key the limiter
+/// cannot find is most often a deployment fault (a server run without connection info, a
+/// misconfigured proxy list), and letting such requests through would silently switch rate
+/// limiting off. A 5xx makes the fault loud. For keys that are legitimately optional choose
+/// explicitly: `Reject { status: StatusCode::UNAUTHORIZED }` for a missing API key, or
+/// [`Skip`](MissingKey::Skip) to exempt the request from this limit (other limits still apply).
+///
+/// ```
+/// use http::StatusCode;
+/// use tollgate::layer::MissingKey;
+///
+/// assert_eq!(MissingKey::default(), MissingKey::Reject { status: StatusCode::INTERNAL_SERVER_ERROR });
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum MissingKey {
+    /// Do not apply this limit to the request; other limits of the layer still apply.
+    Skip,
+    /// Refuse the request with `status` (a 4xx or 5xx) and a problem+json body naming the limit.
+    Reject {
+        /// The status to answer with.
+        status: StatusCode,
+    },
+}
+
+impl Default for MissingKey {
+    fn default() -> Self {
+        MissingKey::Reject {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+impl MissingKey {
+    /// `Reject { status }`.
+    pub const fn reject(status: StatusCode) -> Self {
+        MissingKey::Reject { status }
+    }
+}
+
+/// One named limit: a [`Quota`] enforced by an algorithm, per key, at a cost per request.
+///
+/// ```
+/// use tollgate::algorithm::AlgorithmKind;
+/// use tollgate::key::{Key, KeyError};
+/// use tollgate::layer::{Limit, MissingKey};
+/// use tollgate::{Quota, RequestView};
+///
+/// fn tenant<'r>(req: &RequestView<'r>) -> Result<Key<'r>, KeyError> {
+///     req.headers()
+///         .get("x-tenant")
+///         .map(|v| Key::bytes(v.as_bytes()))
+///         .ok_or_else(|| KeyError::new("missing x-tenant header"))
+/// }
+///
+/// let limit = Limit::new("per-tenant", Quota::per_minute(600).burst(100))
+///     .algorithm(AlgorithmKind::Gcra)
+///     .key(tenant)
+///     .cost(|req: &RequestView<'_>| if req.method() == "POST" { 5 } else { 1 })
+///     .on_missing_key(MissingKey::reject(http::StatusCode::BAD_REQUEST));
+/// assert_eq!(limit.name().as_str(), "per-tenant");
+/// ```
+#[derive(Clone)]
+pub struct Limit {
+    name: PolicyName,
+    quota: Quota,
+    algorithm: AlgorithmKind,
+    key: Option<Arc<dyn KeyExtractor>>,
+    cost: Option<Arc<dyn Cost>>,
+    on_missing_key: MissingKey,
+    on_store_error: Option<FailurePolicy>,
+}
+
+impl fmt::Debug for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limit")
+            .field("name", &self.name)
+            .field("quota", &self.quota)
+            .field("algorithm", &self.algorithm)
+            .field("key", &self.key.as_ref().map(|_| ".."))
+            .field("cost", &self.cost.as_ref().map(|c| c.max_cost()))
+            .field("on_missing_key", &self.on_missing_key)
+            .field("on_store_error", &self.on_store_error)
+            .finish()
+    }
+}
+
+impl Limit {
+    /// A limit named `name` enforcing `quota` with the token bucket, costing 1 per request.
+    ///
+    /// A key extractor must be set with [`key`](Self::key) before the layer is built. Names
+    /// appear in headers and bodies, so they must be printable ASCII, and unique per layer.
+    pub fn new(name: impl AsRef<str>, quota: Quota) -> Self {
+        Self {
+            name: PolicyName::new(name),
+            quota,
+            algorithm: AlgorithmKind::default(),
+            key: None,
+            cost: None,
+            on_missing_key: MissingKey::default(),
+            on_store_error: None,
+        }
+    }
+
+    /// The algorithm enforcing the quota (default: [`AlgorithmKind::TokenBucket`]).
+    #[must_use]
+    pub fn algorithm(mut self, algorithm: AlgorithmKind) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
+    /// Who a request is counted against. Required.
+    #[must_use]
+    pub fn key(mut self, key: impl KeyExtractor) -> Self {
+        self.key = Some(Arc::new(key));
+        self
+    }
+
+    /// How many units a request spends (default: 1).
+    #[must_use]
+    pub fn cost(mut self, cost: impl Cost) -> Self {
+        self.cost = Some(Arc::new(cost));
+        self
+    }
+
+    /// What to do when no key can be extracted (default: reject with `500`; see [`MissingKey`]).
+    #[must_use]
+    pub fn on_missing_key(mut self, outcome: MissingKey) -> Self {
+        self.on_missing_key = outcome;
+        self
+    }
+
+    /// What a shared backend does when it cannot decide (see [`FailurePolicy`]). The in-memory
+    /// store never fails.
+    #[must_use]
+    pub fn on_store_error(mut self, policy: FailurePolicy) -> Self {
+        self.on_store_error = Some(policy);
+        self
+    }
+
+    /// The limit's name.
+    pub fn name(&self) -> PolicyName {
+        self.name
+    }
+
+    /// The limit's quota.
+    pub fn quota(&self) -> &Quota {
+        &self.quota
+    }
+
+    /// The limit's algorithm.
+    pub fn algorithm_kind(&self) -> AlgorithmKind {
+        self.algorithm
+    }
+
+    /// What happens when no key can be extracted.
+    pub fn missing_key(&self) -> MissingKey {
+        self.on_missing_key
+    }
+
+    /// The largest cost a single request can be granted: the quota's burst size.
+    pub fn capacity(&self) -> u64 {
+        self.quota.burst_size()
+    }
+
+    /// What the backend needs to know about this limit.
+    pub fn spec(&self) -> LimitSpec {
+        let spec = LimitSpec::new(self.name, self.quota, self.algorithm);
+        match self.on_store_error {
+            Some(policy) => spec.on_store_error(policy),
+            None => spec,
+        }
+    }
+
+    /// Validates the limit and freezes it for the service.
+    pub(crate) fn compile(&self) -> Result<CompiledLimit, ConfigError> {
+        let name = self.name.as_str();
+        let bad = |field: &'static str, message: String| {
+            ConfigError::new(field, format!("limit \"{name}\": {message}"))
+        };
+        if name.is_empty() || !name.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
+            return Err(bad(
+                "limit.name",
+                String::from(
+                    "the name must be non-empty printable ASCII (it is sent in headers and bodies), e.g. \"per-ip\"",
+                ),
+            ));
+        }
+        self.algorithm
+            .validate(&self.quota)
+            .map_err(|e| bad(e.field(), e.message().to_owned()))?;
+        let key = self.key.clone().ok_or_else(|| {
+            bad(
+                "limit.key",
+                String::from(
+                    "no key extractor; call .key(..) with e.g. PeerIp::new() to count per client, or GlobalKey for one shared limit",
+                ),
+            )
+        })?;
+        let capacity = self.capacity();
+        if let Some(max) = self.cost.as_ref().and_then(|c| c.max_cost()) {
+            if max > capacity {
+                return Err(bad(
+                    "limit.cost",
+                    format!(
+                        "the cost function can charge {max} units but the quota {} holds at most {capacity}, so such requests could never pass; raise the burst to at least {max} or lower the cost",
+                        self.quota
+                    ),
+                ));
+            }
+        }
+        if let MissingKey::Reject { status } = self.on_missing_key {
+            if !(status.is_client_error() || status.is_server_error()) {
+                return Err(bad(
+                    "limit.on_missing_key",
+                    format!("rejecting with {status} is not a refusal; use a 4xx or 5xx status, or MissingKey::Skip"),
+                ));
+            }
+        }
+        Ok(CompiledLimit {
+            name: self.name,
+            quota: self.quota,
+            capacity,
+            key,
+            cost: self.cost.clone(),
+            on_missing_key: self.on_missing_key,
+        })
+    }
+}
+
+/// A validated limit, as the service uses it.
+pub(crate) struct CompiledLimit {
+    pub(crate) name: PolicyName,
+    pub(crate) quota: Quota,
+    pub(crate) capacity: u64,
+    pub(crate) key: Arc<dyn KeyExtractor>,
+    pub(crate) cost: Option<Arc<dyn Cost>>,
+    pub(crate) on_missing_key: MissingKey,
+}
+
+impl CompiledLimit {
+    #[inline]
+    pub(crate) fn cost(&self, req: &RequestView<'_>) -> u64 {
+        match &self.cost {
+            Some(cost) => cost.cost(req),
+            None => 1,
+        }
+    }
+}
+
+impl fmt::Debug for CompiledLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limit")
+            .field("name", &self.name)
+            .field("quota", &self.quota)
+            .finish_non_exhaustive()
+    }
+}

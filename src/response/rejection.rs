@@ -1,0 +1,477 @@
+//! The [`Rejection`] trait and the [`DefaultRejection`] it comes with.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use http::header::RETRY_AFTER;
+use http::{HeaderValue, Response, StatusCode};
+
+use super::grpc::{grpc_trailers_only, is_grpc, GrpcCode, GRPC_RETRY_PUSHBACK_MS};
+use super::problem::ProblemDetails;
+use super::RejectionBody;
+use crate::decision::{ceil_secs, Decision, PolicyName};
+use crate::error::StoreError;
+use crate::headers::policy_window_secs;
+use crate::key::KeyError;
+use crate::quota::Quota;
+use crate::request::RequestView;
+use crate::store::Decisions;
+
+/// Builds the response for a request the rate limiter refuses.
+///
+/// The layer calls it with a [`Rejected`] describing why, then adds the rate-limit headers
+/// (`X-RateLimit-*`, the IETF fields when enabled) and `Retry-After` when the response does not
+/// already carry one, and puts the [`Decision`] in the response extensions. So an implementation
+/// only chooses the status and the body.
+///
+/// [`DefaultRejection`] is used unless another is set with
+/// [`RateLimitLayerBuilder::rejection`](crate::layer::RateLimitLayerBuilder::rejection). Closures
+/// `Fn(&Rejected<'_>) -> Response<RejectionBody>` implement the trait:
+///
+/// ```
+/// use http::{Response, StatusCode};
+/// use tollgate::response::{RejectReason, Rejected, RejectionBody};
+///
+/// let plain_text = |rejected: &Rejected<'_>| {
+///     let body = match rejected.reason() {
+///         RejectReason::RateLimited { decision, .. } => format!("slow down ({})", decision.policy()),
+///         _ => String::from("refused"),
+///     };
+///     let mut response = Response::new(RejectionBody::from(body));
+///     *response.status_mut() = rejected.status();
+///     response
+/// };
+/// # let _: &dyn tollgate::response::Rejection = &plain_text;
+/// ```
+pub trait Rejection: Send + Sync + 'static {
+    /// The response for `rejected`.
+    fn reject(&self, rejected: &Rejected<'_>) -> Response<RejectionBody>;
+}
+
+impl<F> Rejection for F
+where
+    F: Fn(&Rejected<'_>) -> Response<RejectionBody> + Send + Sync + 'static,
+{
+    fn reject(&self, rejected: &Rejected<'_>) -> Response<RejectionBody> {
+        self(rejected)
+    }
+}
+
+/// Why a request is refused.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub enum RejectReason<'a> {
+    /// A limit is exhausted; the request would succeed after `decision.retry_after()`.
+    RateLimited {
+        /// The rejecting limit's decision.
+        decision: &'a Decision,
+        /// The rejecting limit's quota.
+        quota: &'a Quota,
+    },
+    /// The request costs more than the limit can ever hold: waiting never helps.
+    CostExceedsCapacity {
+        /// The limit's decision ([`Decision::is_impossible`]).
+        decision: &'a Decision,
+        /// The limit's quota.
+        quota: &'a Quota,
+        /// What the request costs.
+        cost: u64,
+    },
+    /// No key could be extracted for a limit configured to reject such requests.
+    MissingKey {
+        /// The limit.
+        policy: PolicyName,
+        /// Why there is no key.
+        error: &'a KeyError,
+        /// The status the limit was configured to answer with.
+        status: StatusCode,
+    },
+    /// The store could not decide and its failure policy is to refuse.
+    StoreUnavailable {
+        /// What went wrong.
+        error: &'a StoreError,
+    },
+}
+
+/// Everything a [`Rejection`] needs: the request, the reason and every decision made.
+#[derive(Debug, Clone, Copy)]
+pub struct Rejected<'a> {
+    request: RequestView<'a>,
+    reason: RejectReason<'a>,
+    decisions: &'a Decisions,
+}
+
+impl<'a> Rejected<'a> {
+    /// Describes a rejection of `request` (useful to test a custom [`Rejection`]).
+    pub fn new(
+        request: RequestView<'a>,
+        reason: RejectReason<'a>,
+        decisions: &'a Decisions,
+    ) -> Self {
+        Self {
+            request,
+            reason,
+            decisions,
+        }
+    }
+
+    /// The refused request.
+    pub fn request(&self) -> &RequestView<'a> {
+        &self.request
+    }
+
+    /// Why it is refused.
+    pub fn reason(&self) -> &RejectReason<'a> {
+        &self.reason
+    }
+
+    /// Every decision made for the request (empty when no limit was checked).
+    pub fn decisions(&self) -> &'a Decisions {
+        self.decisions
+    }
+
+    /// The rejecting limit's decision, if a limit decided.
+    pub fn decision(&self) -> Option<&'a Decision> {
+        match self.reason {
+            RejectReason::RateLimited { decision, .. }
+            | RejectReason::CostExceedsCapacity { decision, .. } => Some(decision),
+            _ => None,
+        }
+    }
+
+    /// The status [`DefaultRejection`] answers with: `429` rate limited, `413` cost exceeds
+    /// capacity, the configured status for a missing key, `503` store unavailable.
+    pub fn status(&self) -> StatusCode {
+        match self.reason {
+            RejectReason::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            RejectReason::CostExceedsCapacity { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            RejectReason::MissingKey { status, .. } => status,
+            RejectReason::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// `Retry-After` in whole seconds (rounded up, at least 1), when waiting helps: for a rate
+    /// limit, and for a store error that suggests a delay.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        match self.reason {
+            RejectReason::RateLimited { decision, .. } => decision.retry_after_secs_ceil(),
+            RejectReason::StoreUnavailable { error } => {
+                error.retry_after().map(|d| ceil_secs(d).max(1))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The default rejection: an RFC 9457 `application/problem+json` body, or a gRPC trailers-only
+/// response for gRPC requests.
+///
+/// | reason | status | problem `type` suffix | extension members |
+/// |---|---|---|---|
+/// | rate limited | `429`, `Retry-After` | `rate-limited` | `policy`, `quota`, `limit`, `window`, `remaining`, `retry_after` |
+/// | cost exceeds capacity | `413`, no `Retry-After` | `cost-exceeds-limit` | `policy`, `quota`, `limit`, `window`, `cost` |
+/// | missing key | as configured (default `500`) | `missing-key` | `policy` |
+/// | store unavailable | `503`, `Retry-After` if known | `limiter-unavailable` | `retry_after` if known |
+///
+/// `window` is the seconds to refill the limit from empty (the `w` of `RateLimit-Policy`). A cost
+/// above capacity gets `413 Content Too Large` rather than `429`: `429` tells clients to slow
+/// down and retry, but this request fails however long they wait, and clients do not retry a
+/// `413`. For a missing key with a 5xx status the body does not repeat the extractor's reason
+/// (it describes server configuration); it is logged instead.
+///
+/// The problem `type` is `urn:tollgate:problem:<suffix>` unless a base is set with
+/// [`problem_type_base`](Self::problem_type_base).
+///
+/// gRPC requests (`content-type: application/grpc*`) get HTTP `200` with
+/// `content-type: application/grpc`, `grpc-status` ([`GrpcCode::from_http`] of the status above:
+/// `8 RESOURCE_EXHAUSTED` for a rate limit), a percent-encoded `grpc-message`, and
+/// `grpc-retry-pushback-ms` when waiting helps.
+///
+/// ```
+/// use tollgate::response::DefaultRejection;
+///
+/// let rejection = DefaultRejection::new().problem_type_base("https://api.example.com/problems/");
+/// # let _ = rejection;
+/// ```
+#[derive(Clone)]
+pub struct DefaultRejection {
+    type_base: Cow<'static, str>,
+    grpc: bool,
+}
+
+impl Default for DefaultRejection {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for DefaultRejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DefaultRejection")
+            .field("type_base", &self.type_base)
+            .field("grpc", &self.grpc)
+            .finish()
+    }
+}
+
+impl DefaultRejection {
+    /// Problem types under `urn:tollgate:problem:`, gRPC detection on.
+    pub const fn new() -> Self {
+        Self {
+            type_base: Cow::Borrowed("urn:tollgate:problem:"),
+            grpc: true,
+        }
+    }
+
+    /// Prefixes problem types with `base` (e.g. `https://api.example.com/problems/`, giving
+    /// `https://api.example.com/problems/rate-limited`).
+    #[must_use]
+    pub fn problem_type_base(mut self, base: impl Into<Cow<'static, str>>) -> Self {
+        self.type_base = base.into();
+        self
+    }
+
+    /// Whether gRPC requests get a trailers-only gRPC response (default: yes).
+    #[must_use]
+    pub fn grpc(mut self, enabled: bool) -> Self {
+        self.grpc = enabled;
+        self
+    }
+
+    fn problem(&self, rejected: &Rejected<'_>) -> ProblemDetails {
+        let status = rejected.status();
+        let ty = |suffix: &str| format!("{}{suffix}", self.type_base);
+        match rejected.reason {
+            RejectReason::RateLimited { decision, quota } => {
+                let retry = decision.retry_after_secs_ceil().unwrap_or(1);
+                let name = decision.policy();
+                ProblemDetails::new(status, &ty("rate-limited"), "Too Many Requests")
+                    .detail(&format!(
+                        "Rate limit \"{name}\" ({quota}) is exhausted; retry in {retry} s."
+                    ))
+                    .member_str("policy", name.as_str())
+                    .member_str("quota", &quota.to_string())
+                    .member_u64("limit", decision.limit())
+                    .member_u64("window", policy_window_secs(quota))
+                    .member_u64("remaining", decision.remaining())
+                    .member_u64("retry_after", retry)
+            }
+            RejectReason::CostExceedsCapacity {
+                decision,
+                quota,
+                cost,
+            } => {
+                let name = decision.policy();
+                let limit = decision.limit();
+                ProblemDetails::new(
+                    status,
+                    &ty("cost-exceeds-limit"),
+                    "Request Cost Exceeds Rate Limit",
+                )
+                .detail(&format!(
+                    "This request costs {cost} units but rate limit \"{name}\" ({quota}) holds at most {limit}, so it can never be allowed; split it into smaller requests."
+                ))
+                .member_str("policy", name.as_str())
+                .member_str("quota", &quota.to_string())
+                .member_u64("limit", limit)
+                .member_u64("window", policy_window_secs(quota))
+                .member_u64("cost", cost)
+            }
+            RejectReason::MissingKey { policy, error, .. } => {
+                let detail = if status.is_server_error() {
+                    format!("The server could not identify the client for rate limit \"{policy}\".")
+                } else {
+                    format!("Rate limit \"{policy}\" cannot identify the client: {error}.")
+                };
+                ProblemDetails::new(status, &ty("missing-key"), "Rate Limit Key Unavailable")
+                    .detail(&detail)
+                    .member_str("policy", policy.as_str())
+            }
+            RejectReason::StoreUnavailable { .. } => {
+                let problem = ProblemDetails::new(
+                    status,
+                    &ty("limiter-unavailable"),
+                    "Rate Limiter Unavailable",
+                )
+                .detail("The rate limiter cannot decide right now; retry later.");
+                match rejected.retry_after_secs() {
+                    Some(secs) => problem.member_u64("retry_after", secs),
+                    None => problem,
+                }
+            }
+        }
+    }
+
+    fn grpc_message(rejected: &Rejected<'_>) -> String {
+        match rejected.reason {
+            RejectReason::RateLimited { decision, quota } => format!(
+                "rate limit \"{}\" ({quota}) exhausted; retry in {} s",
+                decision.policy(),
+                decision.retry_after_secs_ceil().unwrap_or(1)
+            ),
+            RejectReason::CostExceedsCapacity { decision, cost, .. } => format!(
+                "request costs {cost} units but rate limit \"{}\" holds at most {}",
+                decision.policy(),
+                decision.limit()
+            ),
+            RejectReason::MissingKey { policy, .. } => {
+                format!("rate limit \"{policy}\" cannot identify the client")
+            }
+            RejectReason::StoreUnavailable { .. } => String::from("rate limiter unavailable"),
+        }
+    }
+}
+
+impl Rejection for DefaultRejection {
+    fn reject(&self, rejected: &Rejected<'_>) -> Response<RejectionBody> {
+        let retry_after = rejected.retry_after_secs();
+        if self.grpc && is_grpc(rejected.request()) {
+            let code = GrpcCode::from_http(rejected.status());
+            let mut response = grpc_trailers_only(code, &Self::grpc_message(rejected));
+            if let Some(secs) = retry_after {
+                let millis = match rejected.decision().and_then(Decision::retry_after) {
+                    Some(d) => u64::try_from(d.as_millis().max(1)).unwrap_or(u64::MAX),
+                    None => secs.saturating_mul(1000),
+                };
+                response
+                    .headers_mut()
+                    .insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(millis));
+            }
+            return response;
+        }
+        let mut response = self.problem(rejected).into_response();
+        if let Some(secs) = retry_after {
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::StoreErrorKind;
+    use http::header::CONTENT_TYPE;
+    use std::time::Duration;
+
+    fn json(response: Response<RejectionBody>) -> serde_json::Value {
+        serde_json::from_slice(response.body().as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn rate_limited_problem_names_the_limit() {
+        let req = http::Request::get("/").body(()).unwrap();
+        let q = Quota::per_second(1).burst(5);
+        let d = Decision::rejected(5, 0, Duration::from_secs(5), Duration::from_millis(400))
+            .with_policy(PolicyName::new("burst"));
+        let decisions = Decisions::new();
+        let rejected = Rejected::new(
+            RequestView::new(&req),
+            RejectReason::RateLimited {
+                decision: &d,
+                quota: &q,
+            },
+            &decisions,
+        );
+        let response = DefaultRejection::new().reject(&rejected);
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[RETRY_AFTER], "1");
+        assert_eq!(response.headers()[CONTENT_TYPE], "application/problem+json");
+        let v = json(response);
+        assert_eq!(v["type"], "urn:tollgate:problem:rate-limited");
+        assert_eq!(v["title"], "Too Many Requests");
+        assert_eq!(v["status"], 429);
+        assert_eq!(v["policy"], "burst");
+        assert_eq!(v["quota"], "1/s burst 5");
+        assert_eq!(v["limit"], 5);
+        assert_eq!(v["window"], 5);
+        assert_eq!(v["retry_after"], 1);
+        assert!(v["detail"].as_str().unwrap().contains("\"burst\""));
+    }
+
+    #[test]
+    fn store_error_is_503_with_its_retry_after_and_no_internals() {
+        let req = http::Request::get("/").body(()).unwrap();
+        let err = StoreError::new(StoreErrorKind::Timeout, "redis 10.0.0.5 timed out")
+            .with_retry_after(Duration::from_millis(1500));
+        let decisions = Decisions::new();
+        let rejected = Rejected::new(
+            RequestView::new(&req),
+            RejectReason::StoreUnavailable { error: &err },
+            &decisions,
+        );
+        let response = DefaultRejection::new()
+            .problem_type_base("https://e.example/p/")
+            .reject(&rejected);
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[RETRY_AFTER], "2");
+        let body = String::from_utf8(response.body().as_bytes().to_vec()).unwrap();
+        assert!(!body.contains("10.0.0.5"), "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["type"], "https://e.example/p/limiter-unavailable");
+        assert_eq!(v["retry_after"], 2);
+    }
+
+    #[test]
+    fn missing_key_hides_reason_only_for_server_errors() {
+        let req = http::Request::get("/").body(()).unwrap();
+        let err = KeyError::new("missing x-api-key header");
+        let decisions = Decisions::new();
+        let policy = PolicyName::new("per-key");
+        for (status, shows) in [
+            (StatusCode::UNAUTHORIZED, true),
+            (StatusCode::INTERNAL_SERVER_ERROR, false),
+        ] {
+            let rejected = Rejected::new(
+                RequestView::new(&req),
+                RejectReason::MissingKey {
+                    policy,
+                    error: &err,
+                    status,
+                },
+                &decisions,
+            );
+            let response = DefaultRejection::new().reject(&rejected);
+            assert_eq!(response.status(), status);
+            assert!(!response.headers().contains_key(RETRY_AFTER));
+            let v = json(response);
+            assert_eq!(v["policy"], "per-key");
+            assert_eq!(
+                v["detail"].as_str().unwrap().contains("x-api-key"),
+                shows,
+                "{status}"
+            );
+        }
+    }
+
+    #[test]
+    fn grpc_requests_get_trailers_only() {
+        let req = http::Request::post("/pkg.Svc/M")
+            .header(CONTENT_TYPE, "application/grpc")
+            .body(())
+            .unwrap();
+        let q = Quota::per_second(10);
+        let d = Decision::rejected(10, 0, Duration::from_secs(1), Duration::from_millis(100))
+            .with_policy(PolicyName::new("rpc"));
+        let decisions = Decisions::new();
+        let rejected = Rejected::new(
+            RequestView::new(&req),
+            RejectReason::RateLimited {
+                decision: &d,
+                quota: &q,
+            },
+            &decisions,
+        );
+        let response = DefaultRejection::new().reject(&rejected);
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.headers()[CONTENT_TYPE], "application/grpc");
+        assert_eq!(response.headers()["grpc-status"], "8");
+        assert_eq!(response.headers()[GRPC_RETRY_PUSHBACK_MS], "100");
+        assert!(response.body().as_bytes().is_empty());
+        // Detection can be turned off.
+        let response = DefaultRejection::new().grpc(false).reject(&rejected);
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    }
+}
