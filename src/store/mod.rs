@@ -15,8 +15,12 @@ use crate::key::Key;
 use crate::quota::Quota;
 
 pub mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 pub use memory::{MemoryBackend, MemoryStore};
+#[cfg(feature = "redis")]
+pub use self::redis::{RedisBackend, RedisStore};
 
 /// The most limits one layer may hold. Stack layers for more.
 pub const MAX_LIMITS: usize = 8;

@@ -1,0 +1,558 @@
+//! Redis and Redis Cluster backend (feature `redis`): one limit shared by every instance.
+//!
+//! Ten instances that each keep their own counters allow ten times the limit. With a
+//! [`RedisBackend`], every instance decides against the same state in Redis, atomically:
+//!
+//! - **one Lua script per algorithm** (in `src/store/redis/scripts/`) mirrors the Rust transition
+//!   in [`algorithm`](crate::algorithm) exactly — the same integer formulas, in microseconds,
+//!   with no float state — and reads, decides and writes in one atomic step, run by `EVALSHA`
+//!   (re-sent with `EVAL` when the server answers `NOSCRIPT`, e.g. after a restart or
+//!   `SCRIPT FLUSH`);
+//! - **time comes from Redis `TIME`**, so application clocks cannot mint tokens
+//!   ([`RedisBackend::clock`] passes an explicit time instead, for tests and simulations);
+//! - **idle keys expire**: every write sets `PEXPIRE` to the algorithm's
+//!   [`idle_timeout_micros`](crate::algorithm::Algorithm::idle_timeout_micros) rounded up to
+//!   milliseconds, the time after which the state is indistinguishable from a fresh key. A
+//!   rejected request writes nothing;
+//! - **one connection per store**: a multiplexed, auto-reconnecting
+//!   [`ConnectionManager`](redis::aio::ConnectionManager) for a node, the async Cluster
+//!   connection for a Cluster; never a connection per request. On a single node, concurrent
+//!   checks are coalesced into one script call ([`RedisBackend::batching`]).
+//!
+//! # Several limits per request
+//!
+//! A request's limits are all-or-nothing: every limit decides, and only if all allow is any
+//! charged. Precisely:
+//!
+//! - **single node**: all limits of a request are decided in *one* script call, whatever their
+//!   keys. The guarantee is exact: a rejected request charges nothing, ever.
+//! - **Cluster, same hash slot**: the hash tag of a key is derived from the client key (without
+//!   its route scope), so all limits of one client — burst and daily quota, per-route limits —
+//!   share a slot and are decided in one script call, exactly as on a single node.
+//! - **Cluster, different slots** (a per-client limit plus a global ceiling): each slot's group is
+//!   decided and charged atomically in its own call (*reserve*), concurrently. If any group
+//!   rejects or fails closed, the groups that charged are given back by a refund script
+//!   (*refund*), which restores exactly what was charged, never more than a fresh key. Between
+//!   the reserve and the refund (one round trip), other requests see those units as spent: a
+//!   concurrent request may be rejected that a single-node deployment would have admitted. The
+//!   error is always in that direction — a rejected request never leaves a limit over-admitted.
+//!   If the refund itself cannot be delivered (Redis fails in between), the units stay spent
+//!   until they refill, counted in [`RedisStats::refund_failures`].
+//!
+//! # Keys
+//!
+//! `{prefix}:{TAG}:{algorithm}:{limit}:{client key}`, for example
+//! `tollgate:{4be1c3a0d2f59e17}:tb:burst:e.ip:203.0.113.7`. The prefix defaults to `tollgate`
+//! ([`RedisBackend::prefix`]). The client key is percent-encoded, so `{`, `}`, newlines and
+//! binary bytes cannot escape the namespace or choose the hash slot (the tag is an HMAC of the
+//! key, not bytes the client sent), and keys longer than 128 encoded bytes are replaced by a
+//! SHA-256 HMAC, so no client can store large keys. Set a shared [`RedisBackend::hash_secret`] to
+//! stop anyone from searching offline for client keys that land in a chosen slot.
+//!
+//! # When Redis cannot decide
+//!
+//! Every limit must choose a [`FailurePolicy`] (building fails with
+//! a [`ConfigError`] otherwise):
+//!
+//! - `Open`: the limit allows; a `tracing` warning is logged and [`RedisStats::fail_open`]
+//!   counts it;
+//! - `Closed { retry_after }`: the check fails with a [`StoreError`](crate::StoreError) carrying
+//!   `retry_after`, which the layer turns into `503` with `Retry-After` and a problem+json body;
+//! - `Local { share }`: a local in-memory limiter holding `share` of the quota (count and burst,
+//!   rounded down, at least 1) decides.
+//!
+//! Each call has a tight timeout ([`RedisBackend::timeout`], default 5 ms). After
+//! [`RedisBackend::breaker_threshold`] consecutive failures the circuit breaker opens: requests
+//! are decided by their policies at once, without paying the timeout, while a background task
+//! pings Redis every [`RedisBackend::probe_interval`]; the first answer within the timeout closes
+//! the breaker. Recovery needs no restart. A call that timed out may still have been applied by
+//! Redis (it was sent), so during a slowdown a few requests can be charged without being admitted.
+//!
+//! Unreadable state at a limiter key — a value of the wrong type (`WRONGTYPE`), garbage, numbers
+//! out of range — never panics and never fails the request: the script deletes the key and treats
+//! it as fresh (a full bucket), logs a warning and counts it in [`RedisStats::corrupt_resets`].
+//! A key only becomes unreadable if something else writes to the limiter's namespace, and
+//! resetting heals it, where refusing would leave a key without expiry broken forever.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use tollgate::algorithm::AlgorithmKind;
+//! use tollgate::key::Key;
+//! use tollgate::store::redis::RedisBackend;
+//! use tollgate::store::{Backend, Checked, FailurePolicy, LimitCheck, LimitSpec, Store};
+//! use tollgate::{PolicyName, Quota};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let limits = [LimitSpec::new(
+//!     PolicyName::new("burst"),
+//!     Quota::per_second(1).burst(5),
+//!     AlgorithmKind::TokenBucket,
+//! )
+//! .on_store_error(FailurePolicy::Closed { retry_after: Duration::from_secs(1) })];
+//! let store = RedisBackend::new("redis://127.0.0.1:6379")
+//!     .timeout(Duration::from_millis(10))
+//!     .build(&limits)?;
+//! let check = [LimitCheck { limit: 0, key: Key::string("alice"), cost: 1 }];
+//! let decisions = match store.check(&check) {
+//!     Checked::Ready(r) => r?,
+//!     Checked::Pending(f) => f.await?,
+//! };
+//! assert!(decisions.allowed());
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! A Cluster is configured with its seed nodes:
+//!
+//! ```
+//! use tollgate::store::redis::RedisBackend;
+//!
+//! let backend = RedisBackend::cluster(["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"])
+//!     .prefix("myapp-rl")
+//!     .hash_secret("shared by every instance");
+//! # let _ = backend;
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::error::ConfigError;
+use crate::quota::Quota;
+use crate::store::memory::MemoryBackend;
+use crate::store::{Backend, FailurePolicy, LimitSpec, MAX_LIMITS};
+
+mod conn;
+mod keys;
+mod script;
+mod stats;
+mod store;
+
+pub use stats::RedisStats;
+pub use store::{RedisFuture, RedisStore};
+
+use conn::Target;
+use script::LuaScript;
+
+/// The default per-call timeout.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(5);
+/// The default number of consecutive failures that opens the circuit breaker.
+pub const DEFAULT_BREAKER_THRESHOLD: u32 = 5;
+/// The default interval between probes while the circuit breaker is open.
+pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(200);
+/// The default largest number of requests coalesced into one script call.
+pub const DEFAULT_MAX_BATCH: usize = 128;
+
+/// Configuration of a Redis (or Redis Cluster) store; see the [module docs](self).
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::store::redis::RedisBackend;
+///
+/// let backend = RedisBackend::new("redis://127.0.0.1:6379")
+///     .prefix("api-rl")
+///     .timeout(Duration::from_millis(3))
+///     .breaker_threshold(3)
+///     .probe_interval(Duration::from_millis(500));
+/// # let _ = backend;
+/// ```
+#[must_use]
+pub struct RedisBackend {
+    target: TargetSpec,
+    prefix: String,
+    hash_secret: Vec<u8>,
+    timeout: Duration,
+    connect_timeout: Duration,
+    breaker_threshold: u32,
+    probe_interval: Duration,
+    clock: Option<Arc<dyn Clock>>,
+    batching: bool,
+    max_batch: usize,
+    local: Option<MemoryBackend>,
+    stats: RedisStats,
+}
+
+#[derive(Debug, Clone)]
+enum TargetSpec {
+    Node(String),
+    Cluster(Vec<String>),
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("target", &self.target)
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .field("breaker_threshold", &self.breaker_threshold)
+            .field("probe_interval", &self.probe_interval)
+            .field("clock", &self.clock)
+            .field("batching", &self.batching)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisBackend {
+    /// A single Redis node at `url` (`redis://[user:password@]host:port[/db]`). The URL is
+    /// checked when the layer is built; nothing connects until the first request.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self::with_target(TargetSpec::Node(url.into()))
+    }
+
+    /// A Redis Cluster reached through `nodes` (any subset of its nodes; the rest are discovered).
+    pub fn cluster<I, S>(nodes: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::with_target(TargetSpec::Cluster(
+            nodes.into_iter().map(Into::into).collect(),
+        ))
+    }
+
+    fn with_target(target: TargetSpec) -> Self {
+        Self {
+            target,
+            prefix: "tollgate".to_owned(),
+            hash_secret: Vec::new(),
+            timeout: DEFAULT_TIMEOUT,
+            connect_timeout: Duration::from_millis(500),
+            breaker_threshold: DEFAULT_BREAKER_THRESHOLD,
+            probe_interval: DEFAULT_PROBE_INTERVAL,
+            clock: None,
+            batching: true,
+            max_batch: DEFAULT_MAX_BATCH,
+            local: None,
+            stats: RedisStats::default(),
+        }
+    }
+
+    /// The namespace every key starts with (default `tollgate`): 1 to 64 characters of letters,
+    /// digits, `.`, `_`, `:` or `-`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// A secret shared by every instance, mixed into the hash that picks a client's hash slot and
+    /// names long keys. Without one the mapping is public (still never chosen by the client's
+    /// raw bytes, but searchable offline). Changing it moves every client to fresh keys.
+    pub fn hash_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.hash_secret = secret.as_ref().to_vec();
+        self
+    }
+
+    /// How long one Redis call may take before the failure policy decides (default 5 ms).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// How long establishing a connection may take (default 500 ms). Requests never wait for it
+    /// longer than [`timeout`](Self::timeout); this bounds the background reconnect.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Consecutive failed calls that open the circuit breaker (default 5).
+    pub fn breaker_threshold(mut self, failures: u32) -> Self {
+        self.breaker_threshold = failures;
+        self
+    }
+
+    /// How often Redis is probed while the circuit breaker is open (default 200 ms).
+    pub fn probe_interval(mut self, interval: Duration) -> Self {
+        self.probe_interval = interval;
+        self
+    }
+
+    /// Decides at `clock`'s time instead of the Redis server's `TIME`. For tests and
+    /// simulations: in production, application clocks that disagree would let instances mint
+    /// tokens, which server time prevents.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Whether concurrent checks on a single node are coalesced into one script call (default
+    /// on). Each request is still decided all-or-nothing, in arrival order, exactly as if sent
+    /// alone; batching only saves round trips and per-call overhead. Cluster stores never batch.
+    pub fn batching(mut self, enabled: bool) -> Self {
+        self.batching = enabled;
+        self
+    }
+
+    /// The most requests coalesced into one script call (default 128).
+    pub fn max_batch(mut self, max: usize) -> Self {
+        self.max_batch = max;
+        self
+    }
+
+    /// The in-memory backend used for limits whose failure policy is
+    /// [`FailurePolicy::Local`] (default: `MemoryBackend::default()`).
+    pub fn local_fallback(mut self, backend: MemoryBackend) -> Self {
+        self.local = Some(backend);
+        self
+    }
+
+    /// A handle to the counters of the store this backend will build.
+    pub fn stats(&self) -> RedisStats {
+        self.stats.clone()
+    }
+}
+
+impl Backend for RedisBackend {
+    type Store = RedisStore;
+
+    fn build(self, limits: &[LimitSpec]) -> Result<RedisStore, ConfigError> {
+        let (target, cluster) =
+            match &self.target {
+                TargetSpec::Node(url) => (
+                    Target::Node(redis::Client::open(url.as_str()).map_err(|e| {
+                        ConfigError::new(
+                            "redis.url",
+                            format!("{url:?} is not a Redis URL ({e}); use redis://host:port"),
+                        )
+                    })?),
+                    false,
+                ),
+                TargetSpec::Cluster(nodes) => {
+                    if nodes.is_empty() {
+                        return Err(ConfigError::new(
+                            "redis.cluster",
+                            "no cluster nodes given; pass at least one redis://host:port",
+                        ));
+                    }
+                    let client =
+                        redis::cluster::ClusterClient::builder(nodes.iter().map(String::as_str))
+                            .retries(2)
+                            .build()
+                            .map_err(|e| {
+                                ConfigError::new(
+                            "redis.cluster",
+                            format!("invalid cluster nodes {nodes:?} ({e}); use redis://host:port"),
+                        )
+                            })?;
+                    (Target::Cluster(Box::new(client)), true)
+                }
+            };
+        let keys = keys::KeyEncoder::new(&self.prefix, &self.hash_secret)?;
+        if self.timeout.is_zero() {
+            return Err(ConfigError::new(
+                "redis.timeout",
+                "the timeout must be positive, e.g. Duration::from_millis(5)",
+            ));
+        }
+        if self.breaker_threshold == 0 {
+            return Err(ConfigError::new(
+                "redis.breaker_threshold",
+                "the breaker threshold must be at least 1 consecutive failure",
+            ));
+        }
+        if self.probe_interval.is_zero() {
+            return Err(ConfigError::new(
+                "redis.probe_interval",
+                "the probe interval must be positive, e.g. Duration::from_millis(200)",
+            ));
+        }
+        if self.max_batch == 0 {
+            return Err(ConfigError::new(
+                "redis.max_batch",
+                "the batch size must be at least 1",
+            ));
+        }
+        if limits.is_empty() || limits.len() > MAX_LIMITS {
+            return Err(ConfigError::new(
+                "limits",
+                format!("configure 1 to {MAX_LIMITS} limits per layer; stack layers for more"),
+            ));
+        }
+        let mut infos = Vec::with_capacity(limits.len());
+        let mut policies = Vec::with_capacity(limits.len());
+        let mut local_specs = Vec::with_capacity(limits.len());
+        let mut any_local = false;
+        for (i, spec) in limits.iter().enumerate() {
+            spec.validate()?;
+            let name = spec.name();
+            if limits[..i].iter().any(|s| s.name() == name) {
+                return Err(ConfigError::new(
+                    "limit.name",
+                    format!(
+                        "two limits are named {:?}; names must be unique because they name the Redis keys",
+                        name.as_str()
+                    ),
+                ));
+            }
+            let policy = spec.failure_policy().ok_or_else(|| {
+                ConfigError::new(
+                    "failure_policy",
+                    format!(
+                        "limit {:?} has no failure policy; a Redis-backed limit must say what happens when Redis is unreachable: set FailurePolicy::Open, FailurePolicy::Closed {{ retry_after }} or FailurePolicy::Local {{ share }} (LimitSpec::on_store_error)",
+                        name.as_str()
+                    ),
+                )
+            })?;
+            let local_spec = match policy {
+                FailurePolicy::Local { share } => {
+                    any_local = true;
+                    LimitSpec::new(name, local_quota(spec, share)?, spec.algorithm())
+                }
+                _ => LimitSpec::new(name, *spec.quota(), spec.algorithm()),
+            };
+            local_specs.push(local_spec);
+            infos.push(script::limit_info(spec, keys::encode_name(name.as_str())?)?);
+            policies.push(policy);
+        }
+        let local = if any_local {
+            Some(self.local.unwrap_or_default().build(&local_specs)?)
+        } else {
+            None
+        };
+        let script = Arc::new(LuaScript::assemble(limits.iter().map(LimitSpec::algorithm)));
+        Ok(RedisStore::from_inner(store::Inner {
+            limits: infos,
+            policies,
+            keys,
+            script,
+            target,
+            cluster,
+            connect_timeout: self.connect_timeout,
+            timeout: self.timeout,
+            breaker_threshold: self.breaker_threshold,
+            probe_interval: self.probe_interval,
+            clock: self.clock,
+            batching: (self.batching && !cluster).then_some((self.max_batch, 2)),
+            local,
+            stats: self.stats,
+            conn: Default::default(),
+            batcher: Default::default(),
+        }))
+    }
+}
+
+/// The quota a local fallback limiter holds: `share` of the count (and of an explicit burst),
+/// rounded down, at least 1.
+fn local_quota(spec: &LimitSpec, share: f64) -> Result<Quota, ConfigError> {
+    if !(share > 0.0 && share <= 1.0) {
+        return Err(ConfigError::new(
+            "failure_policy.share",
+            format!(
+                "limit {:?}: the local share must be in (0, 1], e.g. 0.25 for one of four instances; got {share}",
+                spec.name().as_str()
+            ),
+        ));
+    }
+    let q = spec.quota();
+    let scale = |n: u64| ((n as f64 * share).floor() as u64).max(1);
+    let mut local = Quota::per(q.period(), scale(q.count()));
+    if q.has_explicit_burst() {
+        local = local.burst(scale(q.burst_size()));
+    }
+    spec.algorithm().validate(&local)?;
+    Ok(local)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::AlgorithmKind;
+    use crate::PolicyName;
+
+    fn spec(name: &str) -> LimitSpec {
+        LimitSpec::new(
+            PolicyName::new(name),
+            Quota::per_second(10).burst(20),
+            AlgorithmKind::TokenBucket,
+        )
+    }
+
+    #[test]
+    fn a_missing_failure_policy_is_a_config_error_that_says_how_to_fix_it() {
+        let err = RedisBackend::new("redis://127.0.0.1:1")
+            .build(&[spec("burst")])
+            .unwrap_err();
+        assert_eq!(err.field(), "failure_policy");
+        assert!(err.message().contains("FailurePolicy::Closed"), "{err}");
+        assert!(err.message().contains("\"burst\""), "{err}");
+    }
+
+    #[test]
+    fn bad_settings_are_config_errors() {
+        let ok = [spec("a").on_store_error(FailurePolicy::Open)];
+        let cases = [
+            (RedisBackend::new("http://nope"), "redis.url"),
+            (RedisBackend::cluster(Vec::<String>::new()), "redis.cluster"),
+            (
+                RedisBackend::new("redis://h").prefix("a{b}"),
+                "redis.prefix",
+            ),
+            (
+                RedisBackend::new("redis://h").timeout(Duration::ZERO),
+                "redis.timeout",
+            ),
+            (
+                RedisBackend::new("redis://h").breaker_threshold(0),
+                "redis.breaker_threshold",
+            ),
+            (
+                RedisBackend::new("redis://h").max_batch(0),
+                "redis.max_batch",
+            ),
+        ];
+        for (backend, field) in cases {
+            assert_eq!(backend.build(&ok).unwrap_err().field(), field);
+        }
+        let dup = [
+            spec("a").on_store_error(FailurePolicy::Open),
+            spec("a").on_store_error(FailurePolicy::Open),
+        ];
+        assert_eq!(
+            RedisBackend::new("redis://h")
+                .build(&dup)
+                .unwrap_err()
+                .field(),
+            "limit.name"
+        );
+        let bad_share = [spec("a").on_store_error(FailurePolicy::Local { share: 1.5 })];
+        assert_eq!(
+            RedisBackend::new("redis://h")
+                .build(&bad_share)
+                .unwrap_err()
+                .field(),
+            "failure_policy.share"
+        );
+    }
+
+    #[test]
+    fn local_share_scales_count_and_burst() {
+        let q = local_quota(&spec("a"), 0.25).unwrap();
+        assert_eq!((q.count(), q.burst_size()), (2, 5));
+        let q = local_quota(&spec("a"), 0.01).unwrap();
+        assert_eq!((q.count(), q.burst_size()), (1, 1), "never below one");
+        let window = LimitSpec::new(
+            PolicyName::new("w"),
+            Quota::per_minute(100),
+            AlgorithmKind::TokenBucket,
+        );
+        let q = local_quota(&window, 0.5).unwrap();
+        assert!(!q.has_explicit_burst());
+        assert_eq!(q.count(), 50);
+    }
+
+    #[test]
+    fn building_does_not_connect() {
+        // Nothing listens on port 1; building still succeeds (connections are lazy).
+        let store = RedisBackend::new("redis://127.0.0.1:1")
+            .build(&[spec("a").on_store_error(FailurePolicy::Open)])
+            .unwrap();
+        assert!(store
+            .redis_key(0, &crate::key::Key::string("k"))
+            .unwrap()
+            .starts_with("tollgate:{"));
+        assert!(store.redis_key(1, &crate::key::Key::string("k")).is_none());
+    }
+}

@@ -1,0 +1,336 @@
+//! The Lua side: per-limit parameters, script assembly, packing a call and parsing its reply.
+//!
+//! Each algorithm has one script in `scripts/` mirroring its Rust transition; a store's script is
+//! the prelude, the scripts of the algorithms it uses, and the driver (which decides a group of
+//! limits all-or-nothing). See `scripts/driver.lua` for the argument layout.
+
+use std::time::Duration;
+
+use redis::{Cmd, Value};
+
+use crate::algorithm::{
+    Algorithm, AlgorithmKind, FixedWindow, Gcra, LeakyBucket, SlidingLog, SlidingWindow,
+    TokenBucket,
+};
+use crate::decision::{Decision, PolicyName};
+use crate::error::{ConfigError, StoreError, StoreErrorKind};
+use crate::store::LimitSpec;
+
+const PRELUDE: &str = include_str!("scripts/prelude.lua");
+const DRIVER: &str = include_str!("scripts/driver.lua");
+const TOKEN_BUCKET: &str = include_str!("scripts/token_bucket.lua");
+const GCRA: &str = include_str!("scripts/gcra.lua");
+const FIXED_WINDOW: &str = include_str!("scripts/fixed_window.lua");
+const SLIDING_WINDOW: &str = include_str!("scripts/sliding_window.lua");
+const SLIDING_LOG: &str = include_str!("scripts/sliding_log.lua");
+const LEAKY_BUCKET: &str = include_str!("scripts/leaky_bucket.lua");
+
+/// How one algorithm maps onto its script.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AlgorithmScript {
+    /// Index in the script's dispatch tables.
+    pub(crate) code: u8,
+    /// Short name used in key names.
+    pub(crate) short: &'static str,
+    source: &'static str,
+}
+
+pub(crate) fn script_of(kind: AlgorithmKind) -> AlgorithmScript {
+    let (code, short, source) = match kind {
+        AlgorithmKind::TokenBucket => (1, "tb", TOKEN_BUCKET),
+        AlgorithmKind::Gcra => (2, "gcra", GCRA),
+        AlgorithmKind::FixedWindow => (3, "fw", FIXED_WINDOW),
+        AlgorithmKind::SlidingWindow => (4, "sw", SLIDING_WINDOW),
+        AlgorithmKind::SlidingLog => (5, "sl", SLIDING_LOG),
+        AlgorithmKind::LeakyBucket => (6, "lb", LEAKY_BUCKET),
+    };
+    AlgorithmScript {
+        code,
+        short,
+        source,
+    }
+}
+
+/// A limit as the script sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ScriptParams {
+    pub(crate) code: u8,
+    pub(crate) ttl_ms: u64,
+    pub(crate) p: [u64; 3],
+}
+
+/// What the store needs to know about one configured limit.
+#[derive(Debug, Clone)]
+pub(crate) struct LimitInfo {
+    pub(crate) name: PolicyName,
+    pub(crate) name_enc: String,
+    pub(crate) short: &'static str,
+    pub(crate) params: ScriptParams,
+    /// `Decision::limit` as the algorithm reports it.
+    pub(crate) limit: u64,
+}
+
+/// Computes a limit's script parameters from its algorithm's exact integer formulas.
+pub(crate) fn limit_info(spec: &LimitSpec, name_enc: String) -> Result<LimitInfo, ConfigError> {
+    let quota = *spec.quota();
+    let s = script_of(spec.algorithm());
+    let (p, idle, limit) = match spec.algorithm() {
+        AlgorithmKind::TokenBucket => {
+            let a = TokenBucket::new(quota)?;
+            let fp = quota.fixed_point();
+            let cap = quota.burst_size() * fp.unit;
+            (
+                [fp.unit, fp.per_micro, cap],
+                a.idle_timeout_micros(),
+                a.decide(&Default::default(), 0, 0).limit(),
+            )
+        }
+        AlgorithmKind::Gcra => {
+            let a = Gcra::new(quota)?;
+            return Err(unsupported(spec, &a));
+        }
+        AlgorithmKind::FixedWindow => {
+            let a = FixedWindow::new(quota)?;
+            return Err(unsupported(spec, &a));
+        }
+        AlgorithmKind::SlidingWindow => {
+            let a = SlidingWindow::new(quota)?;
+            return Err(unsupported(spec, &a));
+        }
+        AlgorithmKind::SlidingLog => {
+            let a = SlidingLog::new(quota)?;
+            return Err(unsupported(spec, &a));
+        }
+        AlgorithmKind::LeakyBucket => {
+            let a = LeakyBucket::new(quota)?;
+            return Err(unsupported(spec, &a));
+        }
+    };
+    Ok(LimitInfo {
+        name: spec.name(),
+        name_enc,
+        short: s.short,
+        params: ScriptParams {
+            code: s.code,
+            ttl_ms: idle.div_ceil(1000).max(1),
+            p,
+        },
+        limit,
+    })
+}
+
+fn unsupported(spec: &LimitSpec, _: &dyn std::fmt::Debug) -> ConfigError {
+    ConfigError::new(
+        "algorithm",
+        format!(
+            "the Redis backend does not implement {} yet (limit {:?}); use token_bucket",
+            spec.algorithm(),
+            spec.name().as_str()
+        ),
+    )
+}
+
+/// A store's Lua script: its source and SHA-1 (for EVALSHA).
+#[derive(Debug, Clone)]
+pub(crate) struct LuaScript {
+    code: String,
+    sha: String,
+}
+
+impl LuaScript {
+    /// The prelude, the scripts of `kinds`, and the driver.
+    pub(crate) fn assemble(kinds: impl IntoIterator<Item = AlgorithmKind>) -> Self {
+        let mut used: Vec<AlgorithmScript> = kinds.into_iter().map(script_of).collect();
+        used.sort_by_key(|s| s.code);
+        used.dedup();
+        let mut code = String::with_capacity(8 * 1024);
+        code.push_str(PRELUDE);
+        code.push_str("\nlocal LOAD, DECIDE, APPLY, REFUND = {}, {}, {}, {}\n");
+        for s in &used {
+            code.push('\n');
+            code.push_str(s.source);
+        }
+        code.push('\n');
+        code.push_str(DRIVER);
+        let sha = redis::Script::new(&code).get_hash().to_owned();
+        Self { code, sha }
+    }
+
+    /// The script source.
+    pub(crate) fn code(&self) -> &str {
+        &self.code
+    }
+
+    /// The SHA-1 EVALSHA uses.
+    pub(crate) fn sha(&self) -> &str {
+        &self.sha
+    }
+}
+
+/// Check (decide and charge) or refund.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Check,
+    Refund,
+}
+
+/// One limit of a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LimitArg {
+    /// Index of the limit in the store's configuration.
+    pub(crate) limit: usize,
+    pub(crate) cost: u64,
+    pub(crate) params: ScriptParams,
+}
+
+/// A group of limits decided all-or-nothing in one script run; all keys share a hash slot (in a
+/// Cluster).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Group {
+    pub(crate) keys: Vec<String>,
+    pub(crate) limits: Vec<LimitArg>,
+    /// Explicit time in µs, or `None` for the server's `TIME`.
+    pub(crate) now: Option<u64>,
+}
+
+impl Group {
+    pub(crate) fn len(&self) -> usize {
+        self.limits.len()
+    }
+
+    /// Reply integers this group takes: its `now`, then 5 per limit (check) or only `now`.
+    pub(crate) fn reply_len(&self, mode: Mode) -> usize {
+        match mode {
+            Mode::Check => 1 + 5 * self.limits.len(),
+            Mode::Refund => 1,
+        }
+    }
+}
+
+/// Writes `numkeys`, the keys and the arguments of a call on `groups` after `EVALSHA sha`.
+pub(crate) fn pack_args<'g>(
+    cmd: &mut Cmd,
+    mode: Mode,
+    groups: impl Iterator<Item = &'g Group> + Clone,
+) {
+    let nkeys: usize = groups.clone().map(Group::len).sum();
+    cmd.arg(nkeys);
+    for g in groups.clone() {
+        for k in &g.keys {
+            cmd.arg(k.as_str());
+        }
+    }
+    cmd.arg(match mode {
+        Mode::Check => "c",
+        Mode::Refund => "r",
+    });
+    cmd.arg(groups.clone().count());
+    for g in groups.clone() {
+        cmd.arg(g.len());
+        match g.now {
+            Some(now) => cmd.arg(now),
+            None => cmd.arg(""),
+        };
+    }
+    for g in groups {
+        for l in &g.limits {
+            cmd.arg(l.params.code)
+                .arg(l.cost)
+                .arg(l.params.ttl_ms)
+                .arg(l.params.p[0])
+                .arg(l.params.p[1])
+                .arg(l.params.p[2]);
+        }
+    }
+}
+
+/// The integers of a script reply.
+pub(crate) fn reply_ints(value: Value) -> Result<Vec<i64>, StoreError> {
+    let Value::Array(items) = value else {
+        return Err(invalid(format!("expected an array, got {value:?}")));
+    };
+    items
+        .into_iter()
+        .map(|v| match v {
+            Value::Int(i) => Ok(i),
+            other => Err(invalid(format!("expected an integer, got {other:?}"))),
+        })
+        .collect()
+}
+
+fn invalid(msg: String) -> StoreError {
+    StoreError::new(StoreErrorKind::InvalidResponse, msg)
+}
+
+/// Turns one limit's five reply integers into a decision.
+pub(crate) fn decision(info: &LimitInfo, r: &[i64]) -> Result<(Decision, bool), StoreError> {
+    let &[allowed, remaining, reset, retry, corrupt] = r else {
+        return Err(invalid(format!("expected 5 integers per limit, got {r:?}")));
+    };
+    let (Ok(remaining), Ok(reset)) = (u64::try_from(remaining), u64::try_from(reset)) else {
+        return Err(invalid(format!("negative remaining or reset in {r:?}")));
+    };
+    let reset = Duration::from_micros(reset);
+    let d = match (allowed, retry) {
+        (1, _) => Decision::allowed_with(info.limit, remaining, reset),
+        (0, -1) => Decision::impossible(info.limit, remaining, reset),
+        (0, retry) if retry > 0 => Decision::rejected(
+            info.limit,
+            remaining,
+            reset,
+            Duration::from_micros(retry.unsigned_abs()),
+        ),
+        _ => return Err(invalid(format!("malformed decision {r:?}"))),
+    };
+    Ok((d.with_policy(info.name), corrupt == 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quota::Quota;
+
+    #[test]
+    fn assembles_only_the_algorithms_used() {
+        let tb = LuaScript::assemble([AlgorithmKind::TokenBucket]);
+        assert!(tb.code().contains("LOAD[1]"));
+        assert!(!tb.code().contains("LOAD[2]"));
+        assert_eq!(tb.sha().len(), 40);
+        let again = LuaScript::assemble([AlgorithmKind::TokenBucket, AlgorithmKind::TokenBucket]);
+        assert_eq!(again.sha(), tb.sha(), "same configuration, same script");
+    }
+
+    #[test]
+    fn token_bucket_params_follow_the_fixed_point() {
+        let spec = LimitSpec::new(
+            PolicyName::new("b"),
+            Quota::per_second(10).burst(20),
+            AlgorithmKind::TokenBucket,
+        );
+        let info = limit_info(&spec, "b".into()).unwrap();
+        assert_eq!(info.params.p, [100_000, 1, 2_000_000]);
+        assert_eq!(info.params.ttl_ms, 2_000);
+        assert_eq!(info.limit, 20);
+    }
+
+    #[test]
+    fn replies_are_validated() {
+        let spec = LimitSpec::new(
+            PolicyName::new("b"),
+            Quota::per_second(1),
+            AlgorithmKind::TokenBucket,
+        );
+        let info = limit_info(&spec, "b".into()).unwrap();
+        let (d, corrupt) = decision(&info, &[0, 0, 1_000_000, 500_000, 1]).unwrap();
+        assert!(!d.allowed() && corrupt);
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(500)));
+        assert!(
+            decision(&info, &[0, 0, 1, 0, 0]).is_err(),
+            "rejected needs a positive retry"
+        );
+        assert!(decision(&info, &[1, -1, 1, 0, 0]).is_err());
+        assert!(decision(&info, &[1, 1]).is_err());
+        assert!(reply_ints(Value::Okay).is_err());
+        assert!(reply_ints(Value::Array(vec![Value::Nil])).is_err());
+    }
+}

@@ -1,0 +1,1 @@
+-- tollgate: fixed_window (not yet mirrored).

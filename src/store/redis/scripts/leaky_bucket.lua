@@ -1,0 +1,1 @@
+-- tollgate: leaky_bucket (not yet mirrored).

@@ -1,0 +1,1 @@
+-- tollgate: sliding_log (not yet mirrored).

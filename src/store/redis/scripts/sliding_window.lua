@@ -1,0 +1,1 @@
+-- tollgate: sliding_window (not yet mirrored).

@@ -1,0 +1,584 @@
+//! [`RedisStore`]: the [`Store`] implementation.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::conn::{spawn_batcher, BatchError, Conn, Job, Target};
+use super::keys::KeyEncoder;
+use super::script::{decision, reply_ints, Group, LimitArg, LimitInfo, LuaScript, Mode};
+use super::stats::RedisStats;
+use crate::clock::Clock;
+use crate::decision::Decision;
+use crate::error::{StoreError, StoreErrorKind};
+use crate::key::Key;
+use crate::store::memory::MemoryStore;
+use crate::store::{Checked, Decisions, FailurePolicy, LimitCheck, Store, MAX_LIMITS};
+
+type BoxFuture = Pin<Box<dyn Future<Output = Result<Decisions, StoreError>> + Send + 'static>>;
+
+/// Limits decided by Redis, shared by every clone of a [`RedisStore`]. Built by
+/// [`RedisBackend`](super::RedisBackend); see the [module docs](super).
+///
+/// Cloning is cheap and clones share the connection, counters and circuit breaker.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) limits: Vec<LimitInfo>,
+    pub(crate) policies: Vec<FailurePolicy>,
+    pub(crate) keys: KeyEncoder,
+    pub(crate) script: Arc<LuaScript>,
+    pub(crate) target: Target,
+    pub(crate) cluster: bool,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) timeout: Duration,
+    pub(crate) breaker_threshold: u32,
+    pub(crate) probe_interval: Duration,
+    pub(crate) clock: Option<Arc<dyn Clock>>,
+    pub(crate) batching: Option<(usize, usize)>,
+    pub(crate) local: Option<MemoryStore>,
+    pub(crate) stats: RedisStats,
+    pub(crate) conn: OnceLock<Conn>,
+    pub(crate) batcher: OnceLock<mpsc::UnboundedSender<Job>>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let i = &self.inner;
+        f.debug_struct("RedisStore")
+            .field("cluster", &i.cluster)
+            .field(
+                "limits",
+                &i.limits.iter().map(|l| l.name).collect::<Vec<_>>(),
+            )
+            .field("timeout", &i.timeout)
+            .field("stats", &i.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    pub(crate) fn from_inner(inner: Inner) -> Self {
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// The store's counters (failure policies, timeouts, circuit breaker, batching).
+    pub fn stats(&self) -> RedisStats {
+        self.inner.stats.clone()
+    }
+
+    /// The Redis key that holds limit `limit`'s state for `key` (for inspection and tests).
+    ///
+    /// Returns `None` if `limit` is not a configured limit index.
+    pub fn redis_key(&self, limit: usize, key: &Key<'_>) -> Option<String> {
+        let info = self.inner.limits.get(limit)?;
+        Some(
+            self.inner
+                .keys
+                .encode(info.short, &info.name_enc, key, &mut Vec::new())
+                .key,
+        )
+    }
+}
+
+/// The future of a Redis-backed check: a decision within the timeout, or the failure policies'
+/// answer.
+pub struct RedisFuture {
+    inner: BoxFuture,
+}
+
+impl std::fmt::Debug for RedisFuture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RedisFuture")
+    }
+}
+
+impl Future for RedisFuture {
+    type Output = Result<Decisions, StoreError>;
+
+    #[inline]
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+impl Store for RedisStore {
+    type Future = RedisFuture;
+
+    fn check(&self, checks: &[LimitCheck<'_>]) -> Checked<RedisFuture> {
+        let inner = &self.inner;
+        if checks.is_empty() {
+            return Checked::Ready(Ok(Decisions::new()));
+        }
+        if checks.len() > MAX_LIMITS || checks.iter().any(|c| c.limit >= inner.limits.len()) {
+            return Checked::Ready(Err(StoreError::new(
+                StoreErrorKind::Other,
+                format!(
+                    "{} checks for {} configured limits (at most {MAX_LIMITS})",
+                    checks.len(),
+                    inner.limits.len()
+                ),
+            )));
+        }
+        let now = inner.clock.as_ref().map(|c| c.now_micros());
+        let mut limits = [0usize; MAX_LIMITS];
+        for (slot, c) in limits.iter_mut().zip(checks) {
+            *slot = c.limit;
+        }
+        let fallback = Fallback {
+            limits,
+            n: checks.len(),
+            got: [None; MAX_LIMITS],
+            error: None,
+            applied: Vec::new(),
+        };
+        if inner.stats.breaker_open() {
+            inner.stats.add_short_circuited();
+            tracing::debug!("redis circuit breaker open; deciding by failure policy");
+            return match inner.degrade(fallback, checks) {
+                Checked::Ready(r) => Checked::Ready(r),
+                Checked::Pending(f) => Checked::Pending(RedisFuture { inner: f }),
+            };
+        }
+        let plan = inner.plan(checks, now);
+        let local: Vec<LimitCheck<'static>> = checks
+            .iter()
+            .filter(|c| matches!(inner.policies[c.limit], FailurePolicy::Local { .. }))
+            .map(|c| LimitCheck {
+                limit: c.limit,
+                key: c.key.clone().into_owned(),
+                cost: c.cost,
+            })
+            .collect();
+        Checked::Pending(RedisFuture {
+            inner: Box::pin(inner.clone().run(plan, fallback, local)),
+        })
+    }
+}
+
+/// Which groups a request's checks fall in.
+struct Plan {
+    groups: Vec<Group>,
+    /// For each group, the check index of each of its limits.
+    positions: Vec<Vec<usize>>,
+}
+
+/// What is known when Redis could not decide some (or all) limits.
+struct Fallback {
+    limits: [usize; MAX_LIMITS],
+    n: usize,
+    got: [Option<Decision>; MAX_LIMITS],
+    error: Option<StoreError>,
+    /// Groups Redis charged, with the time it used: refunded if the request ends up rejected.
+    applied: Vec<(Group, u64)>,
+}
+
+impl Inner {
+    fn conn(&self) -> Result<&Conn, StoreError> {
+        if let Some(c) = self.conn.get() {
+            return Ok(c);
+        }
+        let c = Conn::open(&self.target, self.connect_timeout).map_err(|e| {
+            StoreError::new(
+                StoreErrorKind::Unavailable,
+                format!("redis connection: {e}"),
+            )
+        })?;
+        let _ = self.conn.set(c);
+        Ok(self.conn.get().expect("set above"))
+    }
+
+    fn plan(&self, checks: &[LimitCheck<'_>], now: Option<u64>) -> Plan {
+        let mut scratch = Vec::with_capacity(64);
+        let mut groups: Vec<Group> = Vec::with_capacity(1);
+        let mut positions: Vec<Vec<usize>> = Vec::with_capacity(1);
+        let mut tags: Vec<[u8; 16]> = Vec::new();
+        for (i, c) in checks.iter().enumerate() {
+            let info = &self.limits[c.limit];
+            let enc = self
+                .keys
+                .encode(info.short, &info.name_enc, &c.key, &mut scratch);
+            // On a single node every limit goes in one script call, whatever its slot.
+            let g = if self.cluster {
+                match tags.iter().position(|t| *t == enc.tag) {
+                    Some(g) => g,
+                    None => {
+                        tags.push(enc.tag);
+                        groups.len()
+                    }
+                }
+            } else {
+                0
+            };
+            if g == groups.len() {
+                groups.push(Group {
+                    now,
+                    ..Group::default()
+                });
+                positions.push(Vec::with_capacity(checks.len()));
+            }
+            groups[g].keys.push(enc.key);
+            groups[g].limits.push(LimitArg {
+                limit: c.limit,
+                cost: c.cost,
+                params: info.params,
+            });
+            positions[g].push(i);
+        }
+        Plan { groups, positions }
+    }
+
+    async fn run(
+        self: Arc<Self>,
+        plan: Plan,
+        mut fb: Fallback,
+        local: Vec<LimitCheck<'static>>,
+    ) -> Result<Decisions, StoreError> {
+        let results = self.call_groups(&plan.groups).await;
+        for ((group, positions), result) in plan.groups.into_iter().zip(plan.positions).zip(results)
+        {
+            match result.and_then(|ints| self.parse_group(&group, &positions, &ints, &mut fb.got)) {
+                Ok((now, all_allowed)) => {
+                    if all_allowed {
+                        fb.applied.push((group, now));
+                    }
+                }
+                Err(e) => {
+                    for &p in &positions {
+                        fb.got[p] = None;
+                    }
+                    fb.error.get_or_insert(e);
+                }
+            }
+        }
+        if fb.error.is_none() {
+            let mut out = Decisions::new();
+            for d in &fb.got[..fb.n] {
+                out.push(d.expect("every group answered"));
+            }
+            return self.conclude(Ok(out), fb.applied);
+        }
+        match self.degrade(fb, &local) {
+            Checked::Ready(r) => r,
+            Checked::Pending(f) => f.await,
+        }
+    }
+
+    /// Parses one group's reply into `got`; returns the time it used and whether it charged.
+    fn parse_group(
+        &self,
+        group: &Group,
+        positions: &[usize],
+        ints: &[i64],
+        got: &mut [Option<Decision>; MAX_LIMITS],
+    ) -> Result<(u64, bool), StoreError> {
+        if ints.len() != group.reply_len(Mode::Check) {
+            return Err(StoreError::new(
+                StoreErrorKind::InvalidResponse,
+                format!(
+                    "expected {} integers, got {}",
+                    group.reply_len(Mode::Check),
+                    ints.len()
+                ),
+            ));
+        }
+        let now = u64::try_from(ints[0]).unwrap_or(0);
+        let mut all = true;
+        for (j, (&p, l)) in positions.iter().zip(&group.limits).enumerate() {
+            let info = &self.limits[l.limit];
+            let (d, corrupt) = decision(info, &ints[1 + 5 * j..6 + 5 * j])?;
+            if corrupt {
+                self.stats.add_corrupt_reset();
+                tracing::warn!(
+                    policy = %info.name,
+                    key = %group.keys[j],
+                    "rate-limit key held unreadable state; it was reset to a fresh key"
+                );
+            }
+            all &= d.allowed();
+            got[p] = Some(d);
+        }
+        Ok((now, all))
+    }
+
+    /// Sends every group (one script call each; batched on a single node) within the timeout.
+    async fn call_groups(self: &Arc<Self>, groups: &[Group]) -> Vec<Result<Vec<i64>, StoreError>> {
+        if groups.len() == 1 {
+            return vec![self.call_one(&groups[0]).await];
+        }
+        futures_util::future::join_all(groups.iter().map(|g| self.call_one(g))).await
+    }
+
+    async fn call_one(self: &Arc<Self>, group: &Group) -> Result<Vec<i64>, StoreError> {
+        let result = match tokio::time::timeout(self.timeout, self.send(group)).await {
+            Ok(r) => r,
+            Err(_) => Err(CallError::Timeout),
+        };
+        match result {
+            Ok(ints) => {
+                self.stats.on_success();
+                Ok(ints)
+            }
+            Err(e) => {
+                let timeout = matches!(e, CallError::Timeout);
+                let err = e.into_store_error(self.timeout);
+                tracing::warn!(error = %err, "redis rate-limit call failed");
+                if self.stats.on_failure(timeout, self.breaker_threshold) {
+                    tracing::warn!(
+                        threshold = self.breaker_threshold,
+                        "redis circuit breaker opened; deciding by failure policy until a probe succeeds"
+                    );
+                    self.spawn_probe();
+                }
+                Err(err)
+            }
+        }
+    }
+
+    async fn send(&self, group: &Group) -> Result<Vec<i64>, CallError> {
+        let conn = self.conn().map_err(CallError::Store)?;
+        if let Some((max_batch, max_in_flight)) = self.batching {
+            let batcher = self.batcher.get_or_init(|| {
+                spawn_batcher(
+                    conn.clone(),
+                    self.script.clone(),
+                    self.stats.clone(),
+                    max_batch,
+                    max_in_flight,
+                )
+            });
+            let (tx, rx) = oneshot::channel();
+            // The job owns its group: the caller keeps its copy for a later refund.
+            let job = Job {
+                group: group.clone(),
+                reply: tx,
+            };
+            if batcher.send(job).is_err() {
+                return Err(CallError::Store(StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    "the redis batcher stopped",
+                )));
+            }
+            return match rx.await {
+                Ok(Ok(ints)) => Ok(ints),
+                Ok(Err(BatchError::Redis(e))) => Err(CallError::Redis(e.to_string(), kind_of(&e))),
+                Ok(Err(BatchError::Invalid(msg))) => Err(CallError::Store(StoreError::new(
+                    StoreErrorKind::InvalidResponse,
+                    msg,
+                ))),
+                Err(_) => Err(CallError::Store(StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    "the redis batcher dropped the call",
+                ))),
+            };
+        }
+        let value = conn
+            .eval(&self.script, Mode::Check, std::iter::once(group))
+            .await
+            .map_err(|e| CallError::Redis(e.to_string(), kind_of(&e)))?;
+        reply_ints(value).map_err(CallError::Store)
+    }
+
+    /// Decides the limits Redis could not decide by their failure policies.
+    fn degrade(
+        self: &Arc<Self>,
+        mut fb: Fallback,
+        checks: &[LimitCheck<'_>],
+    ) -> Checked<BoxFuture> {
+        let error = fb.error.take();
+        let reason = error
+            .as_ref()
+            .map_or_else(|| "circuit breaker open".to_owned(), ToString::to_string);
+        let mut closed: Option<Duration> = None;
+        let mut local_positions: Vec<usize> = Vec::new();
+        let mut opened = 0;
+        for i in 0..fb.n {
+            if fb.got[i].is_some() {
+                continue;
+            }
+            let info = &self.limits[fb.limits[i]];
+            match self.policies[fb.limits[i]] {
+                FailurePolicy::Closed { retry_after } => {
+                    closed = Some(closed.map_or(retry_after, |c| c.max(retry_after)));
+                }
+                FailurePolicy::Local { .. } => local_positions.push(i),
+                // Open (and any future policy) lets the request through, counted.
+                _ => {
+                    opened += 1;
+                    fb.got[i] = Some(
+                        Decision::allowed_with(info.limit, info.limit, Duration::ZERO)
+                            .with_policy(info.name),
+                    );
+                }
+            }
+        }
+        if let Some(retry_after) = closed {
+            self.stats.add_fail_closed();
+            tracing::warn!(reason = %reason, "redis could not decide; failing closed");
+            let kind = error
+                .as_ref()
+                .map_or(StoreErrorKind::Unavailable, StoreError::kind);
+            let err = StoreError::new(kind, format!("the rate limiter is unavailable: {reason}"))
+                .with_retry_after(retry_after);
+            return Checked::Ready(self.conclude(Err(err), fb.applied));
+        }
+        if opened > 0 {
+            self.stats.add_fail_open(opened);
+            if error.is_some() {
+                tracing::warn!(reason = %reason, limits = opened, "redis could not decide; failing open");
+            }
+        }
+        if local_positions.is_empty() {
+            return Checked::Ready(self.conclude(Ok(collect(&fb)), fb.applied));
+        }
+        self.stats.add_local_fallback(local_positions.len() as u64);
+        let Some(local) = &self.local else {
+            return Checked::Ready(Err(StoreError::new(
+                StoreErrorKind::Other,
+                "no local fallback store was built",
+            )));
+        };
+        let subset: Vec<LimitCheck<'_>> = local_positions
+            .iter()
+            .filter_map(|&i| checks.iter().find(|c| c.limit == fb.limits[i]).cloned())
+            .collect();
+        match local.check(&subset) {
+            Checked::Ready(r) => Checked::Ready(self.merge_local(fb, &local_positions, r)),
+            Checked::Pending(f) => {
+                let this = self.clone();
+                Checked::Pending(Box::pin(async move {
+                    let r = f.await;
+                    this.merge_local(fb, &local_positions, r)
+                }))
+            }
+        }
+    }
+
+    fn merge_local(
+        self: &Arc<Self>,
+        mut fb: Fallback,
+        positions: &[usize],
+        local: Result<Decisions, StoreError>,
+    ) -> Result<Decisions, StoreError> {
+        let local = match local {
+            Ok(d) => d,
+            Err(e) => return self.conclude(Err(e), fb.applied),
+        };
+        for (&p, d) in positions.iter().zip(local.as_slice()) {
+            fb.got[p] = Some(*d);
+        }
+        let out = collect(&fb);
+        self.conclude(Ok(out), fb.applied)
+    }
+
+    /// Gives back what Redis charged when the request as a whole is not allowed.
+    fn conclude(
+        self: &Arc<Self>,
+        result: Result<Decisions, StoreError>,
+        applied: Vec<(Group, u64)>,
+    ) -> Result<Decisions, StoreError> {
+        let rejected = result.as_ref().map_or(true, |d| !d.allowed());
+        if rejected && !applied.is_empty() {
+            let this = self.clone();
+            tokio::spawn(async move {
+                for (mut group, now) in applied {
+                    group.now = Some(now);
+                    let ok = match this.conn() {
+                        Ok(conn) => matches!(
+                            tokio::time::timeout(
+                                this.timeout.max(Duration::from_millis(50)),
+                                conn.eval(&this.script, Mode::Refund, std::iter::once(&group)),
+                            )
+                            .await,
+                            Ok(Ok(_))
+                        ),
+                        Err(_) => false,
+                    };
+                    this.stats.add_refund(ok);
+                    if !ok {
+                        tracing::warn!(
+                            keys = ?group.keys,
+                            "could not refund a reservation; it stays spent until it refills"
+                        );
+                    }
+                }
+            });
+        }
+        result
+    }
+
+    fn spawn_probe(self: &Arc<Self>) {
+        if !self.stats.start_probing() {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let interval = self.probe_interval;
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(interval).await;
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                let ok = match inner.conn() {
+                    Ok(conn) => matches!(
+                        tokio::time::timeout(inner.timeout, conn.query(&redis::cmd("PING"))).await,
+                        Ok(Ok(_))
+                    ),
+                    Err(_) => false,
+                };
+                if ok {
+                    inner.stats.stop_probing();
+                    inner.stats.close_breaker();
+                    tracing::info!("redis answered a probe; circuit breaker closed");
+                    return;
+                }
+            }
+        });
+    }
+}
+
+fn collect(fb: &Fallback) -> Decisions {
+    let mut out = Decisions::new();
+    for d in &fb.got[..fb.n] {
+        out.push(d.expect("every limit decided"));
+    }
+    out
+}
+
+enum CallError {
+    Timeout,
+    Redis(String, StoreErrorKind),
+    Store(StoreError),
+}
+
+impl CallError {
+    fn into_store_error(self, timeout: Duration) -> StoreError {
+        match self {
+            CallError::Timeout => StoreError::new(
+                StoreErrorKind::Timeout,
+                format!("redis did not answer within {timeout:?}"),
+            ),
+            CallError::Redis(msg, kind) => StoreError::new(kind, format!("redis: {msg}")),
+            CallError::Store(e) => e,
+        }
+    }
+}
+
+fn kind_of(e: &redis::RedisError) -> StoreErrorKind {
+    if e.is_timeout() {
+        StoreErrorKind::Timeout
+    } else if e.is_io_error() || e.is_connection_refusal() || e.is_connection_dropped() {
+        StoreErrorKind::Unavailable
+    } else {
+        StoreErrorKind::Other
+    }
+}
