@@ -1,42 +1,292 @@
-//! PLACEHOLDER: to be implemented.
+//! Leaky bucket as a meter: a queue of `burst` units draining at `count / period`.
+
+use std::time::Duration;
+
 use super::Algorithm;
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::quota::Quota;
 
-/// PLACEHOLDER.
-#[derive(Debug, Clone, Copy)]
+/// Leaky bucket (as a meter): each admitted request pours its cost into a queue of capacity
+/// `burst` that drains at `count / period`; a request that would overflow the queue is refused.
+///
+/// As a meter it admits exactly what a [`TokenBucket`](super::TokenBucket) of the same quota
+/// admits — it is the same arithmetic read from the other end (the level of the queue instead
+/// of the tokens left). What it adds is [`queue_delay`](Self::queue_delay): how long an admitted
+/// request would wait if the queue were real, which is what a *shaper* (smoothing output to the
+/// drain rate instead of passing bursts through) sleeps for.
+///
+/// # Exact arithmetic
+///
+/// The level is fixed-point exactly like the token bucket's deficit: one unit is
+/// `unit = period_us / g` steps and each microsecond drains `per = count / g` steps, where
+/// `g = gcd(period_us, count)` ([`Quota::fixed_point`]); the capacity is `cap = burst × unit`.
+/// The zero state is an empty queue (a fresh key). At `now`, for a request of `cost`:
+///
+/// ```text
+/// elapsed  = max(0, now - last)
+/// level'   = max(0, level - elapsed × per)
+/// need     = cost × unit
+/// allowed  = level' + need <= cap
+/// after    = level' + need                  (if allowed, else level')
+/// remaining   = floor((cap - after) / unit)
+/// reset       = ceil(after / per) µs         (until the queue is empty)
+/// retry_after = ceil((level' + need - cap) / per) µs   (if rejected)
+/// queue_delay = ceil(level' / per) µs        (the queue ahead of the request drains)
+/// apply:  level = min(cap, level' + need); last = max(last, now)
+/// refund: level = level' - min(level', need); last = max(last, now)
+/// idle timeout = ceil(cap / per) µs
+/// ```
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::algorithm::{Algorithm, LeakyBucket};
+/// use tollgate::Quota;
+///
+/// // A queue of 3 draining one per second.
+/// let bucket = LeakyBucket::new(Quota::per_second(1).burst(3)).unwrap();
+/// let mut state = Default::default();
+/// let mut delays = Vec::new();
+/// for _ in 0..3 {
+///     delays.push(bucket.queue_delay(&state, 0));
+///     assert!(bucket.check(&mut state, 0, 1).allowed());
+/// }
+/// assert_eq!(delays, [0, 1, 2].map(Duration::from_secs)); // shaped to the drain rate
+/// let d = bucket.check(&mut state, 0, 1);
+/// assert_eq!(d.retry_after(), Some(Duration::from_secs(1))); // the queue is full
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeakyBucket {
     quota: Quota,
+    unit: u64,
+    per: u64,
+    cap: u64,
 }
-/// PLACEHOLDER.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct LeakyBucketState;
+
+/// Per-key state of a [`LeakyBucket`]: the queue's level (fixed-point) and the last update.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct LeakyBucketState {
+    /// Fixed-point steps queued (0 = empty, a fresh key).
+    pub level: u64,
+    /// Time of the last charge, µs.
+    pub last: u64,
+}
+
 impl LeakyBucket {
-    /// PLACEHOLDER.
+    /// A leaky bucket holding `quota.burst_size()` units, draining `quota.count()` per
+    /// `quota.period()`.
+    ///
+    /// Returns a [`ConfigError`] when [`Quota::validate`] does.
     pub fn new(quota: Quota) -> Result<Self, ConfigError> {
         quota.validate()?;
-        Ok(Self { quota })
+        let fp = quota.fixed_point();
+        Ok(Self {
+            quota,
+            unit: fp.unit,
+            per: fp.per_micro,
+            cap: quota.burst_size() * fp.unit,
+        })
+    }
+
+    /// How long a request admitted at `now` would wait in a shaping queue before it is
+    /// released: the time for the queue ahead of it to drain, `ceil(level' / per)`.
+    ///
+    /// Call it with the state *before* [`apply`](Algorithm::apply) at the same `now`. Zero for an
+    /// empty queue; at most `(burst - cost) / rate` for an admitted request of `cost`, so a
+    /// shaper never holds a request longer than the burst takes to drain. Successive requests
+    /// are released one cost's drain time apart: output is smoothed to the rate.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::algorithm::{Algorithm, LeakyBucket};
+    /// use tollgate::Quota;
+    ///
+    /// let bucket = LeakyBucket::new(Quota::per_second(10).burst(50)).unwrap();
+    /// let mut state = Default::default();
+    /// assert!(bucket.check(&mut state, 0, 5).allowed());
+    /// // Half a second's worth is queued ahead; 200 ms later, 300 ms of it is left.
+    /// assert_eq!(bucket.queue_delay(&state, 200_000), Duration::from_millis(300));
+    /// ```
+    pub fn queue_delay(&self, state: &LeakyBucketState, now: u64) -> Duration {
+        Duration::from_micros(self.level_at(state, now).div_ceil(self.per))
+    }
+
+    #[inline]
+    fn level_at(&self, state: &LeakyBucketState, now: u64) -> u64 {
+        let elapsed = now.saturating_sub(state.last);
+        state.level.saturating_sub(elapsed.saturating_mul(self.per))
     }
 }
+
 impl Algorithm for LeakyBucket {
     type State = LeakyBucketState;
+
     fn quota(&self) -> &Quota {
         &self.quota
     }
+
     fn capacity(&self) -> u64 {
-        todo!()
+        self.quota.burst_size()
     }
-    fn decide(&self, _: &Self::State, _: u64, _: u64) -> Decision {
-        todo!()
+
+    #[inline]
+    fn decide(&self, state: &LeakyBucketState, now: u64, cost: u64) -> Decision {
+        let limit = self.quota.burst_size();
+        // `min` keeps a hand-built state with level > cap from underflowing.
+        let level = self.level_at(state, now).min(self.cap);
+        let remaining_now = (self.cap - level) / self.unit;
+        let reset_now = Duration::from_micros(level.div_ceil(self.per));
+        if cost > limit {
+            return Decision::impossible(limit, remaining_now, reset_now);
+        }
+        let after = level + cost * self.unit;
+        if after <= self.cap {
+            Decision::allowed_with(
+                limit,
+                (self.cap - after) / self.unit,
+                Duration::from_micros(after.div_ceil(self.per)),
+            )
+        } else {
+            Decision::rejected(
+                limit,
+                remaining_now,
+                reset_now,
+                Duration::from_micros((after - self.cap).div_ceil(self.per)),
+            )
+        }
     }
-    fn apply(&self, _: &mut Self::State, _: u64, _: u64) {
-        todo!()
+
+    #[inline]
+    fn apply(&self, state: &mut LeakyBucketState, now: u64, cost: u64) {
+        let level = self.level_at(state, now);
+        state.level = level
+            .saturating_add(cost.saturating_mul(self.unit))
+            .min(self.cap);
+        state.last = state.last.max(now);
     }
-    fn refund(&self, _: &mut Self::State, _: u64, _: u64) {
-        todo!()
+
+    fn refund(&self, state: &mut LeakyBucketState, now: u64, cost: u64) {
+        let level = self.level_at(state, now);
+        state.level = level.saturating_sub(cost.saturating_mul(self.unit));
+        state.last = state.last.max(now);
     }
+
     fn idle_timeout_micros(&self) -> u64 {
-        todo!()
+        self.cap.div_ceil(self.per)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000;
+    const S: u64 = 1_000_000;
+
+    #[test]
+    fn seed_batch_of_twenty_then_retry_in_50ms_then_empty_after_3s() {
+        let b = LeakyBucket::new(Quota::per_second(10).burst(20)).unwrap();
+        let mut s = LeakyBucketState::default();
+        for i in 0..20 {
+            let d = b.check(&mut s, 0, 1);
+            assert!(d.allowed(), "request {i}");
+            assert_eq!(d.remaining(), 19 - i);
+        }
+        let d = b.check(&mut s, 50 * MS, 1);
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(50)));
+        assert_eq!(d.reset(), Duration::from_millis(1_950));
+        let d = b.decide(&s, 3 * S, 20);
+        assert!(d.allowed(), "drained after 3 s");
+        assert_eq!(b.queue_delay(&s, 3 * S), Duration::ZERO);
+    }
+
+    #[test]
+    fn seed_idle_minute_admits_twenty_of_thirty() {
+        let b = LeakyBucket::new(Quota::per_second(2).burst(20)).unwrap();
+        let mut s = LeakyBucketState::default();
+        assert!(b.check(&mut s, 0, 20).allowed());
+        let admitted = (0..30)
+            .filter(|_| b.check(&mut s, 60 * S, 1).allowed())
+            .count();
+        assert_eq!(admitted, 20);
+    }
+
+    #[test]
+    fn queue_delay_spaces_requests_at_the_rate() {
+        // 3 per second does not divide a second: the fixed point keeps delays exact.
+        let b = LeakyBucket::new(Quota::per_second(3).burst(4)).unwrap();
+        let mut s = LeakyBucketState::default();
+        let mut delays = Vec::new();
+        while b.decide(&s, 0, 1).allowed() {
+            delays.push(b.queue_delay(&s, 0).as_micros());
+            b.apply(&mut s, 0, 1);
+        }
+        assert_eq!(delays, [0, 333_334, 666_667, 1_000_000]);
+        // The last admitted waited (burst - cost) / rate = 1 s; the full queue would hold a
+        // fifth request for 4 / 3 s, which is why it is refused instead.
+        assert_eq!(b.queue_delay(&s, 0), Duration::from_micros(1_333_334));
+        assert!(!b.decide(&s, 0, 1).allowed());
+    }
+
+    #[test]
+    fn cost_zero_and_impossible_costs() {
+        let b = LeakyBucket::new(Quota::per_second(1).burst(5)).unwrap();
+        let mut s = LeakyBucketState::default();
+        assert!(b.check(&mut s, 0, 5).allowed());
+        let d = b.check(&mut s, 0, 0);
+        assert!(d.allowed());
+        assert_eq!((d.remaining(), d.reset()), (0, Duration::from_secs(5)));
+        let d = b.decide(&s, 0, 6);
+        assert!(d.is_impossible());
+        assert_eq!(d.retry_after(), None);
+    }
+
+    #[test]
+    fn refund_restores_and_never_overfills() {
+        let b = LeakyBucket::new(Quota::per_second(1).burst(5)).unwrap();
+        let mut s = LeakyBucketState::default();
+        b.check(&mut s, 0, 2);
+        let before = b.decide(&s, 500 * MS, 3);
+        b.check(&mut s, 500 * MS, 3);
+        b.refund(&mut s, 500 * MS, 3);
+        assert_eq!(b.decide(&s, 500 * MS, 3), before);
+        b.refund(&mut s, 500 * MS, 10);
+        assert_eq!(s.level, 0, "never emptier than empty");
+    }
+
+    #[test]
+    fn clock_going_backwards_drains_nothing() {
+        let b = LeakyBucket::new(Quota::per_second(1).burst(1)).unwrap();
+        let mut s = LeakyBucketState::default();
+        assert!(b.check(&mut s, 5 * S, 1).allowed());
+        let d = b.check(&mut s, S, 1);
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), Some(Duration::from_secs(1)));
+        assert!(b.check(&mut s, 6 * S, 1).allowed());
+    }
+
+    #[test]
+    fn idle_timeout_restores_a_fresh_key() {
+        let b = LeakyBucket::new(Quota::per_minute(7).burst(3)).unwrap();
+        let mut s = LeakyBucketState::default();
+        b.check(&mut s, 11, 3);
+        let later = 11 + b.idle_timeout_micros();
+        let fresh = LeakyBucketState::default();
+        assert_eq!(b.decide(&s, later, 3), b.decide(&fresh, later, 3));
+        assert_ne!(b.decide(&s, later - 1, 3), b.decide(&fresh, later - 1, 3));
+    }
+
+    #[test]
+    fn extreme_inputs_do_not_panic() {
+        let b = LeakyBucket::new(Quota::per_second(2).burst(3)).unwrap();
+        let mut s = LeakyBucketState {
+            level: u64::MAX,
+            last: u64::MAX,
+        };
+        b.decide(&s, 0, 3);
+        b.check(&mut s, u64::MAX, 3);
+        b.refund(&mut s, 0, u64::MAX);
+        assert_eq!(s.level, 0);
     }
 }
