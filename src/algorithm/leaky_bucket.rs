@@ -25,7 +25,7 @@ use crate::quota::Quota;
 ///
 /// ```text
 /// elapsed  = max(0, now - last)
-/// level'   = max(0, level - elapsed × per)
+/// level'   = max(0, min(level, cap) - elapsed × per)
 /// need     = cost × unit
 /// allowed  = level' + need <= cap
 /// after    = level' + need                  (if allowed, else level')
@@ -114,7 +114,11 @@ impl LeakyBucket {
     #[inline]
     fn level_at(&self, state: &LeakyBucketState, now: u64) -> u64 {
         let elapsed = now.saturating_sub(state.last);
-        state.level.saturating_sub(elapsed.saturating_mul(self.per))
+        // `min`: a level stored under a larger capacity reads as a full queue at `last`.
+        state
+            .level
+            .min(self.cap)
+            .saturating_sub(elapsed.saturating_mul(self.per))
     }
 }
 
@@ -132,8 +136,7 @@ impl Algorithm for LeakyBucket {
     #[inline]
     fn decide(&self, state: &LeakyBucketState, now: u64, cost: u64) -> Decision {
         let limit = self.quota.burst_size();
-        // `min` keeps a hand-built state with level > cap from underflowing.
-        let level = self.level_at(state, now).min(self.cap);
+        let level = self.level_at(state, now);
         let remaining_now = (self.cap - level) / self.unit;
         let reset_now = Duration::from_micros(level.div_ceil(self.per));
         if cost > limit {
@@ -280,6 +283,14 @@ mod tests {
     #[test]
     fn extreme_inputs_do_not_panic() {
         let b = LeakyBucket::new(Quota::per_second(2).burst(3)).unwrap();
+        // A level left by a larger capacity reads as a full queue, and the wait stays exact.
+        let over = LeakyBucketState {
+            level: 10 * 500_000,
+            last: 0,
+        };
+        let d = b.decide(&over, 0, 1);
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(500)));
+        assert!(b.decide(&over, 500 * MS, 1).allowed());
         let mut s = LeakyBucketState {
             level: u64::MAX,
             last: u64::MAX,

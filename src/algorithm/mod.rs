@@ -10,6 +10,16 @@
 //! - refills lazily from elapsed time (no timers);
 //! - treats `State::default()` as a fresh key, which starts full;
 //! - caps idle banking at its capacity;
+//! - allows a cost of 0 (it reports without charging) and answers a cost above its
+//!   [`capacity`](Algorithm::capacity) with [`Decision::impossible`] (waiting never helps);
+//! - never earns anything from a `now` earlier than one already seen: the buckets and windows
+//!   treat it as no time elapsed; [`Gcra`], which stores no last-seen time, measures it against
+//!   its TAT, which is stricter;
+//! - never panics, whatever the state (one left by a larger, earlier quota included) or inputs;
+//! - reports `remaining` exactly (a cost of `remaining` is allowed right after the decision,
+//!   `remaining + 1` is not), `reset` exactly (the limit is whole again after it, not 1 µs
+//!   sooner) and `retry_after` exactly (the same request is allowed after waiting it, not 1 µs
+//!   sooner);
 //! - uses exact integer arithmetic, so the Redis scripts can mirror it bit for bit.
 //!
 //! | algorithm | state per key | bursts | how it fails |
@@ -18,8 +28,21 @@
 //! | [`Gcra`] | 8 bytes | same as token bucket | same as token bucket, one number |
 //! | [`FixedWindow`] | 16 bytes | whole window at once | 2× the limit across a window seam |
 //! | [`SlidingWindow`] | 24 bytes | up to the limit | approximates; under-counts end-of-window bursts |
-//! | [`SlidingLog`] | 16 bytes per admitted request | up to the limit | exact; memory grows with the limit |
-//! | [`LeakyBucket`] | 16 bytes | queue of capacity, drained at the rate | requests wait (or are refused when the queue is full) |
+//! | [`SlidingLog`] | 40 bytes + 16 per distinct admission time in the window (at most the limit) | up to the limit | exact; memory grows with the limit |
+//! | [`LeakyBucket`] | 16 bytes | queue of capacity, drained at the rate | meters like the token bucket; as a shaper, requests wait |
+//!
+//! # The formulas, and porting them
+//!
+//! Each algorithm's rustdoc has a section **Exact arithmetic** with its complete transition:
+//! what `decide` computes (allowed, remaining, reset, retry_after), what `apply` and `refund`
+//! store, and the idle timeout. Those sections are the specification that the Redis Lua scripts
+//! mirror. Every stored integer stays below [`MAX_EXACT`](crate::quota::MAX_EXACT) (2^53) and
+//! every product is bounded at construction, so Lua's doubles compute the same integers. Only
+//! `+`, `-`, `×`, `min`/`max` and floor / ceiling division of non-negative integers are used;
+//! in Lua 5.1, compute `floor(a / b)` as `(a - math.fmod(a, b)) / b`, which is exact for integers
+//! below 2^53, and `ceil(a / b)` as that plus 1 when `math.fmod(a, b) > 0`. The one product that
+//! can pass 2^53, `elapsed × per` in the buckets, is only ever subtracted from a smaller stored
+//! value and clamped at 0, which rounding cannot change.
 //!
 //! ```
 //! use tollgate::algorithm::{Algorithm, TokenBucket};
@@ -52,7 +75,7 @@ mod token_bucket;
 pub use fixed_window::{FixedWindow, FixedWindowState};
 pub use gcra::{Gcra, GcraState};
 pub use leaky_bucket::{LeakyBucket, LeakyBucketState};
-pub use sliding_log::{SlidingLog, SlidingLogState};
+pub use sliding_log::{LogEntry, SlidingLog, SlidingLogState};
 pub use sliding_window::{SlidingWindow, SlidingWindowState};
 pub use token_bucket::{TokenBucket, TokenBucketState};
 
@@ -195,4 +218,37 @@ pub(crate) fn reject_window_burst(quota: &Quota, name: &str) -> Result<(), Confi
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::size_of;
+
+    #[test]
+    fn state_sizes_match_the_table() {
+        assert_eq!(size_of::<TokenBucketState>(), 16);
+        assert_eq!(size_of::<GcraState>(), 8);
+        assert_eq!(size_of::<FixedWindowState>(), 16);
+        assert_eq!(size_of::<SlidingWindowState>(), 24);
+        assert_eq!(size_of::<SlidingLogState>(), 40);
+        assert_eq!(size_of::<LogEntry>(), 16);
+        assert_eq!(size_of::<LeakyBucketState>(), 16);
+    }
+
+    #[test]
+    fn every_kind_validates_through_its_constructor() {
+        let bursty = Quota::per_second(10).burst(50);
+        for kind in AlgorithmKind::ALL {
+            let windowed = matches!(
+                kind,
+                AlgorithmKind::FixedWindow
+                    | AlgorithmKind::SlidingWindow
+                    | AlgorithmKind::SlidingLog
+            );
+            assert_eq!(kind.validate(&bursty).is_err(), windowed, "{kind}");
+            assert!(kind.validate(&Quota::per_minute(100)).is_ok(), "{kind}");
+            assert!(kind.validate(&Quota::per_minute(0)).is_err(), "{kind}");
+        }
+    }
 }

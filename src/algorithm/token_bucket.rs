@@ -18,7 +18,7 @@ use crate::quota::Quota;
 ///
 /// ```text
 /// elapsed  = max(0, now - last)
-/// deficit' = max(0, deficit - elapsed × per)
+/// deficit' = max(0, min(deficit, cap) - elapsed × per)
 /// need     = cost × unit
 /// allowed  = deficit' + need <= cap
 /// after    = deficit' + need            (if allowed, else deficit')
@@ -71,8 +71,10 @@ impl TokenBucket {
     #[inline]
     fn deficit_at(&self, state: &TokenBucketState, now: u64) -> u64 {
         let elapsed = now.saturating_sub(state.last);
+        // `min`: a deficit stored under a larger capacity reads as an empty bucket at `last`.
         state
             .deficit
+            .min(self.cap)
             .saturating_sub(elapsed.saturating_mul(self.per))
     }
 }
@@ -193,5 +195,21 @@ mod tests {
         assert!(b.check(&mut s, 5_000_000, 1).allowed());
         assert!(!b.check(&mut s, 1_000_000, 1).allowed());
         assert!(b.check(&mut s, 6_000_000, 1).allowed());
+    }
+
+    #[test]
+    fn state_left_by_a_larger_capacity_does_not_panic() {
+        // A deficit stored under an earlier, larger burst (e.g. a quota lowered while state
+        // persisted) reads as an empty bucket rather than underflowing.
+        let b = TokenBucket::new(Quota::per_second(1).burst(2)).unwrap();
+        let s = TokenBucketState {
+            deficit: 10 * 1_000_000,
+            last: 0,
+        };
+        let d = b.decide(&s, 0, 1);
+        assert!(!d.allowed());
+        assert_eq!(d.remaining(), 0);
+        assert_eq!(d.retry_after(), Some(Duration::from_secs(1)));
+        assert!(b.decide(&s, 0, 0).allowed());
     }
 }
