@@ -941,4 +941,92 @@ mod tests {
         assert_eq!(SplitUnquoted::new(b"", b',').collect::<Vec<_>>(), [b""]);
         assert_eq!(RSplitUnquoted::new(b"", b',').collect::<Vec<_>>(), [b""]);
     }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// An address outside every trusted range of [`PROXIES`].
+        fn untrusted_v4() -> impl Strategy<Value = IpAddr> {
+            (11_u8..=191, any::<u8>(), any::<u8>(), 1_u8..=254)
+                .prop_map(|(a, b, c, d)| IpAddr::V4(Ipv4Addr::new(a, b, c, d)))
+        }
+
+        fn trusted_v4() -> impl Strategy<Value = IpAddr> {
+            (any::<u8>(), any::<u8>(), any::<u8>())
+                .prop_map(|(b, c, d)| IpAddr::V4(Ipv4Addr::new(10, b, c, d)))
+        }
+
+        /// What a client may write itself: any visible ASCII, quotes, commas and all.
+        fn forged() -> impl Strategy<Value = String> {
+            "[ -~]{0,40}"
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            /// Whatever a client prepends, the key behind a chain of trusted proxies is the
+            /// address the first of them saw.
+            #[test]
+            fn forged_prefix_never_changes_the_key(
+                forged in proptest::collection::vec(forged(), 0..4),
+                client in untrusted_v4(),
+                hops in proptest::collection::vec(trusted_v4(), 0..4),
+            ) {
+                let c = client_ip();
+                let f = forwarded();
+                let mut x_forwarded_for = forged.join(",");
+                let mut forwarded_value = x_forwarded_for.clone();
+                for (i, ip) in std::iter::once(client).chain(hops.iter().copied()).enumerate() {
+                    let sep = if i == 0 && forged.is_empty() { "" } else { ", " };
+                    x_forwarded_for.push_str(&format!("{sep}{ip}"));
+                    forwarded_value.push_str(&format!("{sep}for={ip};proto=https"));
+                }
+                prop_assert_eq!(xff(&c, "10.0.0.2", &x_forwarded_for), Key::ip(client));
+                prop_assert_eq!(fwd(&f, "10.0.0.2", &forwarded_value), Key::ip(client));
+            }
+
+            /// From an untrusted peer, nothing in any header matters.
+            #[test]
+            fn untrusted_peer_is_always_the_key(
+                peer in untrusted_v4(),
+                value in proptest::collection::vec(any::<u8>(), 0..200),
+            ) {
+                let all = client_ip()
+                    .headers([ForwardedHeader::Forwarded, ForwardedHeader::XForwardedFor])
+                    .unwrap();
+                if let Ok(value) = http::HeaderValue::from_bytes(&value) {
+                    let mut req = http::Request::get("/").body(()).unwrap();
+                    req.headers_mut().insert(FORWARDED, value.clone());
+                    req.headers_mut().insert(X_FORWARDED_FOR, value);
+                    req.extensions_mut().insert(SocketAddr::new(peer, 1));
+                    let key = all.extract(&RequestView::new(&req)).unwrap();
+                    prop_assert_eq!(key, Key::ip(peer));
+                }
+            }
+
+            /// Arbitrary bytes from a trusted peer never panic and always give an address key.
+            #[test]
+            fn arbitrary_headers_from_a_trusted_peer(
+                value in proptest::collection::vec(any::<u8>(), 0..300),
+                text in "[ -~]{0,120}",
+            ) {
+                let c = client_ip()
+                    .headers([ForwardedHeader::Forwarded, ForwardedHeader::XForwardedFor])
+                    .unwrap();
+                for value in [value, text.into_bytes()] {
+                    if let Ok(v) = http::HeaderValue::from_bytes(&value) {
+                        for name in [FORWARDED, X_FORWARDED_FOR] {
+                            let mut req = http::Request::get("/").body(()).unwrap();
+                            req.headers_mut().insert(name, v.clone());
+                            req.extensions_mut().insert(SocketAddr::new(ip("10.0.0.2"), 1));
+                            let key = c.extract(&RequestView::new(&req)).unwrap();
+                            prop_assert!(matches!(key.value(), crate::key::KeyValue::Ip(_)));
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
