@@ -1,12 +1,13 @@
 //! [`ClientIp`]: the client's address as reported by trusted proxies.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use http::header::{HeaderName, FORWARDED};
 use http::HeaderMap;
 
-use super::ip::{canonical, check_ipv6_prefix, group, peer_ip, Cidr, DEFAULT_IPV6_PREFIX};
+use super::forwarded::{parse_forwarded_element, parse_plain_node, trim_ows, RSplitUnquoted};
+use super::ip::{check_ipv6_prefix, group, peer_ip, Cidr, DEFAULT_IPV6_PREFIX};
 use super::{Key, KeyError, KeyExtractor};
 use crate::error::ConfigError;
 use crate::request::RequestView;
@@ -15,10 +16,6 @@ use crate::request::RequestView;
 pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 /// `X-Real-IP`: the single address the nearest proxy saw (nginx's `$remote_addr`).
 pub const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
-
-/// Longest node text considered (`"[IPv6 with IPv4 tail]:_obfuscated-port"` fits with room);
-/// longer entries are malformed without being parsed.
-const MAX_NODE_LEN: usize = 100;
 
 /// A header in which proxies report the addresses they forwarded for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -218,10 +215,13 @@ impl ClientIp {
 
     /// The client's address (before IPv6 grouping) for a request from trusted `peer`.
     fn client_behind(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
-        let Some(header) = self.header_list().find(|h| headers.contains_key(h.name())) else {
+        let Some((header, lines)) = self.header_list().find_map(|h| {
+            let mut lines = headers.get_all(h.name()).into_iter().peekable();
+            lines.peek().is_some().then_some((h, lines))
+        }) else {
             return peer;
         };
-        let lines = headers.get_all(header.name()).into_iter().rev();
+        let lines = lines.rev();
         match header {
             ForwardedHeader::XForwardedFor => self.walk(
                 peer,
@@ -276,212 +276,10 @@ impl KeyExtractor for ClientIp {
     }
 }
 
-/// Strips optional whitespace (SP, HTAB) from both ends.
-fn trim_ows(mut s: &[u8]) -> &[u8] {
-    while let [b' ' | b'\t', rest @ ..] = s {
-        s = rest;
-    }
-    while let [rest @ .., b' ' | b'\t'] = s {
-        s = rest;
-    }
-    s
-}
-
-/// An `X-Forwarded-For` / `X-Real-IP` entry: an address, optionally with a port
-/// (`192.0.2.1`, `192.0.2.1:80`, `2001:db8::1`, `[2001:db8::1]`, `[2001:db8::1]:80`).
-fn parse_plain_node(entry: &[u8]) -> Option<IpAddr> {
-    if entry.len() > MAX_NODE_LEN {
-        return None;
-    }
-    let text = std::str::from_utf8(entry).ok()?;
-    let ip = if let Ok(ip) = text.parse::<IpAddr>() {
-        ip
-    } else if let Ok(addr) = text.parse::<SocketAddr>() {
-        addr.ip()
-    } else {
-        IpAddr::V6(
-            text.strip_prefix('[')?
-                .strip_suffix(']')?
-                .parse::<Ipv6Addr>()
-                .ok()?,
-        )
-    };
-    Some(canonical(ip))
-}
-
-/// The `for` address of one `Forwarded` element (`for=192.0.2.60;proto=http;by=203.0.113.43`).
-/// `None` when the element has no `for`, more than one, a malformed pair, or a `for` that is not
-/// an address (`unknown`, `_hidden`).
-fn parse_forwarded_element(element: &[u8]) -> Option<IpAddr> {
-    let mut found = None;
-    for pair in SplitUnquoted::new(element, b';') {
-        let pair = trim_ows(pair);
-        if pair.is_empty() {
-            continue;
-        }
-        let eq = pair.iter().position(|&b| b == b'=')?;
-        let (name, value) = (trim_ows(&pair[..eq]), trim_ows(&pair[eq + 1..]));
-        if name.is_empty() || !name.iter().all(|&b| is_tchar(b)) {
-            return None;
-        }
-        if name.eq_ignore_ascii_case(b"for") {
-            if found.is_some() {
-                return None; // RFC 7239 §4: a parameter occurs at most once per element.
-            }
-            found = Some(value);
-        } else if !valid_value(value) {
-            return None;
-        }
-    }
-    parse_forwarded_node(unquote(found?)?)
-}
-
-/// A token, or a quoted string without escapes (an escape never belongs in an address).
-fn valid_value(value: &[u8]) -> bool {
-    match value {
-        [b'"', ..] => unquote(value).is_some(),
-        _ => !value.is_empty() && value.iter().all(|&b| is_tchar(b)),
-    }
-}
-
-/// The contents of a quoted string, or an unquoted value as is. `None` for unbalanced quotes or
-/// escapes.
-fn unquote(value: &[u8]) -> Option<&[u8]> {
-    match value {
-        [b'"', inner @ .., b'"'] if !inner.contains(&b'"') && !inner.contains(&b'\\') => {
-            Some(inner)
-        }
-        [b'"', ..] | [.., b'"'] => None,
-        _ => Some(value),
-    }
-}
-
-/// RFC 7239 node: `IPv4[:port]`, `"[IPv6]"[:port]`, with numeric or obfuscated (`_abc`) ports.
-/// `unknown` and obfuscated names are not addresses. An unbracketed IPv6 address is rejected: the
-/// RFC requires brackets, and without them a port cannot be told apart.
-fn parse_forwarded_node(node: &[u8]) -> Option<IpAddr> {
-    if node.len() > MAX_NODE_LEN {
-        return None;
-    }
-    let (ip, port) = if let Some(rest) = node.strip_prefix(b"[") {
-        let close = rest.iter().position(|&b| b == b']')?;
-        let ip = std::str::from_utf8(&rest[..close])
-            .ok()?
-            .parse::<Ipv6Addr>()
-            .ok()?;
-        (IpAddr::V6(ip), &rest[close + 1..])
-    } else {
-        let colon = node.iter().position(|&b| b == b':').unwrap_or(node.len());
-        let ip = std::str::from_utf8(&node[..colon])
-            .ok()?
-            .parse::<Ipv4Addr>()
-            .ok()?;
-        (IpAddr::V4(ip), &node[colon..])
-    };
-    match port {
-        [] => {}
-        [b':', port @ ..] if valid_port(port) => {}
-        _ => return None,
-    }
-    Some(canonical(ip))
-}
-
-/// A port number up to 65535, or an obfuscated port `"_" 1*(ALPHA / DIGIT / "." / "_" / "-")`.
-fn valid_port(port: &[u8]) -> bool {
-    match port {
-        [b'_', rest @ ..] => {
-            !rest.is_empty()
-                && rest
-                    .iter()
-                    .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-        }
-        digits => {
-            (1..=5).contains(&digits.len())
-                && digits.iter().all(u8::is_ascii_digit)
-                && digits
-                    .iter()
-                    .fold(0_u32, |n, &d| n * 10 + u32::from(d - b'0'))
-                    <= 65_535
-        }
-    }
-}
-
-/// RFC 9110 `tchar`.
-fn is_tchar(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
-}
-
-/// Whether the quote at `s[i]` is escaped by an odd run of backslashes before it.
-fn escaped(s: &[u8], i: usize) -> bool {
-    s[..i].iter().rev().take_while(|&&b| b == b'\\').count() % 2 == 1
-}
-
-/// Splits on `sep` outside quoted strings, left to right.
-struct SplitUnquoted<'a> {
-    rest: Option<&'a [u8]>,
-    sep: u8,
-}
-
-impl<'a> SplitUnquoted<'a> {
-    fn new(s: &'a [u8], sep: u8) -> Self {
-        Self { rest: Some(s), sep }
-    }
-}
-
-impl<'a> Iterator for SplitUnquoted<'a> {
-    type Item = &'a [u8];
-
-    fn next(&mut self) -> Option<&'a [u8]> {
-        let s = self.rest?;
-        let mut quoted = false;
-        for (i, &b) in s.iter().enumerate() {
-            if b == b'"' && !escaped(s, i) {
-                quoted = !quoted;
-            } else if b == self.sep && !quoted {
-                self.rest = Some(&s[i + 1..]);
-                return Some(&s[..i]);
-            }
-        }
-        self.rest = None;
-        Some(s)
-    }
-}
-
-/// Splits on `sep` outside quoted strings, right to left, so that what a client wrote on the left
-/// (an unbalanced quote) cannot change how the entries proxies appended on the right are read.
-struct RSplitUnquoted<'a> {
-    rest: Option<&'a [u8]>,
-    sep: u8,
-}
-
-impl<'a> RSplitUnquoted<'a> {
-    fn new(s: &'a [u8], sep: u8) -> Self {
-        Self { rest: Some(s), sep }
-    }
-}
-
-impl<'a> Iterator for RSplitUnquoted<'a> {
-    type Item = &'a [u8];
-
-    fn next(&mut self) -> Option<&'a [u8]> {
-        let s = self.rest?;
-        let mut quoted = false;
-        for i in (0..s.len()).rev() {
-            let b = s[i];
-            if b == b'"' && !escaped(s, i) {
-                quoted = !quoted;
-            } else if b == self.sep && !quoted {
-                self.rest = Some(&s[..i]);
-                return Some(&s[i + 1..]);
-            }
-        }
-        self.rest = None;
-        Some(s)
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::net::{Ipv4Addr, SocketAddr};
+
     use super::*;
 
     const PROXIES: [&str; 3] = ["10.0.0.0/8", "192.168.0.0/16", "2001:db8:ffff::/48"];
@@ -928,18 +726,6 @@ mod tests {
             key(&c, "10.0.0.2", &[("forwarded", long_entry.as_bytes())]),
             ip_key("10.0.0.2")
         );
-    }
-
-    #[test]
-    fn splitters_respect_quotes_both_ways() {
-        let s = br#"a="x,y",b,"c\",d",e"#;
-        let fwd: Vec<_> = SplitUnquoted::new(s, b',').collect();
-        let mut back: Vec<_> = RSplitUnquoted::new(s, b',').collect();
-        back.reverse();
-        assert_eq!(fwd, back);
-        assert_eq!(fwd, [&br#"a="x,y""#[..], b"b", br#""c\",d""#, b"e"]);
-        assert_eq!(SplitUnquoted::new(b"", b',').collect::<Vec<_>>(), [b""]);
-        assert_eq!(RSplitUnquoted::new(b"", b',').collect::<Vec<_>>(), [b""]);
     }
 
     mod properties {

@@ -84,6 +84,7 @@ mod client_ip;
 mod error;
 mod extractor;
 mod first_of;
+mod forwarded;
 mod global;
 mod header;
 mod ip;
