@@ -9,50 +9,73 @@ use crate::algorithm::AlgorithmKind;
 use crate::cost::Cost;
 use crate::decision::PolicyName;
 use crate::error::ConfigError;
-use crate::key::KeyExtractor;
+use crate::key::{KeyError, KeyExtractor};
 use crate::quota::Quota;
 use crate::request::RequestView;
 use crate::store::{FailurePolicy, LimitSpec};
 
 /// What a limit does with a request for which its key extractor finds no key.
 ///
-/// The default is [`MissingKey::Reject`] with `500 Internal Server Error`: a key the limiter
-/// cannot find is most often a deployment fault (a server run without connection info, a
-/// misconfigured proxy list), and letting such requests through would silently switch rate
-/// limiting off. A 5xx makes the fault loud. For keys that are legitimately optional choose
-/// explicitly: `Reject { status: StatusCode::UNAUTHORIZED }` for a missing API key, or
-/// [`Skip`](MissingKey::Skip) to exempt the request from this limit (other limits still apply).
+/// A [`KeyError`] says whose fault the missing key is, and the default answers accordingly:
+///
+/// | | request lacks what the key needs ([`KeyError::new`]) | server misconfigured ([`KeyError::misconfigured`]) |
+/// |---|---|---|
+/// | [`Reject`](MissingKey::Reject) (default) | `400 Bad Request`, body names the limit and the reason | `500 Internal Server Error`, reason logged, not sent |
+/// | [`RejectWith { status }`](MissingKey::RejectWith) | `status` (e.g. `401` for a missing API key) | `500` |
+/// | [`Skip`](MissingKey::Skip) | this limit does not apply; other limits still do | same, logged as a warning |
+///
+/// Refusing is the default because letting such requests through would silently switch rate
+/// limiting off for them (a client could drop its API key header to escape its limit), and a
+/// misconfiguration (a server run without connection info, a key read outside the router) must
+/// be loud: it fails the first request in testing. Choose [`Skip`](MissingKey::Skip) for limits
+/// that only apply to some requests (a per-user limit, with anonymous traffic limited by another
+/// limit of the same layer).
 ///
 /// ```
-/// use http::StatusCode;
 /// use tollgate::layer::MissingKey;
 ///
-/// assert_eq!(MissingKey::default(), MissingKey::Reject { status: StatusCode::INTERNAL_SERVER_ERROR });
+/// assert_eq!(MissingKey::default(), MissingKey::Reject);
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+///
+/// [`KeyError`]: crate::key::KeyError
+/// [`KeyError::new`]: crate::key::KeyError::new
+/// [`KeyError::misconfigured`]: crate::key::KeyError::misconfigured
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum MissingKey {
-    /// Do not apply this limit to the request; other limits of the layer still apply.
-    Skip,
-    /// Refuse the request with `status` (a 4xx or 5xx) and a problem+json body naming the limit.
-    Reject {
-        /// The status to answer with.
+    /// Refuse: `400` when the request lacks what the key needs, `500` when the server is
+    /// misconfigured. The default.
+    #[default]
+    Reject,
+    /// Refuse with `status` (a 4xx or 5xx) when the request lacks what the key needs; `500` when
+    /// the server is misconfigured.
+    RejectWith {
+        /// The status to answer a request without a key with.
         status: StatusCode,
     },
-}
-
-impl Default for MissingKey {
-    fn default() -> Self {
-        MissingKey::Reject {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-        }
-    }
+    /// Do not apply this limit to the request; other limits of the layer still apply.
+    Skip,
 }
 
 impl MissingKey {
-    /// `Reject { status }`.
-    pub const fn reject(status: StatusCode) -> Self {
-        MissingKey::Reject { status }
+    /// `RejectWith { status }`.
+    pub const fn reject_with(status: StatusCode) -> Self {
+        MissingKey::RejectWith { status }
+    }
+
+    /// The status to refuse with for `error`, or `None` to skip the limit.
+    pub fn status_for(&self, error: &KeyError) -> Option<StatusCode> {
+        if error.is_misconfiguration() {
+            return match self {
+                MissingKey::Skip => None,
+                _ => Some(StatusCode::INTERNAL_SERVER_ERROR),
+            };
+        }
+        match self {
+            MissingKey::Reject => Some(StatusCode::BAD_REQUEST),
+            MissingKey::RejectWith { status } => Some(*status),
+            MissingKey::Skip => None,
+        }
     }
 }
 
@@ -75,7 +98,7 @@ impl MissingKey {
 ///     .algorithm(AlgorithmKind::Gcra)
 ///     .key(tenant)
 ///     .cost(|req: &RequestView<'_>| if req.method() == "POST" { 5 } else { 1 })
-///     .on_missing_key(MissingKey::reject(http::StatusCode::BAD_REQUEST));
+///     .on_missing_key(MissingKey::reject_with(http::StatusCode::UNAUTHORIZED));
 /// assert_eq!(limit.name().as_str(), "per-tenant");
 /// ```
 #[derive(Clone)]
@@ -141,7 +164,8 @@ impl Limit {
         self
     }
 
-    /// What to do when no key can be extracted (default: reject with `500`; see [`MissingKey`]).
+    /// What to do when no key can be extracted (default: [`MissingKey::Reject`]: `400`, or
+    /// `500` when the server is misconfigured).
     #[must_use]
     pub fn on_missing_key(mut self, outcome: MissingKey) -> Self {
         self.on_missing_key = outcome;
@@ -227,7 +251,7 @@ impl Limit {
                 ));
             }
         }
-        if let MissingKey::Reject { status } = self.on_missing_key {
+        if let MissingKey::RejectWith { status } = self.on_missing_key {
             if !(status.is_client_error() || status.is_server_error()) {
                 return Err(bad(
                     "limit.on_missing_key",

@@ -12,7 +12,7 @@ use tower_service::Service;
 use super::body::ResponseBody;
 use super::future::ResponseFuture;
 use super::layer::{RateLimitLayer, Shared};
-use super::limit::{Limit, MissingKey};
+use super::limit::Limit;
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError, StoreErrorKind};
 use crate::headers::set_retry_after_if_absent;
@@ -255,14 +255,18 @@ fn begin<ReqBody, St: Store>(
     for (i, limit) in shared.limits.iter().enumerate() {
         let key = match limit.key.extract(&view) {
             Ok(key) => key,
-            Err(error) => match limit.on_missing_key {
-                MissingKey::Skip => {
-                    tracing::trace!(policy = %limit.name, reason = %error, "no key; limit skipped");
+            Err(error) => match limit.on_missing_key.status_for(&error) {
+                None => {
+                    if error.is_misconfiguration() {
+                        tracing::warn!(policy = %limit.name, reason = %error, "no rate-limit key (server misconfigured); limit skipped");
+                    } else {
+                        tracing::trace!(policy = %limit.name, reason = %error, "no rate-limit key; limit skipped");
+                    }
                     continue;
                 }
-                MissingKey::Reject { status } => {
-                    if status.is_server_error() {
-                        tracing::warn!(policy = %limit.name, reason = %error, %status, "no rate-limit key; request refused");
+                Some(status) => {
+                    if error.is_misconfiguration() {
+                        tracing::warn!(policy = %limit.name, reason = %error, %status, "no rate-limit key (server misconfigured); request refused");
                     } else {
                         tracing::debug!(policy = %limit.name, reason = %error, %status, "no rate-limit key; request refused");
                     }

@@ -18,21 +18,14 @@ use crate::headers::{
     ResetFormat, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
     X_RATELIMIT_RESET,
 };
-use crate::key::{Key, KeyError};
+use crate::key::{GlobalKey, HeaderKey, PeerIp};
 use crate::response::{RejectReason, Rejected, RejectionBody};
 use crate::store::Decisions;
 use crate::{Decision, Quota, RequestView};
 
-/// Key: the `x-client` header (a stand-in for an IP extractor).
-fn client<'r>(req: &RequestView<'r>) -> Result<Key<'r>, KeyError> {
-    req.headers()
-        .get("x-client")
-        .map(|v| Key::bytes(v.as_bytes()))
-        .ok_or_else(|| KeyError::new("missing x-client header"))
-}
-
-fn global<'r>(_: &RequestView<'r>) -> Result<Key<'r>, KeyError> {
-    Ok(Key::global())
+/// Key: the `x-client` header (a stand-in for a client identity).
+fn client() -> HeaderKey {
+    HeaderKey::new("x-client").unwrap()
 }
 
 /// Echoes the reported decision's remaining count, as a handler reading extensions would.
@@ -54,6 +47,14 @@ fn get(path: &str, client: &str) -> Request<()> {
         .header("x-client", client)
         .body(())
         .unwrap()
+}
+
+/// A request from peer `ip`, as a hyper or axum server records it.
+fn from_peer(ip: &str) -> Request<()> {
+    let mut req = Request::get("/").body(()).unwrap();
+    req.extensions_mut()
+        .insert(std::net::SocketAddr::new(ip.parse().unwrap(), 40_000));
+    req
 }
 
 type Svc = super::RateLimit<
@@ -82,7 +83,7 @@ fn builder(clock: &ManualClock, mode: Mode) -> RateLimitLayerBuilder<TestBackend
 }
 
 fn burst5() -> Limit {
-    Limit::new("burst", Quota::per_second(1).burst(5)).key(client)
+    Limit::new("burst", Quota::per_second(1).burst(5)).key(client())
 }
 
 async fn body_json(res: Response<ResponseBody<Full<Bytes>>>) -> serde_json::Value {
@@ -99,9 +100,12 @@ fn header<B>(res: &Response<B>, name: impl http::header::AsHeaderName) -> &str {
 
 async fn quickstart_sequence(mode: Mode) {
     let clock = ManualClock::new();
-    let svc = service(builder(&clock, mode).limit(burst5()));
+    let svc = service(
+        builder(&clock, mode)
+            .limit(Limit::new("burst", Quota::per_second(1).burst(5)).key(PeerIp::new())),
+    );
     for (i, remaining) in ["4", "3", "2", "1", "0"].into_iter().enumerate() {
-        let res = svc.clone().oneshot(get("/", "a")).await.unwrap();
+        let res = svc.clone().oneshot(from_peer("192.0.2.1")).await.unwrap();
         assert_eq!(res.status(), StatusCode::OK, "request {i}");
         assert_eq!(header(&res, X_RATELIMIT_LIMIT), "5");
         assert_eq!(header(&res, X_RATELIMIT_REMAINING), remaining);
@@ -116,7 +120,7 @@ async fn quickstart_sequence(mode: Mode) {
         let d = res.extensions().get::<Decision>().unwrap();
         assert_eq!(d.remaining().to_string(), remaining);
     }
-    let res = svc.clone().oneshot(get("/", "a")).await.unwrap();
+    let res = svc.clone().oneshot(from_peer("192.0.2.1")).await.unwrap();
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(header(&res, RETRY_AFTER), "1");
     assert_eq!(header(&res, X_RATELIMIT_LIMIT), "5");
@@ -131,15 +135,15 @@ async fn quickstart_sequence(mode: Mode) {
     assert_eq!(body["retry_after"], 1);
 
     // Another client has its own bucket.
-    let res = svc.clone().oneshot(get("/", "b")).await.unwrap();
+    let res = svc.clone().oneshot(from_peer("192.0.2.2")).await.unwrap();
     assert_eq!(header(&res, X_RATELIMIT_REMAINING), "4");
 
     // One second later one token is back.
     clock.advance(Duration::from_secs(1));
-    let res = svc.clone().oneshot(get("/", "a")).await.unwrap();
+    let res = svc.clone().oneshot(from_peer("192.0.2.1")).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(header(&res, X_RATELIMIT_REMAINING), "0");
-    let res = svc.clone().oneshot(get("/", "a")).await.unwrap();
+    let res = svc.clone().oneshot(from_peer("192.0.2.1")).await.unwrap();
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
 }
 
@@ -215,8 +219,8 @@ async fn multi_limit_is_all_or_nothing() {
     let clock = ManualClock::new();
     let svc = service(
         builder(&clock, Mode::Ready)
-            .limit(Limit::new("burst", Quota::per_second(1).burst(2)).key(client))
-            .limit(Limit::new("daily", Quota::per_day(5)).key(client)),
+            .limit(Limit::new("burst", Quota::per_second(1).burst(2)).key(client()))
+            .limit(Limit::new("daily", Quota::per_day(5)).key(client())),
     );
     let remaining = |res: &Response<_>| -> (u64, u64) {
         let all = res
@@ -271,8 +275,8 @@ async fn allowed_response_reports_the_limit_closest_to_exhaustion() {
     let clock = ManualClock::new();
     let svc = service(
         builder(&clock, Mode::Ready)
-            .limit(Limit::new("burst", Quota::per_second(10).burst(10)).key(client))
-            .limit(Limit::new("hourly", Quota::per_hour(4)).key(client)),
+            .limit(Limit::new("burst", Quota::per_second(10).burst(10)).key(client()))
+            .limit(Limit::new("hourly", Quota::per_hour(4)).key(client())),
     );
     let res = svc.clone().oneshot(get("/", "a")).await.unwrap();
     // burst: 9/10 left, hourly: 3/4 left, so hourly is reported.
@@ -286,7 +290,7 @@ async fn skip_predicate_exempts_requests() {
     let clock = ManualClock::new();
     let svc = service(
         builder(&clock, Mode::Ready)
-            .limit(Limit::new("tiny", Quota::per_hour(1)).key(client))
+            .limit(Limit::new("tiny", Quota::per_hour(1)).key(client()))
             .skip(|req: &RequestView<'_>| req.uri().path() == "/health"),
     );
     for _ in 0..3 {
@@ -302,20 +306,52 @@ async fn skip_predicate_exempts_requests() {
 }
 
 #[tokio::test]
-async fn missing_key_default_is_500_problem() {
+async fn missing_key_default_is_400_or_500_by_cause() {
     let clock = ManualClock::new();
+    // The request lacks the header the key needs: the client's fault.
     let svc = service(builder(&clock, Mode::Ready).limit(burst5()));
     let res = svc
         .clone()
         .oneshot(Request::get("/").body(()).unwrap())
         .await
         .unwrap();
-    assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
     assert_eq!(header(&res, CONTENT_TYPE), "application/problem+json");
     assert!(!res.headers().contains_key(RETRY_AFTER));
     let body = body_json(res).await;
     assert_eq!(body["policy"], "burst");
     assert_eq!(body["type"], "urn:tollgate:problem:missing-key");
+    assert!(body["detail"].as_str().unwrap().contains("x-client"));
+
+    // No peer address: the server was started without connection info. Even a limit told to
+    // answer 401 answers 500, and the body does not describe the server's setup.
+    for outcome in [
+        MissingKey::Reject,
+        MissingKey::reject_with(StatusCode::UNAUTHORIZED),
+    ] {
+        let svc = service(
+            builder(&clock, Mode::Ready).limit(
+                Limit::new("per-ip", Quota::per_second(5))
+                    .key(PeerIp::new())
+                    .on_missing_key(outcome),
+            ),
+        );
+        let res = svc
+            .oneshot(Request::get("/").body(()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(
+            res.status(),
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "{outcome:?}"
+        );
+        let body = body_json(res).await;
+        assert_eq!(body["policy"], "per-ip");
+        assert!(
+            !body["detail"].as_str().unwrap().contains("connect"),
+            "{body}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -323,7 +359,7 @@ async fn missing_key_reject_with_chosen_status_or_skip() {
     let clock = ManualClock::new();
     let svc = service(
         builder(&clock, Mode::Ready)
-            .limit(burst5().on_missing_key(MissingKey::reject(StatusCode::UNAUTHORIZED))),
+            .limit(burst5().on_missing_key(MissingKey::reject_with(StatusCode::UNAUTHORIZED))),
     );
     let res = svc
         .oneshot(Request::get("/").body(()).unwrap())
@@ -340,7 +376,7 @@ async fn missing_key_reject_with_chosen_status_or_skip() {
     let svc = service(
         builder(&clock, Mode::Ready)
             .limit(burst5().on_missing_key(MissingKey::Skip))
-            .limit(Limit::new("global", Quota::per_second(100)).key(global)),
+            .limit(Limit::new("global", Quota::per_second(100)).key(GlobalKey)),
     );
     let res = svc
         .clone()
@@ -375,7 +411,7 @@ async fn cost_above_capacity_is_413_without_retry_after_and_charges_nothing() {
         let svc = service(
             builder(&clock, mode)
                 .limit(burst5().cost(cost))
-                .limit(Limit::new("global", Quota::per_second(100)).key(global)),
+                .limit(Limit::new("global", Quota::per_second(100)).key(GlobalKey)),
         );
         let res = svc.clone().oneshot(get("/", "a")).await.unwrap();
         assert_eq!(header(&res, X_RATELIMIT_REMAINING), "4");
@@ -417,8 +453,8 @@ async fn ietf_headers_list_every_limit() {
     let svc = service(
         builder(&clock, Mode::Ready)
             .ietf_headers(true)
-            .limit(Limit::new("burst", Quota::per_second(1).burst(5)).key(client))
-            .limit(Limit::new("daily", Quota::per_day(5000)).key(client)),
+            .limit(Limit::new("burst", Quota::per_second(1).burst(5)).key(client()))
+            .limit(Limit::new("daily", Quota::per_day(5000)).key(client())),
     );
     let res = svc.clone().oneshot(get("/", "a")).await.unwrap();
     assert_eq!(
@@ -476,7 +512,7 @@ async fn unix_reset_by_default() {
 async fn grpc_requests_get_resource_exhausted() {
     let clock = ManualClock::new();
     let svc = service(
-        builder(&clock, Mode::Ready).limit(Limit::new("rpc", Quota::per_minute(1)).key(client)),
+        builder(&clock, Mode::Ready).limit(Limit::new("rpc", Quota::per_minute(1)).key(client())),
     );
     let grpc = || {
         Request::post("/pkg.Greeter/SayHello")
@@ -523,7 +559,7 @@ async fn custom_rejection_closure_keeps_layer_headers() {
     let clock = ManualClock::new();
     let svc = service(
         builder(&clock, Mode::Ready)
-            .limit(Limit::new("tiny", Quota::per_minute(1)).key(client))
+            .limit(Limit::new("tiny", Quota::per_minute(1)).key(client()))
             .rejection(|rejected: &Rejected<'_>| {
                 let text = match rejected.reason() {
                     RejectReason::RateLimited { decision, .. } => {
@@ -550,12 +586,12 @@ async fn nested_layers_report_the_most_pressing_decision() {
     let clock = ManualClock::new();
     let outer = builder(&clock, Mode::Ready)
         .ietf_headers(true)
-        .limit(Limit::new("global", Quota::per_second(3)).key(global))
+        .limit(Limit::new("global", Quota::per_second(3)).key(GlobalKey))
         .build()
         .unwrap();
     let inner = builder(&clock, Mode::Ready)
         .ietf_headers(true)
-        .limit(Limit::new("route", Quota::per_second(10)).key(client))
+        .limit(Limit::new("route", Quota::per_second(10)).key(client()))
         .build()
         .unwrap();
     let svc = ServiceBuilder::new()
@@ -603,7 +639,7 @@ fn build_validates_with_actionable_errors() {
 
     let mut many = b();
     for i in 0..9 {
-        many = many.limit(Limit::new(format!("l{i}"), Quota::per_second(1)).key(global));
+        many = many.limit(Limit::new(format!("l{i}"), Quota::per_second(1)).key(GlobalKey));
     }
     let (f, m) = field(many.build());
     assert_eq!(f, "limits");
@@ -615,7 +651,7 @@ fn build_validates_with_actionable_errors() {
 
     for bad in ["", "naïve", "tab\there"] {
         let (f, _) = field(
-            b().limit(Limit::new(bad, Quota::per_second(1)).key(global))
+            b().limit(Limit::new(bad, Quota::per_second(1)).key(GlobalKey))
                 .build(),
         );
         assert_eq!(f, "limit.name", "{bad:?}");
@@ -626,7 +662,7 @@ fn build_validates_with_actionable_errors() {
     assert!(m.contains("\"nokey\"") && m.contains(".key("), "{m}");
 
     let (f, m) = field(
-        b().limit(Limit::new("zero", Quota::per_second(0)).key(global))
+        b().limit(Limit::new("zero", Quota::per_second(0)).key(GlobalKey))
             .build(),
     );
     assert_eq!(f, "quota.count");
@@ -638,7 +674,7 @@ fn build_validates_with_actionable_errors() {
     assert!(b().limit(burst5().cost(UpTo(5))).build().is_ok());
 
     let (f, _) = field(
-        b().limit(burst5().on_missing_key(MissingKey::reject(StatusCode::OK)))
+        b().limit(burst5().on_missing_key(MissingKey::reject_with(StatusCode::OK)))
             .build(),
     );
     assert_eq!(f, "limit.on_missing_key");

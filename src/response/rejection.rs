@@ -170,14 +170,14 @@ impl<'a> Rejected<'a> {
 /// |---|---|---|---|
 /// | rate limited | `429`, `Retry-After` | `rate-limited` | `policy`, `quota`, `limit`, `window`, `remaining`, `retry_after` |
 /// | cost exceeds capacity | `413`, no `Retry-After` | `cost-exceeds-limit` | `policy`, `quota`, `limit`, `window`, `cost` |
-/// | missing key | as configured (default `500`) | `missing-key` | `policy` |
+/// | missing key | `400`, `500` if misconfigured, or as configured ([`MissingKey`](crate::layer::MissingKey)) | `missing-key` | `policy` |
 /// | store unavailable | `503`, `Retry-After` if known | `limiter-unavailable` | `retry_after` if known |
 ///
 /// `window` is the seconds to refill the limit from empty (the `w` of `RateLimit-Policy`). A cost
 /// above capacity gets `413 Content Too Large` rather than `429`: `429` tells clients to slow
 /// down and retry, but this request fails however long they wait, and clients do not retry a
-/// `413`. For a missing key with a 5xx status the body does not repeat the extractor's reason
-/// (it describes server configuration); it is logged instead.
+/// `413`. For a missing key caused by server misconfiguration (or answered with a 5xx) the body
+/// does not repeat the extractor's reason, which describes the server's setup; it is logged.
 ///
 /// The problem `type` is `urn:tollgate:problem:<suffix>` unless a base is set with
 /// [`problem_type_base`](Self::problem_type_base).
@@ -278,7 +278,7 @@ impl DefaultRejection {
                 .member_u64("cost", cost)
             }
             RejectReason::MissingKey { policy, error, .. } => {
-                let detail = if status.is_server_error() {
+                let detail = if status.is_server_error() || error.is_misconfiguration() {
                     format!("The server could not identify the client for rate limit \"{policy}\".")
                 } else {
                     format!("Rate limit \"{policy}\" cannot identify the client: {error}.")
