@@ -1,4 +1,104 @@
 //! Rate limiting as Tower middleware.
+//!
+//! `tollgate` puts named rate limits in front of any [`tower`](https://docs.rs/tower) service
+//! over `http` requests: axum routers (`Router::layer`, or per route with `Router::route_layer`),
+//! tonic servers, plain hyper services. Each limit is a [`Quota`] enforced by one of six
+//! [algorithms](algorithm), counted per [key] (peer IP, client IP behind trusted proxies,
+//! API key, principal, route, or one global key) at a [cost] per request, in an in-memory
+//! LRU-bounded [store] or (feature `redis`) a shared Redis. Several limits in one layer
+//! are all-or-nothing: a request refused by one spends nothing from the others.
+//!
+//! Every response carries `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset`
+//! (optionally the IETF `RateLimit` / `RateLimit-Policy` fields, see [`headers`]); a refused
+//! request gets `429 Too Many Requests` with `Retry-After` and an RFC 9457 problem+json body (a
+//! gRPC `RESOURCE_EXHAUSTED` for gRPC calls), pluggable through [`response::Rejection`].
+//!
+//! # Quick start
+//!
+//! An axum app whose `GET /` allows each client IP a burst of 5 requests refilled at 1 per
+//! second (`cargo run --example quickstart` runs it):
+//!
+//! ```no_run
+//! use std::net::SocketAddr;
+//! use axum::{routing::get, Router};
+//! use tollgate::key::PeerIp;
+//! use tollgate::{Limit, Quota, RateLimitLayer};
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let app = Router::new()
+//!     .route("/", get(|| async { "Hello, world!" }))
+//!     .layer(RateLimitLayer::new(
+//!         Limit::new("per-ip", Quota::per_second(1).burst(5)).key(PeerIp::new()),
+//!     )?);
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//! // PeerIp reads the address recorded by `into_make_service_with_connect_info`.
+//! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The same limit around any service, checked here with `tower::ServiceExt::oneshot`:
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use std::net::SocketAddr;
+//! use http::{Request, Response, StatusCode};
+//! use tollgate::key::PeerIp;
+//! use tollgate::{Decision, Limit, Quota, RateLimitLayer};
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let svc = ServiceBuilder::new()
+//!     .layer(RateLimitLayer::new(
+//!         Limit::new("per-ip", Quota::per_second(1).burst(5)).key(PeerIp::new()),
+//!     )?)
+//!     .service(service_fn(|req: Request<()>| async move {
+//!         // Handlers see the decision.
+//!         let left = req.extensions().get::<Decision>().map_or(0, |d| d.remaining());
+//!         Ok::<_, Infallible>(Response::new(format!("{left} left")))
+//!     }));
+//!
+//! let request = || {
+//!     let mut req = Request::get("/").body(()).unwrap();
+//!     req.extensions_mut().insert("203.0.113.9:5000".parse::<SocketAddr>().unwrap());
+//!     req
+//! };
+//! for remaining in ["4", "3", "2", "1", "0"] {
+//!     let res = svc.clone().oneshot(request()).await?;
+//!     assert_eq!(res.status(), StatusCode::OK);
+//!     assert_eq!(res.headers()["x-ratelimit-limit"], "5");
+//!     assert_eq!(res.headers()["x-ratelimit-remaining"], remaining);
+//! }
+//! let res = svc.clone().oneshot(request()).await?;
+//! assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+//! assert_eq!(res.headers()["retry-after"], "1");
+//! assert_eq!(res.headers()["content-type"], "application/problem+json");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Modules
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | [`layer`] | [`RateLimitLayer`] and its builder, [`Limit`], [`RateLimit`], the response future and body |
+//! | [`quota`] | [`Quota`]: `Quota::per_second(10).burst(50)`, parsing of `"100/min"` |
+//! | [`algorithm`] | token bucket, GCRA, fixed window, sliding window, sliding log, leaky bucket, and how to choose |
+//! | [`key`] | key extractors: who a request is counted against |
+//! | [`cost`] | cost functions: how much a request spends |
+//! | [`store`] | where state lives: the in-memory store, Redis (feature `redis`) |
+//! | [`headers`] | `X-RateLimit-*`, IETF `RateLimit` / `RateLimit-Policy`, `Retry-After` |
+//! | [`response`] | rejections: problem+json, gRPC, and the [`Rejection`](response::Rejection) trait |
+//! | [`clock`] | time sources, including a manual clock for tests |
+//!
+//! # Features
+//!
+//! | feature | enables |
+//! |---|---|
+//! | `axum` | [`PeerIp`](key::PeerIp) reads axum's `ConnectInfo`; route keys and cost tables read `MatchedPath` |
+//! | `redis` | the Redis store, single node or Cluster |
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 #![forbid(unsafe_code)]
 #![warn(
@@ -21,8 +121,9 @@ mod request;
 pub mod response;
 pub mod store;
 
+pub use algorithm::AlgorithmKind;
 pub use decision::{Decision, PolicyName};
 pub use error::{ConfigError, StoreError, StoreErrorKind};
-pub use layer::{Limit, MissingKey, RateLimit, RateLimitLayer};
+pub use layer::{Limit, MissingKey, RateLimit, RateLimitLayer, RateLimitLayerBuilder};
 pub use quota::Quota;
 pub use request::RequestView;
