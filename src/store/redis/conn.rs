@@ -164,7 +164,7 @@ async fn run_batch(conn: Conn, script: Arc<LuaScript>, jobs: Vec<Job>) {
         Ok(ints) => {
             let mut at = 0;
             for job in jobs {
-                let len = job.group.reply_len(Mode::Check);
+                let len = job.group.reply_len();
                 let part = match ints.get(at..at + len) {
                     Some(part) => Ok(part.to_vec()),
                     None => Err(BatchError::Invalid(format!(

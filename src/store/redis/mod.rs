@@ -171,9 +171,12 @@ pub struct RedisBackend {
     clock: Option<Arc<dyn Clock>>,
     batching: bool,
     max_batch: usize,
-    local: Option<MemoryBackend>,
+    local: Option<LocalBuilder>,
     stats: RedisStats,
 }
+
+type LocalBuilder =
+    Box<dyn FnOnce(&[LimitSpec]) -> Result<Box<dyn store::LocalStore>, ConfigError> + Send>;
 
 #[derive(Debug, Clone)]
 enum TargetSpec {
@@ -293,9 +296,12 @@ impl RedisBackend {
     }
 
     /// The in-memory backend used for limits whose failure policy is
-    /// [`FailurePolicy::Local`] (default: `MemoryBackend::default()`).
-    pub fn local_fallback(mut self, backend: MemoryBackend) -> Self {
-        self.local = Some(backend);
+    /// [`FailurePolicy::Local`] (default: [`MemoryBackend::new`]): set its key bound, or a clock
+    /// for tests.
+    pub fn local_fallback<C: Clock>(mut self, backend: MemoryBackend<C>) -> Self {
+        self.local = Some(Box::new(move |specs| {
+            Ok(Box::new(backend.build(specs)?) as Box<dyn store::LocalStore>)
+        }));
         self
     }
 
@@ -408,7 +414,12 @@ impl Backend for RedisBackend {
             policies.push(policy);
         }
         let local = if any_local {
-            Some(self.local.unwrap_or_default().build(&local_specs)?)
+            let build = self.local.unwrap_or_else(|| {
+                Box::new(|specs| {
+                    Ok(Box::new(MemoryBackend::new().build(specs)?) as Box<dyn store::LocalStore>)
+                })
+            });
+            Some(build(&local_specs)?)
         } else {
             None
         };

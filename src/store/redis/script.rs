@@ -87,11 +87,21 @@ pub(crate) fn limit_info(spec: &LimitSpec, name_enc: String) -> Result<LimitInfo
         }
         AlgorithmKind::Gcra => {
             let a = Gcra::new(quota)?;
-            return Err(unsupported(spec, &a));
+            let interval = a.emission_interval_micros();
+            let burst = quota.burst_size();
+            (
+                [interval, burst * interval, burst],
+                a.idle_timeout_micros(),
+                a.decide(&Default::default(), 0, 0).limit(),
+            )
         }
         AlgorithmKind::FixedWindow => {
             let a = FixedWindow::new(quota)?;
-            return Err(unsupported(spec, &a));
+            (
+                [quota.period_micros(), quota.count(), 0],
+                a.idle_timeout_micros(),
+                a.decide(&Default::default(), 0, 0).limit(),
+            )
         }
         AlgorithmKind::SlidingWindow => {
             let a = SlidingWindow::new(quota)?;
@@ -198,12 +208,9 @@ impl Group {
         self.limits.len()
     }
 
-    /// Reply integers this group takes: its `now`, then 5 per limit (check) or only `now`.
-    pub(crate) fn reply_len(&self, mode: Mode) -> usize {
-        match mode {
-            Mode::Check => 1 + 5 * self.limits.len(),
-            Mode::Refund => 1,
-        }
+    /// Reply integers this group takes: its `now`, then 5 per limit.
+    pub(crate) fn reply_len(&self) -> usize {
+        1 + 5 * self.limits.len()
     }
 }
 

@@ -43,7 +43,7 @@ pub(crate) struct Inner {
     pub(crate) probe_interval: Duration,
     pub(crate) clock: Option<Arc<dyn Clock>>,
     pub(crate) batching: Option<(usize, usize)>,
-    pub(crate) local: Option<MemoryStore>,
+    pub(crate) local: Option<Box<dyn LocalStore>>,
     pub(crate) stats: RedisStats,
     pub(crate) conn: OnceLock<Conn>,
     pub(crate) batcher: OnceLock<mpsc::UnboundedSender<Job>>,
@@ -144,10 +144,7 @@ impl Store for RedisStore {
         if inner.stats.breaker_open() {
             inner.stats.add_short_circuited();
             tracing::debug!("redis circuit breaker open; deciding by failure policy");
-            return match inner.degrade(fallback, checks) {
-                Checked::Ready(r) => Checked::Ready(r),
-                Checked::Pending(f) => Checked::Pending(RedisFuture { inner: f }),
-            };
+            return Checked::Ready(inner.degrade(fallback, checks));
         }
         let plan = inner.plan(checks, now);
         let local: Vec<LimitCheck<'static>> = checks
@@ -165,11 +162,29 @@ impl Store for RedisStore {
     }
 }
 
+/// The local fallback limiter, whatever its clock.
+pub(crate) trait LocalStore: Send + Sync + 'static {
+    fn check_all(&self, checks: &[LimitCheck<'_>]) -> Result<Decisions, StoreError>;
+}
+
+impl<C: Clock> LocalStore for MemoryStore<C> {
+    fn check_all(&self, checks: &[LimitCheck<'_>]) -> Result<Decisions, StoreError> {
+        MemoryStore::check_all(self, checks)
+    }
+}
+
 /// Which groups a request's checks fall in.
 struct Plan {
     groups: Vec<Group>,
     /// For each group, the check index of each of its limits.
     positions: Vec<Vec<usize>>,
+}
+
+/// A group Redis charged.
+struct Applied {
+    group: Group,
+    now: u64,
+    positions: Vec<usize>,
 }
 
 /// What is known when Redis could not decide some (or all) limits.
@@ -178,8 +193,9 @@ struct Fallback {
     n: usize,
     got: [Option<Decision>; MAX_LIMITS],
     error: Option<StoreError>,
-    /// Groups Redis charged, with the time it used: refunded if the request ends up rejected.
-    applied: Vec<(Group, u64)>,
+    /// Groups Redis charged, with the time it used and their check positions: refunded if the
+    /// request ends up rejected.
+    applied: Vec<Applied>,
 }
 
 impl Inner {
@@ -247,11 +263,12 @@ impl Inner {
         for ((group, positions), result) in plan.groups.into_iter().zip(plan.positions).zip(results)
         {
             match result.and_then(|ints| self.parse_group(&group, &positions, &ints, &mut fb.got)) {
-                Ok((now, all_allowed)) => {
-                    if all_allowed {
-                        fb.applied.push((group, now));
-                    }
-                }
+                Ok((now, true)) => fb.applied.push(Applied {
+                    group,
+                    now,
+                    positions,
+                }),
+                Ok((_, false)) => {}
                 Err(e) => {
                     for &p in &positions {
                         fb.got[p] = None;
@@ -260,16 +277,64 @@ impl Inner {
                 }
             }
         }
-        if fb.error.is_none() {
-            let mut out = Decisions::new();
-            for d in &fb.got[..fb.n] {
-                out.push(d.expect("every group answered"));
-            }
-            return self.conclude(Ok(out), fb.applied);
+        let applied = std::mem::take(&mut fb.applied);
+        let mut result = if fb.error.is_none() {
+            Ok(collect(&fb))
+        } else {
+            self.degrade(fb, &local)
+        };
+        let rejected = result.as_ref().map_or(true, |d| !d.allowed());
+        if rejected && !applied.is_empty() {
+            self.refund(applied, &mut result).await;
         }
-        match self.degrade(fb, &local) {
-            Checked::Ready(r) => r,
-            Checked::Pending(f) => f.await,
+        result
+    }
+
+    /// Gives back what Redis charged for a request that is, as a whole, not allowed (Cluster,
+    /// limits in several slots), and reports the refunded limits as they now stand.
+    async fn refund(
+        self: &Arc<Self>,
+        applied: Vec<Applied>,
+        result: &mut Result<Decisions, StoreError>,
+    ) {
+        let calls = applied.iter().map(|a| {
+            let mut group = a.group.clone();
+            group.now = Some(a.now);
+            async move {
+                let conn = self.conn().ok()?;
+                let value = tokio::time::timeout(
+                    self.timeout,
+                    conn.eval(&self.script, Mode::Refund, std::iter::once(&group)),
+                )
+                .await
+                .ok()?
+                .ok()?;
+                reply_ints(value).ok()
+            }
+        });
+        let replies = futures_util::future::join_all(calls).await;
+        for (a, reply) in applied.iter().zip(replies) {
+            self.stats.add_refund(reply.is_some());
+            let Some(ints) = reply else {
+                tracing::warn!(
+                    keys = ?a.group.keys,
+                    "could not refund a reservation; it stays spent until it refills"
+                );
+                continue;
+            };
+            if let Ok(decisions) = result {
+                let mut got = [None; MAX_LIMITS];
+                if self
+                    .parse_group(&a.group, &a.positions, &ints, &mut got)
+                    .is_ok()
+                {
+                    for &p in &a.positions {
+                        if let Some(d) = got[p] {
+                            decisions.as_mut_slice()[p] = d;
+                        }
+                    }
+                }
+            }
         }
     }
 
@@ -281,12 +346,12 @@ impl Inner {
         ints: &[i64],
         got: &mut [Option<Decision>; MAX_LIMITS],
     ) -> Result<(u64, bool), StoreError> {
-        if ints.len() != group.reply_len(Mode::Check) {
+        if ints.len() != group.reply_len() {
             return Err(StoreError::new(
                 StoreErrorKind::InvalidResponse,
                 format!(
                     "expected {} integers, got {}",
-                    group.reply_len(Mode::Check),
+                    group.reply_len(),
                     ints.len()
                 ),
             ));
@@ -393,7 +458,7 @@ impl Inner {
         self: &Arc<Self>,
         mut fb: Fallback,
         checks: &[LimitCheck<'_>],
-    ) -> Checked<BoxFuture> {
+    ) -> Result<Decisions, StoreError> {
         let error = fb.error.take();
         let reason = error
             .as_ref()
@@ -429,7 +494,7 @@ impl Inner {
                 .map_or(StoreErrorKind::Unavailable, StoreError::kind);
             let err = StoreError::new(kind, format!("the rate limiter is unavailable: {reason}"))
                 .with_retry_after(retry_after);
-            return Checked::Ready(self.conclude(Err(err), fb.applied));
+            return Err(err);
         }
         if opened > 0 {
             self.stats.add_fail_open(opened);
@@ -438,82 +503,27 @@ impl Inner {
             }
         }
         if local_positions.is_empty() {
-            return Checked::Ready(self.conclude(Ok(collect(&fb)), fb.applied));
+            return Ok(collect(&fb));
         }
         self.stats.add_local_fallback(local_positions.len() as u64);
         let Some(local) = &self.local else {
-            return Checked::Ready(Err(StoreError::new(
+            return Err(StoreError::new(
                 StoreErrorKind::Other,
                 "no local fallback store was built",
-            )));
+            ));
         };
         let subset: Vec<LimitCheck<'_>> = local_positions
             .iter()
             .filter_map(|&i| checks.iter().find(|c| c.limit == fb.limits[i]).cloned())
             .collect();
-        match local.check(&subset) {
-            Checked::Ready(r) => Checked::Ready(self.merge_local(fb, &local_positions, r)),
-            Checked::Pending(f) => {
-                let this = self.clone();
-                Checked::Pending(Box::pin(async move {
-                    let r = f.await;
-                    this.merge_local(fb, &local_positions, r)
-                }))
-            }
-        }
-    }
-
-    fn merge_local(
-        self: &Arc<Self>,
-        mut fb: Fallback,
-        positions: &[usize],
-        local: Result<Decisions, StoreError>,
-    ) -> Result<Decisions, StoreError> {
-        let local = match local {
+        let local = match local.check_all(&subset) {
             Ok(d) => d,
-            Err(e) => return self.conclude(Err(e), fb.applied),
+            Err(e) => return Err(e),
         };
-        for (&p, d) in positions.iter().zip(local.as_slice()) {
+        for (&p, d) in local_positions.iter().zip(local.as_slice()) {
             fb.got[p] = Some(*d);
         }
-        let out = collect(&fb);
-        self.conclude(Ok(out), fb.applied)
-    }
-
-    /// Gives back what Redis charged when the request as a whole is not allowed.
-    fn conclude(
-        self: &Arc<Self>,
-        result: Result<Decisions, StoreError>,
-        applied: Vec<(Group, u64)>,
-    ) -> Result<Decisions, StoreError> {
-        let rejected = result.as_ref().map_or(true, |d| !d.allowed());
-        if rejected && !applied.is_empty() {
-            let this = self.clone();
-            tokio::spawn(async move {
-                for (mut group, now) in applied {
-                    group.now = Some(now);
-                    let ok = match this.conn() {
-                        Ok(conn) => matches!(
-                            tokio::time::timeout(
-                                this.timeout.max(Duration::from_millis(50)),
-                                conn.eval(&this.script, Mode::Refund, std::iter::once(&group)),
-                            )
-                            .await,
-                            Ok(Ok(_))
-                        ),
-                        Err(_) => false,
-                    };
-                    this.stats.add_refund(ok);
-                    if !ok {
-                        tracing::warn!(
-                            keys = ?group.keys,
-                            "could not refund a reservation; it stays spent until it refills"
-                        );
-                    }
-                }
-            });
-        }
-        result
+        Ok(collect(&fb))
     }
 
     fn spawn_probe(self: &Arc<Self>) {

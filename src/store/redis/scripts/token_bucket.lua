@@ -58,4 +58,5 @@ REFUND[1] = function(key, st, now, cost, unit, per, cap, ttl)
     last = now
   end
   store_ints(key, ttl, deficit, last)
+  return { deficit, last }
 end
