@@ -516,10 +516,7 @@ impl Inner {
             .iter()
             .filter_map(|&i| checks.iter().find(|c| c.limit == fb.limits[i]).cloned())
             .collect();
-        let local = match local.check_all(&subset) {
-            Ok(d) => d,
-            Err(e) => return Err(e),
-        };
+        let local = local.check_all(&subset)?;
         for (&p, d) in local_positions.iter().zip(local.as_slice()) {
             fb.got[p] = Some(*d);
         }
