@@ -143,6 +143,59 @@ fn scenarios() -> Vec<Scenario> {
                 step(3 * S, 2, 1, Allowed(1)),
             ],
         },
+        // The seeds' estimate: 90 in the previous minute, 20 so far, 15 s in: 20 + 90 x 0.75.
+        Scenario {
+            name: "sliding window: the 87.5 estimate",
+            algorithm: SlidingWindow,
+            quota: Quota::per_minute(100),
+            steps: vec![
+                step(30 * S, 1, 90, Allowed(10)),
+                step(75 * S, 1, 20, Allowed(13)), // floor(67.5) + 20 = 87 spent
+                step(75 * S, 1, 1, Allowed(12)),  // 88
+                step(75 * S, 13, 1, Rejected(12, 333_334)), // fits once 90 x (60 - e) / 60 < 67
+                step(75 * S, 101, 1, Impossible),
+                step(200 * S, 100, 1, Allowed(0)), // stale windows are not carried forward
+            ],
+        },
+        Scenario {
+            name: "sliding log: exact in every window",
+            algorithm: SlidingLog,
+            quota: Quota::per(Duration::from_secs(10), 3),
+            steps: vec![
+                step(0, 1, 1, Allowed(2)),
+                step(4 * S, 1, 1, Allowed(1)),
+                step(8 * S, 1, 1, Allowed(0)),
+                step(9 * S, 1, 1, Rejected(0, S)),
+                step(10 * S, 1, 1, Allowed(0)),
+                step(10 * S, 4, 1, Impossible),
+                step(11 * S, 2, 1, Rejected(0, 7 * S)),
+            ],
+        },
+        // The seam that doubles a fixed window is closed by the log.
+        Scenario {
+            name: "sliding log: no double at the seam",
+            algorithm: SlidingLog,
+            quota: Quota::per_minute(100),
+            steps: vec![
+                step(59 * S, 1, 100, Allowed(0)),
+                step(60 * S, 1, 100, Rejected(0, 59 * S)),
+                step(61 * S, 1, 1, Rejected(0, 58 * S)),
+                step(119 * S, 50, 1, Allowed(50)),
+            ],
+        },
+        Scenario {
+            name: "leaky bucket: a queue of 3 draining 1/s",
+            algorithm: LeakyBucket,
+            quota: Quota::per_second(1).burst(3),
+            steps: vec![
+                step(0, 1, 3, Allowed(0)),
+                step(0, 1, 1, Rejected(0, S)),
+                step(500 * MS, 1, 1, Rejected(0, 500 * MS)),
+                step(S, 1, 1, Allowed(0)),
+                step(S, 4, 1, Impossible),
+                step(10 * S, 3, 1, Allowed(0)),
+            ],
+        },
     ]
 }
 

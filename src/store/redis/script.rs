@@ -105,15 +105,28 @@ pub(crate) fn limit_info(spec: &LimitSpec, name_enc: String) -> Result<LimitInfo
         }
         AlgorithmKind::SlidingWindow => {
             let a = SlidingWindow::new(quota)?;
-            return Err(unsupported(spec, &a));
+            (
+                [quota.period_micros(), quota.count(), 0],
+                a.idle_timeout_micros(),
+                a.decide(&Default::default(), 0, 0).limit(),
+            )
         }
         AlgorithmKind::SlidingLog => {
             let a = SlidingLog::new(quota)?;
-            return Err(unsupported(spec, &a));
+            (
+                [quota.period_micros(), quota.count(), 0],
+                a.idle_timeout_micros(),
+                a.decide(&Default::default(), 0, 0).limit(),
+            )
         }
         AlgorithmKind::LeakyBucket => {
             let a = LeakyBucket::new(quota)?;
-            return Err(unsupported(spec, &a));
+            let fp = quota.fixed_point();
+            (
+                [fp.unit, fp.per_micro, quota.burst_size() * fp.unit],
+                a.idle_timeout_micros(),
+                a.decide(&Default::default(), 0, 0).limit(),
+            )
         }
     };
     Ok(LimitInfo {
@@ -127,17 +140,6 @@ pub(crate) fn limit_info(spec: &LimitSpec, name_enc: String) -> Result<LimitInfo
         },
         limit,
     })
-}
-
-fn unsupported(spec: &LimitSpec, _: &dyn std::fmt::Debug) -> ConfigError {
-    ConfigError::new(
-        "algorithm",
-        format!(
-            "the Redis backend does not implement {} yet (limit {:?}); use token_bucket",
-            spec.algorithm(),
-            spec.name().as_str()
-        ),
-    )
 }
 
 /// A store's Lua script: its source and SHA-1 (for EVALSHA).

@@ -1,1 +1,105 @@
--- tollgate: sliding_window (not yet mirrored).
+-- tollgate: sliding window counter, the mirror of src/algorithm/sliding_window.rs.
+-- State "last:prev:cur": the time of the last charge (µs) and the counts of the window before
+-- last's and of last's window. Parameters: p1 = W (window length, µs), p2 = L (units per
+-- window). L × W < 2^53 (checked when the limit is built), so every product below is exact.
+-- Counts above L (left by a larger, earlier limit) read as L.
+
+-- The counts as seen from t = max(now, last): e µs into t's window, previous and current.
+local function sw_view(st, now, period, limit)
+  local t = st[1]
+  if now > t then
+    t = now
+  end
+  local w, s = idiv(t, period), idiv(st[1], period)
+  local prev, cur = 0, 0
+  if w == s then
+    prev, cur = st[2], st[3]
+  elseif w == s + 1 then
+    prev = st[3]
+  end
+  if prev > limit then
+    prev = limit
+  end
+  if cur > limit then
+    cur = limit
+  end
+  return t, t - w * period, prev, cur
+end
+
+-- The smallest e' >= e0 in the window at which floor(p × (W - e') / W) + c <= budget, or nil.
+local function sw_fit(p, c, e0, budget, period)
+  if c > budget then
+    return nil
+  end
+  local m = budget - c
+  if p <= m then
+    return e0
+  end
+  local q = idiv((m + 1) * period - 1, p)
+  if q == 0 then
+    return nil
+  end
+  if period - q > e0 then
+    return period - q
+  end
+  return e0
+end
+
+-- µs from now until the estimate is at most `budget`, charging nothing.
+local function sw_wait(t, e, prev, cur, now, budget, period)
+  local d
+  local f = sw_fit(prev, cur, e, budget, period)
+  if f ~= nil then
+    d = f - e
+  else
+    f = sw_fit(cur, 0, 0, budget, period)
+    if f ~= nil then
+      d = (period - e) + f
+    else
+      d = 2 * period - e
+    end
+  end
+  return (t - now) + d
+end
+
+LOAD[4] = function(key)
+  local st, corrupt = load_ints(key, 3)
+  return st or { 0, 0, 0 }, corrupt
+end
+
+DECIDE[4] = function(st, now, cost, period, limit)
+  local t, e, prev, cur = sw_view(st, now, period, limit)
+  local est = idiv(prev * (period - e), period) + cur
+  local remaining_now = limit - est
+  if remaining_now < 0 then
+    remaining_now = 0
+  end
+  if cost > limit then
+    return false, remaining_now, sw_wait(t, e, prev, cur, now, 0, period), -1
+  end
+  local after = est + cost
+  if after <= limit then
+    return true, limit - after, sw_wait(t, e, prev, cur + cost, now, 0, period), 0
+  end
+  return false, remaining_now, sw_wait(t, e, prev, cur, now, 0, period),
+    sw_wait(t, e, prev, cur, now, limit - cost, period)
+end
+
+APPLY[4] = function(key, st, now, cost, period, limit, _, ttl)
+  local t, _, prev, cur = sw_view(st, now, period, limit)
+  cur = cur + cost
+  if cur > limit then
+    cur = limit
+  end
+  store_ints(key, ttl, t, prev, cur)
+end
+
+REFUND[4] = function(key, st, now, cost, period, limit, _, ttl)
+  local t, _, prev, cur = sw_view(st, now, period, limit)
+  cur = cur - cost
+  if cur < 0 then
+    cur = 0
+  end
+  store_ints(key, ttl, t, prev, cur)
+  return { t, prev, cur }
+end
