@@ -8,6 +8,43 @@
 //!
 //! # Examples
 //!
+//! Searches cost five units of a 10-unit budget, everything else one:
+//!
+//! ```
+//! use std::convert::Infallible;
+//!
+//! use http::{Request, Response, StatusCode};
+//! use tollgate::cost::CostTable;
+//! use tollgate::key::GlobalKey;
+//! use tollgate::layer::{Limit, RateLimitLayer};
+//! use tollgate::Quota;
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let layer = RateLimitLayer::new(
+//!     Limit::new("api", Quota::per_hour(10))
+//!         .key(GlobalKey)
+//!         .cost(CostTable::new(1).route("/search", 5)),
+//! )
+//! .unwrap();
+//! let app = ServiceBuilder::new()
+//!     .layer(layer)
+//!     .service(service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(String::new())) }));
+//!
+//! let get = |path: &str| Request::get(path).body(()).unwrap();
+//! let res = app.clone().oneshot(get("/search?q=a")).await.unwrap();
+//! assert_eq!(res.status(), StatusCode::OK);
+//! assert_eq!(res.headers()["x-ratelimit-remaining"], "5");
+//! let res = app.clone().oneshot(get("/items")).await.unwrap();
+//! assert_eq!(res.headers()["x-ratelimit-remaining"], "4");
+//! let res = app.clone().oneshot(get("/search?q=b")).await.unwrap();
+//! assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS); // 5 > 4 left
+//! let res = app.clone().oneshot(get("/items")).await.unwrap();
+//! assert_eq!(res.status(), StatusCode::OK); // a cheap request still fits
+//! # }
+//! ```
+//!
 //! A constant cost:
 //!
 //! ```

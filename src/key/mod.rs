@@ -21,7 +21,55 @@
 //!
 //! # Examples
 //!
-//! Per client address, behind a proxy at `10.0.0.0/8`:
+//! Per client address behind a proxy at `10.0.0.0/8`, in a layer: each client has its own budget,
+//! and a client that reaches the server directly cannot pick one by forging `X-Forwarded-For`.
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use std::net::SocketAddr;
+//!
+//! use http::{Request, Response, StatusCode};
+//! use tollgate::key::ClientIp;
+//! use tollgate::layer::{Limit, RateLimitLayer};
+//! use tollgate::Quota;
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let layer = RateLimitLayer::new(
+//!     Limit::new("per-client", Quota::per_minute(1)).key(ClientIp::trusting(["10.0.0.0/8"]).unwrap()),
+//! )
+//! .unwrap();
+//! let app = ServiceBuilder::new()
+//!     .layer(layer)
+//!     .service(service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(String::new())) }));
+//!
+//! let request = |peer: &str, forwarded_for: &str| {
+//!     let mut req = Request::get("/").header("x-forwarded-for", forwarded_for).body(()).unwrap();
+//!     req.extensions_mut().insert(peer.parse::<SocketAddr>().unwrap());
+//!     req
+//! };
+//!
+//! // Two clients behind the proxy at 10.0.0.2: one request each.
+//! for client in ["203.0.113.9", "198.51.100.4"] {
+//!     let res = app.clone().oneshot(request("10.0.0.2:443", client)).await.unwrap();
+//!     assert_eq!(res.status(), StatusCode::OK);
+//!     assert_eq!(res.headers()["x-ratelimit-remaining"], "0");
+//! }
+//! // A forged entry on the left changes nothing: the proxy appended the real address.
+//! let res = app.clone().oneshot(request("10.0.0.2:443", "192.0.2.1, 203.0.113.9")).await.unwrap();
+//! assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+//!
+//! // Straight from the internet, the header is ignored: the key is the peer, 192.0.2.50.
+//! let res = app.clone().oneshot(request("192.0.2.50:5000", "192.0.2.1")).await.unwrap();
+//! assert_eq!(res.status(), StatusCode::OK);
+//! let res = app.clone().oneshot(request("192.0.2.50:5000", "192.0.2.2")).await.unwrap();
+//! assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+//! assert!(res.headers().contains_key("retry-after"));
+//! # }
+//! ```
+//!
+//! The extractor alone, on a request:
 //!
 //! ```
 //! use std::net::SocketAddr;

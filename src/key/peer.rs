@@ -12,7 +12,8 @@ use crate::request::RequestView;
 ///
 /// The address is read from axum's `ConnectInfo<SocketAddr>` (with the `axum` feature; serve the
 /// app with `into_make_service_with_connect_info::<SocketAddr>()`) or from a plain
-/// [`SocketAddr`](std::net::SocketAddr) request extension, which a hyper server inserts itself.
+/// [`SocketAddr`](std::net::SocketAddr) request extension, which a plain hyper server inserts
+/// from the address `accept()` returned (`req.extensions_mut().insert(peer)` in its service).
 /// Without either, extraction fails with a [misconfiguration](KeyError::is_misconfiguration).
 ///
 /// - IPv4 addresses are keys as they are.
