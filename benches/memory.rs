@@ -1,1 +1,387 @@
-fn main() {}
+//! The in-memory store side by side with governor's keyed limiter.
+//!
+//! `cargo bench --bench memory` measures, for both, the time of one check on one hot key, on
+//! 1,000 keys and on 1,000,000 keys, with 1 and 2 threads, and the heap bytes per key at
+//! 1,000,000 keys (with a counting global allocator), then prints a ratio summary. Keys are IPv4
+//! addresses (the usual key of an HTTP limiter), visited in a fixed pseudo-random permutation.
+//! With 2 threads, the figure is wall time divided by the checks of both threads (throughput).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr};
+use std::num::NonZeroU32;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion};
+use governor::{DefaultKeyedRateLimiter, RateLimiter};
+use tollgate::algorithm::AlgorithmKind;
+use tollgate::clock::{Clock, SystemClock};
+use tollgate::key::Key;
+use tollgate::store::{Backend, LimitSpec, MemoryBackend, MemoryStore};
+use tollgate::{PolicyName, Quota};
+
+// ---------------------------------------------------------------------------------------------
+// Counting allocator: live heap bytes and allocation count, for bytes per key and to show that a
+// check of an existing key does not allocate.
+
+struct Counting;
+
+static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every method forwards to `System` with the caller's arguments unchanged, so `System`'s
+// guarantees are ours; the counters are only bookkeeping.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded as is (see above).
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded as is (see above).
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: forwarded as is (see above).
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE_BYTES.fetch_add(new_size, Ordering::Relaxed);
+        LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded as is (see above).
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn live_bytes() -> usize {
+    LIVE_BYTES.load(Ordering::Relaxed)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The two limiters under the same quota: 1,000 per hour (burst 1,000). A key charged once stays
+// charged for 3.6 s, longer than a pass over a million keys, so the million keys stay resident
+// (with a fast refill, tollgate would recycle keys that are already fresh again, and measure
+// something else). The hot key and the 1,000 keys run out and are mostly rejected; the million
+// are allowed.
+
+const PER_HOUR: u32 = 1_000;
+const MILLION: usize = 1_000_000;
+const SIZES: [(&str, usize); 3] = [("hot", 1), ("1k", 1_000), ("1M", MILLION)];
+
+fn tollgate_store<C: Clock>(clock: C, max_keys: usize) -> MemoryStore<C> {
+    let spec = LimitSpec::new(
+        PolicyName::new("bench"),
+        Quota::per_hour(u64::from(PER_HOUR)),
+        AlgorithmKind::TokenBucket,
+    );
+    MemoryBackend::new()
+        .max_keys(max_keys)
+        .clock(clock)
+        .build(&[spec])
+        .expect("valid bench configuration")
+}
+
+/// Room for `keys` keys with headroom: shards fill unevenly (a few tenths of a percent at 1M).
+fn headroom(keys: usize) -> usize {
+    (keys + keys / 20).max(1_000)
+}
+
+fn governor_limiter() -> DefaultKeyedRateLimiter<IpAddr> {
+    let count = NonZeroU32::new(PER_HOUR).expect("non-zero");
+    RateLimiter::keyed(governor::Quota::per_hour(count))
+}
+
+/// The `i`-th key of a set of `n`, visiting all `n` in a fixed pseudo-random order.
+#[inline]
+fn ip(i: usize, n: usize) -> IpAddr {
+    // 999_983 is prime and does not divide 10^k, so multiplying by it permutes 0..n.
+    let k = (i as u64 * 999_983) % n as u64;
+    IpAddr::V4(Ipv4Addr::from(0x0A00_0000 + k as u32))
+}
+
+trait Limiter: Sync {
+    fn check(&self, ip: IpAddr) -> bool;
+}
+
+impl<C: Clock> Limiter for MemoryStore<C> {
+    #[inline]
+    fn check(&self, ip: IpAddr) -> bool {
+        self.check_one(0, &Key::ip(ip), 1)
+            .map(|d| d.allowed())
+            .unwrap_or(false)
+    }
+}
+
+impl Limiter for DefaultKeyedRateLimiter<IpAddr> {
+    #[inline]
+    fn check(&self, ip: IpAddr) -> bool {
+        self.check_key(&ip).is_ok()
+    }
+}
+
+fn prefill(limiter: &dyn Limiter, n: usize) {
+    for i in 0..n {
+        limiter.check(ip(i, n));
+    }
+}
+
+/// Runs `iters` checks over `n` keys split over `threads` threads; returns the wall time.
+fn run<L: Limiter>(limiter: &L, n: usize, threads: usize, iters: u64) -> Duration {
+    let per_thread = iters.div_ceil(threads as u64) as usize;
+    let start = Instant::now();
+    if threads == 1 {
+        for i in 0..per_thread {
+            black_box(limiter.check(ip(i, n)));
+        }
+    } else {
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                s.spawn(move || {
+                    // Threads start at different points of the key order.
+                    let offset = t * n / threads + t * 7_919;
+                    for i in offset..offset + per_thread {
+                        black_box(limiter.check(ip(i, n)));
+                    }
+                });
+            }
+        });
+    }
+    start.elapsed()
+}
+
+fn bench_checks(c: &mut Criterion) {
+    for (label, n) in SIZES {
+        let ours = tollgate_store(SystemClock::new(), headroom(n));
+        prefill(&ours, n);
+        let theirs = governor_limiter();
+        prefill(&theirs, n);
+        let mut group = c.benchmark_group(format!("check/{label}"));
+        for threads in [1, 2] {
+            group.bench_function(BenchmarkId::new("tollgate", threads), |b| {
+                b.iter_custom(|iters| run(&ours, n, threads, iters))
+            });
+            group.bench_function(BenchmarkId::new("governor", threads), |b| {
+                b.iter_custom(|iters| run(&theirs, n, threads, iters))
+            });
+        }
+        group.finish();
+    }
+}
+
+#[derive(Debug)]
+struct Q(quanta::Clock);
+impl Clock for Q {
+    #[inline]
+    fn now_micros(&self) -> u64 {
+        self.0.delta_as_nanos(0, self.0.raw()) / 1000
+    }
+}
+
+fn bench_parts(c: &mut Criterion) {
+    let n = 1;
+    let manual = tollgate_store(tollgate::clock::ManualClock::new(), 1000);
+    prefill(&manual, n);
+    let q = tollgate_store(Q(quanta::Clock::new()), 1000);
+    prefill(&q, n);
+    let mut group = c.benchmark_group("parts");
+    group.bench_function("manual_clock_hot", |b| b.iter_custom(|iters| run(&manual, n, 1, iters)));
+    group.bench_function("quanta_clock_hot", |b| b.iter_custom(|iters| run(&q, n, 1, iters)));
+    let h = foldhash::quality::RandomState::default();
+    group.bench_function("hash_ip", |b| {
+        let mut i = 0usize;
+        b.iter(|| {
+            i += 1;
+            black_box(std::hash::BuildHasher::hash_one(&h, &Key::ip(ip(i, 1000))))
+        })
+    });
+    group.bench_function("ip_gen", |b| {
+        let mut i = 0usize;
+        b.iter(|| {
+            i += 1;
+            black_box(ip(i, 1000))
+        })
+    });
+    let m = parking_lot::Mutex::new(0u64);
+    group.bench_function("lock_unlock", |b| b.iter(|| *black_box(&m).lock() += 1));
+    group.finish();
+}
+
+fn bench_clock(c: &mut Criterion) {
+    let clock = SystemClock::new();
+    c.bench_function("clock/system", |b| b.iter(|| black_box(clock.now_micros())));
+    let q = quanta::Clock::new();
+    c.bench_function("clock/quanta", |b| b.iter(|| black_box(q.now())));
+    c.bench_function("clock/quanta_raw", |b| b.iter(|| black_box(q.raw())));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory.
+
+/// Live heap bytes added by building a limiter with `build` and checking `keys` distinct keys.
+fn bytes_for<L: Limiter>(build: impl FnOnce() -> L, keys: usize) -> (usize, L) {
+    let before = live_bytes();
+    let limiter = build();
+    for i in 0..keys {
+        limiter.check(ip(i, keys));
+    }
+    (live_bytes().saturating_sub(before), limiter)
+}
+
+struct MemoryFigures {
+    ours_per_key: f64,
+    theirs_per_key: f64,
+    ours_over: usize,
+    theirs_over: usize,
+    ours_len: usize,
+    theirs_len: usize,
+    allocations_per_million_checks: usize,
+}
+
+fn measure_memory() -> MemoryFigures {
+    let (ours, store) = bytes_for(|| tollgate_store(SystemClock::new(), headroom(MILLION)), MILLION);
+    // A check of an existing key allocates nothing.
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    for i in 0..MILLION {
+        store.check(ip(i, MILLION));
+    }
+    let allocations_per_million_checks = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    drop(store);
+    let (theirs, limiter) = bytes_for(governor_limiter, MILLION);
+    drop(limiter);
+
+    // Twice the bound in distinct keys: ours stays at the bound, governor's keeps growing.
+    let (ours_over, store) = bytes_for(|| tollgate_store(SystemClock::new(), MILLION), 2 * MILLION);
+    let ours_len = store.len();
+    drop(store);
+    let (theirs_over, limiter) = bytes_for(governor_limiter, 2 * MILLION);
+    let theirs_len = limiter.len();
+    drop(limiter);
+
+    MemoryFigures {
+        ours_per_key: ours as f64 / MILLION as f64,
+        theirs_per_key: theirs as f64 / MILLION as f64,
+        ours_over,
+        theirs_over,
+        ours_len,
+        theirs_len,
+        allocations_per_million_checks,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Summary.
+
+/// Criterion's mean estimate for a benchmark, in ns per iteration. `dir` is its directory under
+/// `target/criterion` (criterion turns the `/` of a group name into `_`).
+fn mean_ns(dir: &str) -> Option<f64> {
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("../criterion")
+        .join(dir)
+        .join("new/estimates.json");
+    let text = std::fs::read_to_string(path).ok()?;
+    let json: serde_json::Value = serde_json::from_str(&text).ok()?;
+    json["mean"]["point_estimate"].as_f64()
+}
+
+fn print_summary(memory: &MemoryFigures) {
+    println!("\n=== tollgate MemoryStore vs governor keyed (ns per check, lower is better) ===");
+    println!(
+        "{:<8} {:>7} {:>12} {:>12} {:>16}",
+        "keys", "threads", "tollgate", "governor", "governor/ours"
+    );
+    for (label, _) in SIZES {
+        for threads in [1, 2] {
+            let ours = mean_ns(&format!("check_{label}/tollgate/{threads}"));
+            let theirs = mean_ns(&format!("check_{label}/governor/{threads}"));
+            if let (Some(ours), Some(theirs)) = (ours, theirs) {
+                println!(
+                    "{label:<8} {threads:>7} {ours:>12.1} {theirs:>12.1} {:>15.2}x",
+                    theirs / ours
+                );
+            }
+        }
+        let one = mean_ns(&format!("check_{label}/tollgate/1"));
+        let two = mean_ns(&format!("check_{label}/tollgate/2"));
+        if let (Some(one), Some(two)) = (one, two) {
+            println!("{label:<8} tollgate 2-thread speed-up: {:.2}x", one / two);
+        }
+    }
+    if let Some(clock) = mean_ns("clock_system") {
+        println!("SystemClock::now_micros: {clock:.1} ns");
+    }
+    println!("\n=== heap bytes per key at 1,000,000 keys ===");
+    println!(
+        "tollgate {:.1}   governor {:.1}   governor/ours {:.2}x",
+        memory.ours_per_key,
+        memory.theirs_per_key,
+        memory.theirs_per_key / memory.ours_per_key
+    );
+    println!(
+        "allocations in 1,000,000 checks of existing keys (tollgate): {}",
+        memory.allocations_per_million_checks
+    );
+    println!("\n=== 2,000,000 distinct keys, tollgate bound 1,000,000 ===");
+    println!(
+        "tollgate: {} keys, {:.1} MB   governor: {} keys, {:.1} MB (unbounded)",
+        memory.ours_len,
+        memory.ours_over as f64 / 1e6,
+        memory.theirs_len,
+        memory.theirs_over as f64 / 1e6
+    );
+}
+
+/// `memory --spin VARIANT KEYS CHECKS`: prefills, then runs CHECKS checks on one thread and
+/// exits, for `perf stat -e task-clock` on a machine too busy for wall-clock figures (subtract a
+/// run with CHECKS = 0). VARIANT: tollgate, tollgate-manual, tollgate-quanta, governor.
+fn spin(args: &[String]) {
+    let variant = args[0].as_str();
+    let n: usize = args[1].parse().expect("KEYS");
+    let checks: u64 = args[2].parse().expect("CHECKS");
+    let limiter: Box<dyn Limiter> = match variant {
+        "tollgate" => Box::new(tollgate_store(SystemClock::new(), headroom(n))),
+        "tollgate-manual" => Box::new(tollgate_store(tollgate::clock::ManualClock::new(), headroom(n))),
+        "tollgate-quanta" => Box::new(tollgate_store(Q(quanta::Clock::new()), headroom(n))),
+        "governor" => Box::new(governor_limiter()),
+        other => panic!("unknown variant {other}"),
+    };
+    prefill(&*limiter, n);
+    let per_thread = checks as usize;
+    for i in 0..per_thread {
+        black_box(limiter.check(ip(i, n)));
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--spin") {
+        return spin(&args[at + 1..]);
+    }
+    // Profiling one benchmark (`--profile-time`) skips the memory figures.
+    let profiling = std::env::args().any(|a| a == "--profile-time");
+    let memory = (!profiling).then(measure_memory);
+    let mut c = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(30)
+        .configure_from_args();
+    bench_clock(&mut c);
+    bench_parts(&mut c);
+    bench_checks(&mut c);
+    c.final_summary();
+    if let Some(memory) = memory {
+        print_summary(&memory);
+    }
+}
