@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkId, Criterion};
 use governor::{DefaultKeyedRateLimiter, RateLimiter};
 use tollgate::algorithm::AlgorithmKind;
-use tollgate::clock::{Clock, SystemClock};
+use tollgate::clock::{Clock, ManualClock, QuantaClock, SystemClock};
 use tollgate::key::Key;
 use tollgate::store::{Backend, LimitSpec, MemoryBackend, MemoryStore};
 use tollgate::{PolicyName, Quota};
@@ -139,7 +139,7 @@ fn prefill(limiter: &dyn Limiter, n: usize) {
 }
 
 /// Runs `iters` checks over `n` keys split over `threads` threads; returns the wall time.
-fn run<L: Limiter>(limiter: &L, n: usize, threads: usize, iters: u64) -> Duration {
+fn run(limiter: &dyn Limiter, n: usize, threads: usize, iters: u64) -> Duration {
     let per_thread = iters.div_ceil(threads as u64) as usize;
     let start = Instant::now();
     if threads == 1 {
@@ -162,69 +162,36 @@ fn run<L: Limiter>(limiter: &L, n: usize, threads: usize, iters: u64) -> Duratio
     start.elapsed()
 }
 
+/// The variants compared: tollgate with governor's clock (quanta), tollgate with its default
+/// clock (`Instant`), and governor's keyed limiter.
+const VARIANTS: [&str; 3] = ["tollgate_quanta", "tollgate_system", "governor"];
+
 fn bench_checks(c: &mut Criterion) {
     for (label, n) in SIZES {
-        let ours = tollgate_store(SystemClock::new(), headroom(n));
-        prefill(&ours, n);
-        let theirs = governor_limiter();
-        prefill(&theirs, n);
+        let quanta = tollgate_store(QuantaClock::new(), headroom(n));
+        prefill(&quanta, n);
+        let system = tollgate_store(SystemClock::new(), headroom(n));
+        prefill(&system, n);
+        let governor = governor_limiter();
+        prefill(&governor, n);
+        let limiters: [&dyn Limiter; 3] = [&quanta, &system, &governor];
         let mut group = c.benchmark_group(format!("check/{label}"));
         for threads in [1, 2] {
-            group.bench_function(BenchmarkId::new("tollgate", threads), |b| {
-                b.iter_custom(|iters| run(&ours, n, threads, iters))
-            });
-            group.bench_function(BenchmarkId::new("governor", threads), |b| {
-                b.iter_custom(|iters| run(&theirs, n, threads, iters))
-            });
+            for (name, limiter) in VARIANTS.into_iter().zip(limiters) {
+                group.bench_function(BenchmarkId::new(name, threads), |b| {
+                    b.iter_custom(|iters| run(limiter, n, threads, iters))
+                });
+            }
         }
         group.finish();
     }
 }
 
-#[derive(Debug)]
-struct Q(quanta::Clock);
-impl Clock for Q {
-    #[inline]
-    fn now_micros(&self) -> u64 {
-        self.0.delta_as_nanos(0, self.0.raw()) / 1000
-    }
-}
-
-fn bench_parts(c: &mut Criterion) {
-    let n = 1;
-    let manual = tollgate_store(tollgate::clock::ManualClock::new(), 1000);
-    prefill(&manual, n);
-    let q = tollgate_store(Q(quanta::Clock::new()), 1000);
-    prefill(&q, n);
-    let mut group = c.benchmark_group("parts");
-    group.bench_function("manual_clock_hot", |b| b.iter_custom(|iters| run(&manual, n, 1, iters)));
-    group.bench_function("quanta_clock_hot", |b| b.iter_custom(|iters| run(&q, n, 1, iters)));
-    let h = foldhash::quality::RandomState::default();
-    group.bench_function("hash_ip", |b| {
-        let mut i = 0usize;
-        b.iter(|| {
-            i += 1;
-            black_box(std::hash::BuildHasher::hash_one(&h, &Key::ip(ip(i, 1000))))
-        })
-    });
-    group.bench_function("ip_gen", |b| {
-        let mut i = 0usize;
-        b.iter(|| {
-            i += 1;
-            black_box(ip(i, 1000))
-        })
-    });
-    let m = parking_lot::Mutex::new(0u64);
-    group.bench_function("lock_unlock", |b| b.iter(|| *black_box(&m).lock() += 1));
-    group.finish();
-}
-
 fn bench_clock(c: &mut Criterion) {
     let clock = SystemClock::new();
     c.bench_function("clock/system", |b| b.iter(|| black_box(clock.now_micros())));
-    let q = quanta::Clock::new();
-    c.bench_function("clock/quanta", |b| b.iter(|| black_box(q.now())));
-    c.bench_function("clock/quanta_raw", |b| b.iter(|| black_box(q.raw())));
+    let clock = QuantaClock::new();
+    c.bench_function("clock/quanta", |b| b.iter(|| black_box(clock.now_micros())));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -251,7 +218,10 @@ struct MemoryFigures {
 }
 
 fn measure_memory() -> MemoryFigures {
-    let (ours, store) = bytes_for(|| tollgate_store(SystemClock::new(), headroom(MILLION)), MILLION);
+    let (ours, store) = bytes_for(
+        || tollgate_store(SystemClock::new(), headroom(MILLION)),
+        MILLION,
+    );
     // A check of an existing key allocates nothing.
     let before = ALLOCATIONS.load(Ordering::Relaxed);
     for i in 0..MILLION {
@@ -297,30 +267,45 @@ fn mean_ns(dir: &str) -> Option<f64> {
 }
 
 fn print_summary(memory: &MemoryFigures) {
-    println!("\n=== tollgate MemoryStore vs governor keyed (ns per check, lower is better) ===");
+    println!("\n=== ns per check (criterion mean; 2 threads: wall time / checks of both) ===");
     println!(
-        "{:<8} {:>7} {:>12} {:>12} {:>16}",
-        "keys", "threads", "tollgate", "governor", "governor/ours"
+        "{:<5} {:>7} {:>16} {:>16} {:>10} {:>15} {:>15}",
+        "keys",
+        "threads",
+        "tollgate_quanta",
+        "tollgate_system",
+        "governor",
+        "gov/t_quanta",
+        "gov/t_system"
     );
     for (label, _) in SIZES {
         for threads in [1, 2] {
-            let ours = mean_ns(&format!("check_{label}/tollgate/{threads}"));
-            let theirs = mean_ns(&format!("check_{label}/governor/{threads}"));
-            if let (Some(ours), Some(theirs)) = (ours, theirs) {
+            let [q, s, g] = VARIANTS.map(|v| mean_ns(&format!("check_{label}/{v}/{threads}")));
+            if let (Some(q), Some(s), Some(g)) = (q, s, g) {
                 println!(
-                    "{label:<8} {threads:>7} {ours:>12.1} {theirs:>12.1} {:>15.2}x",
-                    theirs / ours
+                    "{label:<5} {threads:>7} {q:>16.1} {s:>16.1} {g:>10.1} {:>14.2}x {:>14.2}x",
+                    g / q,
+                    g / s
                 );
             }
         }
-        let one = mean_ns(&format!("check_{label}/tollgate/1"));
-        let two = mean_ns(&format!("check_{label}/tollgate/2"));
-        if let (Some(one), Some(two)) = (one, two) {
-            println!("{label:<8} tollgate 2-thread speed-up: {:.2}x", one / two);
-        }
     }
-    if let Some(clock) = mean_ns("clock_system") {
-        println!("SystemClock::now_micros: {clock:.1} ns");
+    println!(
+        "\n2-thread speed-up (1-thread ns / 2-thread ns; above 1 means 2 threads are faster):"
+    );
+    for (label, _) in SIZES {
+        let ups = VARIANTS.map(|v| {
+            let one = mean_ns(&format!("check_{label}/{v}/1"));
+            let two = mean_ns(&format!("check_{label}/{v}/2"));
+            one.zip(two).map_or(f64::NAN, |(one, two)| one / two)
+        });
+        println!(
+            "{label:<5} tollgate_quanta {:.2}x   tollgate_system {:.2}x   governor {:.2}x",
+            ups[0], ups[1], ups[2]
+        );
+    }
+    if let (Some(system), Some(quanta)) = (mean_ns("clock_system"), mean_ns("clock_quanta")) {
+        println!("\nclock read: SystemClock {system:.1} ns, QuantaClock {quanta:.1} ns");
     }
     println!("\n=== heap bytes per key at 1,000,000 keys ===");
     println!(
@@ -345,15 +330,15 @@ fn print_summary(memory: &MemoryFigures) {
 
 /// `memory --spin VARIANT KEYS CHECKS`: prefills, then runs CHECKS checks on one thread and
 /// exits, for `perf stat -e task-clock` on a machine too busy for wall-clock figures (subtract a
-/// run with CHECKS = 0). VARIANT: tollgate, tollgate-manual, tollgate-quanta, governor.
+/// run with CHECKS = 0). VARIANT: tollgate_system, tollgate_quanta, tollgate_manual, governor.
 fn spin(args: &[String]) {
     let variant = args[0].as_str();
     let n: usize = args[1].parse().expect("KEYS");
     let checks: u64 = args[2].parse().expect("CHECKS");
     let limiter: Box<dyn Limiter> = match variant {
-        "tollgate" => Box::new(tollgate_store(SystemClock::new(), headroom(n))),
-        "tollgate-manual" => Box::new(tollgate_store(tollgate::clock::ManualClock::new(), headroom(n))),
-        "tollgate-quanta" => Box::new(tollgate_store(Q(quanta::Clock::new()), headroom(n))),
+        "tollgate_system" => Box::new(tollgate_store(SystemClock::new(), headroom(n))),
+        "tollgate_manual" => Box::new(tollgate_store(ManualClock::new(), headroom(n))),
+        "tollgate_quanta" => Box::new(tollgate_store(QuantaClock::new(), headroom(n))),
         "governor" => Box::new(governor_limiter()),
         other => panic!("unknown variant {other}"),
     };
@@ -378,7 +363,6 @@ fn main() {
         .sample_size(30)
         .configure_from_args();
     bench_clock(&mut c);
-    bench_parts(&mut c);
     bench_checks(&mut c);
     c.final_summary();
     if let Some(memory) = memory {

@@ -263,7 +263,10 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::algorithm::{Algorithm, AlgorithmKind, TokenBucket};
+    use crate::algorithm::{
+        Algorithm, AlgorithmKind, FixedWindow, Gcra, LeakyBucket, SlidingLog, SlidingWindow,
+        TokenBucket,
+    };
     use crate::clock::ManualClock;
     use crate::decision::PolicyName;
     use crate::quota::Quota;
@@ -404,6 +407,134 @@ mod tests {
                 .check(&mut states[key as usize], clock.now_micros(), cost)
                 .with_policy(PolicyName::new("same"));
             assert_eq!(store.check_one(0, &Key::int(key), cost).unwrap(), want);
+        }
+    }
+
+    /// Replays a random stream over three keys through the store and through `algorithm`'s pure
+    /// transition, and asserts identical decisions.
+    fn replay<A: Algorithm>(algorithm: A, kind: AlgorithmKind, quota: Quota) {
+        let name = PolicyName::new(kind.as_str());
+        let spec = LimitSpec::new(name, quota, kind);
+        let (store, clock) = store_with(&[spec], MemoryBackend::new().max_keys(2).shards(1));
+        let mut states: Vec<A::State> = (0..3).map(|_| Default::default()).collect();
+        let mut held: Vec<u64> = Vec::new(); // keys in the store, least recently used first
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        for step in 0..3_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            clock.advance(Duration::from_micros(x % 400_000));
+            let (key, cost) = ((x >> 20) % 3, (x >> 30) % 4);
+            let now = clock.now_micros();
+            let slot = key as usize;
+            // The store holds two keys: a third one evicts the least recently used, which
+            // then starts fresh, exactly as the store's LRU does.
+            if !held.contains(&key) {
+                states[slot] = Default::default();
+            }
+            let want = algorithm
+                .check(&mut states[slot], now, cost)
+                .with_policy(name);
+            let got = store.check_one(0, &Key::int(key), cost).unwrap();
+            assert_eq!(
+                got, want,
+                "{kind} step {step}: key {key} cost {cost} at {now}"
+            );
+            // Mirror the store's bookkeeping: a known key becomes most recent; an unknown key
+            // is stored only if it was charged.
+            if let Some(i) = held.iter().position(|&k| k == key) {
+                held.remove(i);
+                held.push(key);
+            } else if want.allowed() && cost > 0 {
+                // The least recently used key makes room when the store is full, or earlier if
+                // it is as good as fresh (the documented recycling rule).
+                let fresh = |k: u64| {
+                    algorithm.decide(&states[k as usize], now, 0)
+                        == algorithm.decide(&A::State::default(), now, 0)
+                };
+                if held.len() == 2 || held.first().is_some_and(|&k| fresh(k)) {
+                    held.remove(0);
+                }
+                held.push(key);
+            }
+            assert_eq!(store.len(), held.len(), "{kind} step {step}");
+        }
+    }
+
+    #[test]
+    fn every_algorithm_decides_exactly_as_its_transition() {
+        let quota = Quota::per_second(3);
+        for kind in AlgorithmKind::ALL {
+            match kind {
+                AlgorithmKind::TokenBucket => replay(TokenBucket::new(quota).unwrap(), kind, quota),
+                AlgorithmKind::Gcra => replay(Gcra::new(quota).unwrap(), kind, quota),
+                AlgorithmKind::FixedWindow => replay(FixedWindow::new(quota).unwrap(), kind, quota),
+                AlgorithmKind::SlidingWindow => {
+                    replay(SlidingWindow::new(quota).unwrap(), kind, quota)
+                }
+                AlgorithmKind::SlidingLog => replay(SlidingLog::new(quota).unwrap(), kind, quota),
+                AlgorithmKind::LeakyBucket => replay(LeakyBucket::new(quota).unwrap(), kind, quota),
+                _ => unreachable!("a new algorithm needs a line here"),
+            }
+        }
+    }
+
+    #[test]
+    fn every_algorithm_is_all_or_nothing_and_bounded() {
+        for kind in AlgorithmKind::ALL {
+            let limits = [
+                LimitSpec::new(PolicyName::new("x"), Quota::per_minute(10), kind),
+                tb("gate", Quota::per_minute(1)),
+            ];
+            let (store, _) = store_with(&limits, MemoryBackend::new().max_keys(100).shards(1));
+            let user = Key::string("user");
+            let checks = [
+                LimitCheck {
+                    limit: 0,
+                    key: user.clone(),
+                    cost: 1,
+                },
+                LimitCheck {
+                    limit: 1,
+                    key: user.clone(),
+                    cost: 1,
+                },
+            ];
+            assert!(check(&store, &checks).allowed(), "{kind}");
+            let rejected = check(&store, &checks);
+            assert_eq!(
+                rejected.rejected().unwrap().policy().as_str(),
+                "gate",
+                "{kind}"
+            );
+            assert_eq!(
+                rejected.as_slice()[0].remaining(),
+                9,
+                "{kind}: reported uncharged"
+            );
+            assert_eq!(
+                remaining(&store, 0, &user),
+                9,
+                "{kind}: not charged by the rejection"
+            );
+
+            for i in 0..1_000 {
+                assert!(
+                    store.check_one(0, &Key::int(i), 1).unwrap().allowed(),
+                    "{kind}"
+                );
+            }
+            assert_eq!(store.len_of(0), Some(100), "{kind}");
+            assert_eq!(
+                remaining(&store, 0, &Key::int(999)),
+                9,
+                "{kind}: recent key kept"
+            );
+            assert_eq!(
+                remaining(&store, 0, &Key::int(0)),
+                10,
+                "{kind}: oldest key evicted"
+            );
         }
     }
 
