@@ -15,9 +15,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion};
+use governor::clock::QuantaUpkeepClock;
+use governor::middleware::NoOpMiddleware;
+use governor::state::keyed::DashMapStateStore;
 use governor::{DefaultKeyedRateLimiter, RateLimiter};
 use tollgate::algorithm::AlgorithmKind;
-use tollgate::clock::{Clock, ManualClock, QuantaClock, SystemClock};
+use tollgate::clock::{Clock, CoarseClock, ManualClock, QuantaClock, SystemClock};
 use tollgate::key::Key;
 use tollgate::store::{Backend, LimitSpec, MemoryBackend, MemoryStore};
 use tollgate::{PolicyName, Quota};
@@ -94,41 +97,57 @@ fn tollgate_store<C: Clock>(clock: C, max_keys: usize) -> MemoryStore<C> {
         .expect("valid bench configuration")
 }
 
-/// Room for `keys` keys with headroom: shards fill unevenly (a few tenths of a percent at 1M).
+/// The key bound for `keys` active keys: the default (100,000), or 5% headroom over a million
+/// (shards fill unevenly, by a few tenths of a percent at that size, and a full shard evicts).
 fn headroom(keys: usize) -> usize {
-    (keys + keys / 20).max(1_000)
+    (keys + keys / 20).max(MemoryBackend::DEFAULT_MAX_KEYS)
+}
+
+fn governor_quota() -> governor::Quota {
+    governor::Quota::per_hour(NonZeroU32::new(PER_HOUR).expect("non-zero"))
+}
+
+/// governor's keyed limiter with its coarse clock (quanta's upkeep thread, every millisecond).
+fn governor_upkeep_limiter() -> RateLimiter<IpAddr, DashMapStateStore<IpAddr>, QuantaUpkeepClock> {
+    let clock = QuantaUpkeepClock::from_interval(Duration::from_millis(1)).expect("upkeep thread");
+    RateLimiter::dashmap_with_clock(governor_quota(), clock)
 }
 
 fn governor_limiter() -> DefaultKeyedRateLimiter<IpAddr> {
-    let count = NonZeroU32::new(PER_HOUR).expect("non-zero");
-    RateLimiter::keyed(governor::Quota::per_hour(count))
+    RateLimiter::keyed(governor_quota())
 }
 
-/// The `i`-th key of a set of `n`, visiting all `n` in a fixed pseudo-random order.
+/// The `i`-th key of a set of `n` (as the bits of an IPv4 address in 10.0.0.0/8), visiting all
+/// `n` in a fixed pseudo-random order.
 #[inline]
-fn ip(i: usize, n: usize) -> IpAddr {
+fn ip(i: usize, n: usize) -> u32 {
     // 999_983 is prime and does not divide 10^k, so multiplying by it permutes 0..n.
     let k = (i as u64 * 999_983) % n as u64;
-    IpAddr::V4(Ipv4Addr::from(0x0A00_0000 + k as u32))
+    0x0A00_0000 + k as u32
 }
 
+/// One check of the IPv4 address with bits `ip`. Each limiter builds its own key from the bits,
+/// as a key extractor would from the peer address.
 trait Limiter: Sync {
-    fn check(&self, ip: IpAddr) -> bool;
+    fn check(&self, ip: u32) -> bool;
 }
 
 impl<C: Clock> Limiter for MemoryStore<C> {
     #[inline]
-    fn check(&self, ip: IpAddr) -> bool {
-        self.check_one(0, &Key::ip(ip), 1)
+    fn check(&self, ip: u32) -> bool {
+        self.check_one(0, &Key::ip(IpAddr::V4(Ipv4Addr::from(ip))), 1)
             .map(|d| d.allowed())
             .unwrap_or(false)
     }
 }
 
-impl Limiter for DefaultKeyedRateLimiter<IpAddr> {
+impl<C> Limiter for RateLimiter<IpAddr, DashMapStateStore<IpAddr>, C, NoOpMiddleware<C::Instant>>
+where
+    C: governor::clock::Clock + Sync,
+{
     #[inline]
-    fn check(&self, ip: IpAddr) -> bool {
-        self.check_key(&ip).is_ok()
+    fn check(&self, ip: u32) -> bool {
+        self.check_key(&IpAddr::V4(Ipv4Addr::from(ip))).is_ok()
     }
 }
 
@@ -162,19 +181,28 @@ fn run(limiter: &dyn Limiter, n: usize, threads: usize, iters: u64) -> Duration 
     start.elapsed()
 }
 
-/// The variants compared: tollgate with governor's clock (quanta), tollgate with its default
-/// clock (`Instant`), and governor's keyed limiter.
-const VARIANTS: [&str; 3] = ["tollgate_quanta", "tollgate_system", "governor"];
+/// The variants compared, in pairs with the same kind of clock: precise (tollgate on quanta,
+/// governor's default on quanta), coarse (tollgate's `CoarseClock`, governor on quanta's upkeep
+/// clock, both updated every millisecond), and tollgate's default (`Instant`).
+const VARIANTS: [&str; 5] = [
+    "tollgate_quanta",
+    "governor",
+    "tollgate_coarse",
+    "governor_upkeep",
+    "tollgate_system",
+];
 
 fn bench_checks(c: &mut Criterion) {
     for (label, n) in SIZES {
         let quanta = tollgate_store(QuantaClock::new(), headroom(n));
-        prefill(&quanta, n);
-        let system = tollgate_store(SystemClock::new(), headroom(n));
-        prefill(&system, n);
         let governor = governor_limiter();
-        prefill(&governor, n);
-        let limiters: [&dyn Limiter; 3] = [&quanta, &system, &governor];
+        let coarse = tollgate_store(CoarseClock::new(), headroom(n));
+        let governor_upkeep = governor_upkeep_limiter();
+        let system = tollgate_store(SystemClock::new(), headroom(n));
+        let limiters: [&dyn Limiter; 5] = [&quanta, &governor, &coarse, &governor_upkeep, &system];
+        for limiter in limiters {
+            prefill(limiter, n);
+        }
         let mut group = c.benchmark_group(format!("check/{label}"));
         for threads in [1, 2] {
             for (name, limiter) in VARIANTS.into_iter().zip(limiters) {
@@ -192,6 +220,8 @@ fn bench_clock(c: &mut Criterion) {
     c.bench_function("clock/system", |b| b.iter(|| black_box(clock.now_micros())));
     let clock = QuantaClock::new();
     c.bench_function("clock/quanta", |b| b.iter(|| black_box(clock.now_micros())));
+    let clock = CoarseClock::new();
+    c.bench_function("clock/coarse", |b| b.iter(|| black_box(clock.now_micros())));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -269,44 +299,41 @@ fn mean_ns(dir: &str) -> Option<f64> {
 fn print_summary(memory: &MemoryFigures) {
     println!("\n=== ns per check (criterion mean; 2 threads: wall time / checks of both) ===");
     println!(
-        "{:<5} {:>7} {:>16} {:>16} {:>10} {:>15} {:>15}",
-        "keys",
-        "threads",
-        "tollgate_quanta",
-        "tollgate_system",
-        "governor",
-        "gov/t_quanta",
-        "gov/t_system"
+        "{:<5} {:>3} | {:>8} {:>8} {:>6} | {:>8} {:>8} {:>6} | {:>8}",
+        "keys", "thr", "t_quanta", "governor", "ratio", "t_coarse", "gov_upk", "ratio", "t_system"
     );
     for (label, _) in SIZES {
         for threads in [1, 2] {
-            let [q, s, g] = VARIANTS.map(|v| mean_ns(&format!("check_{label}/{v}/{threads}")));
-            if let (Some(q), Some(s), Some(g)) = (q, s, g) {
-                println!(
-                    "{label:<5} {threads:>7} {q:>16.1} {s:>16.1} {g:>10.1} {:>14.2}x {:>14.2}x",
-                    g / q,
-                    g / s
-                );
-            }
+            let [q, g, c, u, s] = VARIANTS
+                .map(|v| mean_ns(&format!("check_{label}/{v}/{threads}")).unwrap_or(f64::NAN));
+            println!(
+                "{label:<5} {threads:>3} | {q:>8.1} {g:>8.1} {:>5.2}x | {c:>8.1} {u:>8.1} {:>5.2}x | {s:>8.1}",
+                g / q,
+                u / c
+            );
         }
     }
     println!(
-        "\n2-thread speed-up (1-thread ns / 2-thread ns; above 1 means 2 threads are faster):"
+        "(ratio: governor ns / tollgate ns on the same kind of clock; above 1, tollgate is faster)"
     );
+    println!("\n2-thread speed-up (1-thread ns / 2-thread ns; above 1, 2 threads are faster):");
     for (label, _) in SIZES {
-        let ups = VARIANTS.map(|v| {
-            let one = mean_ns(&format!("check_{label}/{v}/1"));
-            let two = mean_ns(&format!("check_{label}/{v}/2"));
-            one.zip(two).map_or(f64::NAN, |(one, two)| one / two)
-        });
-        println!(
-            "{label:<5} tollgate_quanta {:.2}x   tollgate_system {:.2}x   governor {:.2}x",
-            ups[0], ups[1], ups[2]
-        );
+        let line: Vec<String> = VARIANTS
+            .map(|v| {
+                let one = mean_ns(&format!("check_{label}/{v}/1"));
+                let two = mean_ns(&format!("check_{label}/{v}/2"));
+                let up = one.zip(two).map_or(f64::NAN, |(one, two)| one / two);
+                format!("{v} {up:.2}x")
+            })
+            .into();
+        println!("{label:<5} {}", line.join("  "));
     }
-    if let (Some(system), Some(quanta)) = (mean_ns("clock_system"), mean_ns("clock_quanta")) {
-        println!("\nclock read: SystemClock {system:.1} ns, QuantaClock {quanta:.1} ns");
-    }
+    let clocks =
+        ["system", "quanta", "coarse"].map(|c| mean_ns(&format!("clock_{c}")).unwrap_or(f64::NAN));
+    println!(
+        "\nclock read: SystemClock {:.1} ns, QuantaClock {:.1} ns, CoarseClock {:.1} ns",
+        clocks[0], clocks[1], clocks[2]
+    );
     println!("\n=== heap bytes per key at 1,000,000 keys ===");
     println!(
         "tollgate {:.1}   governor {:.1}   governor/ours {:.2}x",
@@ -330,7 +357,7 @@ fn print_summary(memory: &MemoryFigures) {
 
 /// `memory --spin VARIANT KEYS CHECKS`: prefills, then runs CHECKS checks on one thread and
 /// exits, for `perf stat -e task-clock` on a machine too busy for wall-clock figures (subtract a
-/// run with CHECKS = 0). VARIANT: tollgate_system, tollgate_quanta, tollgate_manual, governor.
+/// run with CHECKS = 0). VARIANT: one of [`VARIANTS`] or tollgate_manual (time never moves).
 fn spin(args: &[String]) {
     let variant = args[0].as_str();
     let n: usize = args[1].parse().expect("KEYS");
@@ -339,7 +366,9 @@ fn spin(args: &[String]) {
         "tollgate_system" => Box::new(tollgate_store(SystemClock::new(), headroom(n))),
         "tollgate_manual" => Box::new(tollgate_store(ManualClock::new(), headroom(n))),
         "tollgate_quanta" => Box::new(tollgate_store(QuantaClock::new(), headroom(n))),
+        "tollgate_coarse" => Box::new(tollgate_store(CoarseClock::new(), headroom(n))),
         "governor" => Box::new(governor_limiter()),
+        "governor_upkeep" => Box::new(governor_upkeep_limiter()),
         other => panic!("unknown variant {other}"),
     };
     prefill(&*limiter, n);

@@ -6,8 +6,10 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::ConfigError;
 use crate::store::{Backend, LimitSpec, MAX_LIMITS};
 
-/// Default shard counts never leave a shard with fewer keys than this.
-const MIN_KEYS_PER_SHARD: usize = 64;
+/// Default shard counts never leave a shard with fewer keys than this. Shards fill unevenly (a
+/// shard's share of the keys varies by about `1 / sqrt(share)`), and a full shard evicts even if
+/// others have room, so small shards would make the bound much less exact (±1.6% at 4,096).
+const MIN_KEYS_PER_SHARD: usize = 4_096;
 
 /// Configuration of the in-memory store: key bound, shard count and clock.
 ///
@@ -80,7 +82,8 @@ impl<C: Clock> MemoryBackend<C> {
     ///
     /// Least-recently-used order is exact within a shard; keys are spread over shards by a
     /// seeded hash. The default is four shards per available CPU, rounded up to a power of two,
-    /// and lowered so that each shard holds at least 64 keys.
+    /// and lowered so that each shard holds at least 4,096 keys (a bound under 8,192 keys gets a
+    /// single shard, so exact LRU over all keys).
     #[must_use]
     pub fn shards(mut self, n: usize) -> Self {
         self.shards = Some(n);
@@ -248,7 +251,7 @@ mod tests {
 
     #[test]
     fn default_shards_are_a_power_of_two_that_fits_the_bound() {
-        for max_keys in [1, 2, 63, 64, 127, 128, 1000, 100_000, usize::MAX / 2] {
+        for max_keys in [1, 2, 4_095, 4_096, 8_191, 8_192, 100_000, usize::MAX / 2] {
             let n = default_shards(max_keys);
             assert!(n.is_power_of_two(), "{max_keys}: {n}");
             assert!(n <= max_keys, "{max_keys}: {n}");
@@ -257,7 +260,7 @@ mod tests {
                 "{max_keys}: {n}"
             );
         }
-        assert_eq!(default_shards(10), 1);
+        assert_eq!(default_shards(8_191), 1);
     }
 
     #[test]

@@ -97,18 +97,26 @@
 //! split exactly over its shards. A shard is a slab of entries linked in least-recently-used
 //! order (two `u32` links) and indexed by a `hashbrown` table of slot numbers; when full, a new
 //! key takes the slot of the shard's least recently used key (exact LRU within the shard; keys
-//! are spread evenly over shards by the seeded hash). A new key also takes that slot early,
+//! are spread over shards by the seeded hash). Shards fill unevenly, by about
+//! `1 / sqrt(keys per shard)`, and a full shard evicts even when others have room, so leave some
+//! headroom over the number of keys you expect to be active: a few percent at a million keys.
+//! (By default a bound under 8,192 keys gets one shard, so exact LRU over all keys; larger
+//! bounds get shards of at least 4,096 keys.) A new key also takes that slot early,
 //! before the slab grows, when the least recently used key has been idle long enough to be
 //! indistinguishable from a fresh one. A request that is rejected or costs 0 on an unknown key
 //! stores nothing (a fresh key is the default state).
 //!
 //! **Memory.** Per key: the 8-byte fingerprint, 8 bytes of links and the algorithm's state (16
-//! bytes for the token bucket, so 32), plus 5.7 to 11.4 bytes of index: 38 to 44 bytes per
-//! token-bucket key (measured: see `benches/memory.rs`), about 4 MB for a full table at the
-//! default bound. The slab grows by doubling but never past the shard's share of the bound.
+//! bytes for the token bucket, so 32), plus 5.7 to 12.9 bytes of index: 38 to 45 bytes per
+//! token-bucket key (44 measured at a million keys: see `benches/memory.rs`), about 4 MB for a
+//! full table at the default bound. The slab grows by doubling but never past the shard's share
+//! of the bound, and the index is rebuilt in place rather than doubled when evictions leave it
+//! tombstones. A sliding log keeps its entries on the heap, outside the slab.
 //!
 //! **Time.** The clock is a type parameter (default [`SystemClock`](crate::clock::SystemClock)),
-//! read once per check outside any lock.
+//! read once per check outside any lock. Reading it is about half the cost of a check:
+//! [`QuantaClock`](crate::clock::QuantaClock) (feature `quanta`) or
+//! [`CoarseClock`](crate::clock::CoarseClock) make it cheaper.
 
 mod backend;
 mod shard;

@@ -301,9 +301,8 @@ mod tests {
         let cap = 1_000;
         let (store, _) = store_with(
             &[tb("a", Quota::per_minute(10))],
-            MemoryBackend::new().max_keys(cap),
+            MemoryBackend::new().max_keys(cap).shards(8),
         );
-        assert!(store.shards() > 1, "exercise several shards");
         for i in 0..5 * cap as u64 {
             assert!(store.check_one(0, &Key::int(i), 1).unwrap().allowed());
         }
@@ -474,7 +473,6 @@ mod tests {
                 }
                 AlgorithmKind::SlidingLog => replay(SlidingLog::new(quota).unwrap(), kind, quota),
                 AlgorithmKind::LeakyBucket => replay(LeakyBucket::new(quota).unwrap(), kind, quota),
-                _ => unreachable!("a new algorithm needs a line here"),
             }
         }
     }
