@@ -180,7 +180,7 @@ impl RateLimitHeaders {
             ResetFormat::DeltaSeconds => ceil_secs(decision.reset()),
             ResetFormat::UnixSeconds => unix_reset_secs(SystemTime::now(), decision.reset()),
         };
-        headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
+        headers.insert(X_RATELIMIT_RESET, number(reset));
     }
 
     /// Appends `RateLimit-Policy` and `RateLimit` items for every `(decision, quota)` pair, if
@@ -248,6 +248,69 @@ pub fn policy_window_secs(quota: &Quota) -> u64 {
     ceil_secs(Duration::from_micros(micros)).max(1)
 }
 
+/// Numbers below this are written from a static table, without allocating.
+const SMALL: usize = 10_000;
+/// Bytes of the decimal digits of 0..SMALL, concatenated.
+const SMALL_DIGITS_LEN: usize = 10 + 90 * 2 + 900 * 3 + 9000 * 4;
+
+/// "0123456789101112...9999": every number below [`SMALL`], so a header value for one is a
+/// static slice (no allocation, no reference count).
+static SMALL_DIGITS: [u8; SMALL_DIGITS_LEN] = small_digits();
+
+const fn small_digits() -> [u8; SMALL_DIGITS_LEN] {
+    let mut out = [0u8; SMALL_DIGITS_LEN];
+    let mut n = 0;
+    let mut at = 0;
+    while n < SMALL {
+        let width = digits_width(n);
+        let mut i = 0;
+        let mut rest = n;
+        while i < width {
+            out[at + width - 1 - i] = b'0' + (rest % 10) as u8;
+            rest /= 10;
+            i += 1;
+        }
+        at += width;
+        n += 1;
+    }
+    out
+}
+
+const fn digits_width(n: usize) -> usize {
+    if n < 10 {
+        1
+    } else if n < 100 {
+        2
+    } else if n < 1_000 {
+        3
+    } else {
+        4
+    }
+}
+
+/// The offset of `n` (< [`SMALL`]) in [`SMALL_DIGITS`].
+const fn small_offset(n: usize) -> usize {
+    match digits_width(n) {
+        1 => n,
+        2 => 10 + (n - 10) * 2,
+        3 => 190 + (n - 100) * 3,
+        _ => 2_890 + (n - 1_000) * 4,
+    }
+}
+
+/// `n` as a header value; numbers below 10,000 come from a static table without allocating.
+pub(crate) fn number(n: u64) -> HeaderValue {
+    if let Ok(small) = usize::try_from(n) {
+        if small < SMALL {
+            let at = small_offset(small);
+            if let Ok(s) = std::str::from_utf8(&SMALL_DIGITS[at..at + digits_width(small)]) {
+                return HeaderValue::from_static(s);
+            }
+        }
+    }
+    HeaderValue::from(n)
+}
+
 /// Unix seconds at `now + reset`, rounded up.
 fn unix_reset_secs(now: SystemTime, reset: Duration) -> u64 {
     let since_epoch = now.duration_since(UNIX_EPOCH).unwrap_or_default();
@@ -293,7 +356,9 @@ pub(crate) fn policy_field<'a>(
 }
 
 /// `"name";r=R;t=T, ...`, or `None` for no decisions.
-fn ratelimit_field<'a>(decisions: impl Iterator<Item = &'a Decision>) -> Option<HeaderValue> {
+pub(crate) fn ratelimit_field<'a>(
+    decisions: impl Iterator<Item = &'a Decision>,
+) -> Option<HeaderValue> {
     let mut out = String::new();
     for d in decisions {
         if !out.is_empty() {
@@ -418,6 +483,13 @@ mod tests {
         let mut s = String::new();
         push_sf_string(&mut s, "é\tx");
         assert_eq!(s, "\"??x\"");
+    }
+
+    #[test]
+    fn numbers_match_their_decimal_form() {
+        for n in (0..10_500).chain([u64::MAX, 1_700_000_000]) {
+            assert_eq!(number(n), n.to_string().as_str(), "{n}");
+        }
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::layer::{RateLimitLayer, Shared};
 use super::limit::Limit;
 use crate::error::ConfigError;
-use crate::headers::{RateLimitHeaders, ResetFormat};
+use crate::headers::{policy_field, RateLimitHeaders, ResetFormat};
 use crate::request::RequestView;
 use crate::response::{DefaultRejection, Rejection};
 use crate::store::memory::MemoryBackend;
@@ -44,11 +44,10 @@ pub struct RateLimitLayerBuilder<B = MemoryBackend> {
 
 impl RateLimitLayerBuilder<MemoryBackend> {
     /// A builder with no limits, the in-memory backend, default headers and rejection.
-    #[allow(clippy::default_constructed_unit_structs)]
     pub fn new() -> Self {
         Self {
             limits: Vec::new(),
-            backend: MemoryBackend::default(),
+            backend: MemoryBackend::new(),
             headers: RateLimitHeaders::new(),
             rejection: None,
             skip: None,
@@ -82,7 +81,7 @@ impl<B> RateLimitLayerBuilder<B> {
         self
     }
 
-    /// Where limiter state lives (default: [`MemoryBackend::default`]).
+    /// Where limiter state lives (default: [`MemoryBackend::new`]).
     pub fn backend<B2: Backend>(self, backend: B2) -> RateLimitLayerBuilder<B2> {
         RateLimitLayerBuilder {
             limits: self.limits,
@@ -182,6 +181,7 @@ impl<B: Backend> RateLimitLayerBuilder<B> {
             .collect::<Result<Box<[_]>, _>>()?;
         let specs: Vec<LimitSpec> = self.limits.iter().map(Limit::spec).collect();
         let store = self.backend.build(&specs)?;
+        let policy_header = policy_field(limits.iter().map(|l| (l.name.as_str(), &l.quota)));
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
                 limits,
@@ -191,6 +191,7 @@ impl<B: Backend> RateLimitLayerBuilder<B> {
                     .rejection
                     .unwrap_or_else(|| Box::new(DefaultRejection::new())),
                 skip: self.skip,
+                policy_header,
             }),
         })
     }

@@ -38,7 +38,7 @@ pin_project! {
     {
         #[pin]
         state: State<St::Future, S::Future, Waiting<S, ReqBody, St>>,
-        outcome: Option<Outcome<St>>,
+        outcome: Option<Outcome>,
     }
 }
 
@@ -65,7 +65,7 @@ where
     S: Service<Request<ReqBody>>,
     St: Store,
 {
-    pub(crate) fn inner(future: S::Future, outcome: Option<Outcome<St>>) -> Self {
+    pub(crate) fn inner(future: S::Future, outcome: Option<Outcome>) -> Self {
         Self {
             state: State::Inner { future },
             outcome,

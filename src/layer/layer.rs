@@ -23,6 +23,8 @@ pub(crate) struct Shared<St> {
     pub(crate) headers: RateLimitHeaders,
     pub(crate) rejection: Box<dyn Rejection>,
     pub(crate) skip: Option<Box<SkipFn>>,
+    /// `RateLimit-Policy` for a request checked against every limit (rendered once).
+    pub(crate) policy_header: Option<http::HeaderValue>,
 }
 
 /// Applies rate limits to every request of the services it wraps. See the

@@ -15,7 +15,9 @@
 //!    the inner service with the [`Decision`](crate::Decision) and all
 //!    [`Decisions`](crate::store::Decisions) in the request extensions;
 //! 5. writes the rate-limit [headers](crate::headers) on every response it decided, allowed or
-//!    refused, and puts the same extensions in the response.
+//!    refused, and puts the reported `Decision` in the response extensions. When layers are
+//!    nested, the more pressing decision (a rejection, else the one closer to exhaustion) wins
+//!    `X-RateLimit-*` and the extensions, and each layer appends its IETF items.
 //!
 //! With the in-memory store the check is synchronous: the response future is the inner
 //! service's future plus the headers to write, with no allocation. With a networked store the

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{Extensions, Request, Response};
+use http::{Extensions, HeaderValue, Request, Response};
 use tower_service::Service;
 
 use super::body::ResponseBody;
@@ -15,7 +15,10 @@ use super::layer::{RateLimitLayer, Shared};
 use super::limit::Limit;
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError, StoreErrorKind};
-use crate::headers::set_retry_after_if_absent;
+use crate::headers::{
+    policy_field, ratelimit_field, set_retry_after_if_absent, RateLimitHeaders, RATELIMIT,
+    RATELIMIT_POLICY,
+};
 use crate::key::Key;
 use crate::request::RequestView;
 use crate::response::{RejectReason, Rejected, RejectionBody};
@@ -26,7 +29,8 @@ use crate::store::{Checked, Decisions, LimitCheck, Store, MAX_LIMITS};
 /// [module docs](crate::layer).
 ///
 /// Allowed requests reach `S` with the reported [`Decision`] and all [`Decisions`] in their
-/// extensions; responses get rate-limit headers and the same extensions. Refused requests never
+/// extensions; responses get rate-limit headers and the reported [`Decision`] in their
+/// extensions (for logging or metrics middleware further out). Refused requests never
 /// reach `S`: they are answered by the layer's [`Rejection`](crate::response::Rejection).
 pub struct RateLimit<S, St = MemoryStore> {
     inner: S,
@@ -129,46 +133,70 @@ impl Plan {
     }
 }
 
-/// What to do with an allowed response: the decisions to report on it.
-pub(crate) struct Outcome<St> {
-    shared: Arc<Shared<St>>,
-    plan: Plan,
-    decisions: Decisions,
+/// What to write on a response: the reported decision and, when enabled, the IETF fields
+/// (rendered when the decision is made, so the future holds no reference to the layer).
+#[derive(Debug)]
+pub(crate) struct Outcome {
+    headers: RateLimitHeaders,
     reported: Decision,
+    ietf: Option<(HeaderValue, HeaderValue)>,
 }
 
-impl<St> fmt::Debug for Outcome<St> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Outcome")
-            .field("decisions", &self.decisions)
-            .field("reported", &self.reported)
-            .finish_non_exhaustive()
+impl Outcome {
+    fn new<St>(
+        shared: &Shared<St>,
+        plan: &Plan,
+        decisions: &Decisions,
+        reported: Decision,
+    ) -> Self {
+        let ietf = if shared.headers.writes_ietf() {
+            let policy = if usize::from(plan.len) == shared.limits.len() {
+                shared.policy_header.clone()
+            } else {
+                policy_field(plan.checks().map(|(limit, _)| {
+                    (
+                        shared.limits[limit].name.as_str(),
+                        &shared.limits[limit].quota,
+                    )
+                }))
+            };
+            policy.zip(ratelimit_field(decisions.as_slice().iter()))
+        } else {
+            None
+        };
+        Self {
+            headers: shared.headers,
+            reported,
+            ietf,
+        }
     }
-}
 
-impl<St> Outcome<St> {
-    /// Writes rate-limit headers and extensions on `response`, merging with what a nested
-    /// rate-limit layer already wrote: the more pressing decision wins `X-RateLimit-*`, and the
-    /// IETF lists are appended to.
-    pub(crate) fn apply<B>(&self, response: &mut Response<B>) {
-        let shared = &*self.shared;
-        let inner_reported = response.extensions().get::<Decision>().copied();
-        let ours_wins =
-            inner_reported.map_or(true, |theirs| more_pressing(&self.reported, &theirs));
+    /// Writes rate-limit headers and the reported decision on `response`, merging with what a
+    /// nested rate-limit layer already wrote: the more pressing decision wins `X-RateLimit-*`
+    /// and the extension, and the IETF lists are appended to.
+    pub(crate) fn apply<B>(self, response: &mut Response<B>) {
+        let ours_wins = match response.extensions_mut().get_mut::<Decision>() {
+            Some(theirs) => {
+                let wins = more_pressing(&self.reported, theirs);
+                if wins {
+                    *theirs = self.reported;
+                }
+                wins
+            }
+            None => {
+                response.extensions_mut().insert(self.reported);
+                true
+            }
+        };
         if ours_wins {
-            shared
-                .headers
+            self.headers
                 .write_x_ratelimit(&self.reported, response.headers_mut());
         }
-        let quotas = self
-            .plan
-            .checks()
-            .map(|(limit, _)| &shared.limits[limit].quota);
-        shared.headers.write_ietf(
-            self.decisions.as_slice().iter().zip(quotas),
-            response.headers_mut(),
-        );
-        merge_extensions(response.extensions_mut(), &self.decisions, &self.reported);
+        if let Some((policy, ratelimit)) = self.ietf {
+            let headers = response.headers_mut();
+            headers.append(RATELIMIT_POLICY, policy);
+            headers.append(RATELIMIT, ratelimit);
+        }
     }
 }
 
@@ -184,7 +212,7 @@ fn more_pressing(a: &Decision, b: &Decision) -> bool {
 
 /// Puts the reported decision and all decisions in `ext`, keeping a more pressing decision a
 /// nested layer put there and appending to its `Decisions`.
-fn merge_extensions(ext: &mut Extensions, decisions: &Decisions, reported: &Decision) {
+fn merge_extensions(ext: &mut Extensions, decisions: Decisions, reported: &Decision) {
     match ext.get_mut::<Decision>() {
         Some(existing) => {
             if more_pressing(reported, existing) {
@@ -204,7 +232,7 @@ fn merge_extensions(ext: &mut Extensions, decisions: &Decisions, reported: &Deci
             }
         }
         None => {
-            ext.insert(*decisions);
+            ext.insert(decisions);
         }
     }
 }
@@ -213,9 +241,9 @@ fn merge_extensions(ext: &mut Extensions, decisions: &Decisions, reported: &Deci
 // Large variants by design: boxing the decisions would allocate on every request, and these
 // values only live on the stack between the store check and the future.
 #[allow(clippy::large_enum_variant)]
-pub(crate) enum Begin<ReqBody, F, St> {
+pub(crate) enum Begin<ReqBody, F> {
     /// Call the inner service (with an outcome to report, unless no limit applied).
-    Proceed(Request<ReqBody>, Option<Outcome<St>>),
+    Proceed(Request<ReqBody>, Option<Outcome>),
     /// Answer with this response without calling the inner service.
     Reject(Response<RejectionBody>),
     /// Wait for the store.
@@ -224,8 +252,8 @@ pub(crate) enum Begin<ReqBody, F, St> {
 
 /// The result of a store check.
 #[allow(clippy::large_enum_variant)]
-pub(crate) enum Finish<ReqBody, St> {
-    Proceed(Request<ReqBody>, Outcome<St>),
+pub(crate) enum Finish<ReqBody> {
+    Proceed(Request<ReqBody>, Outcome),
     Reject(Response<RejectionBody>),
 }
 
@@ -233,7 +261,7 @@ pub(crate) enum Finish<ReqBody, St> {
 fn begin<ReqBody, St: Store>(
     shared: &Arc<Shared<St>>,
     req: Request<ReqBody>,
-) -> Begin<ReqBody, St::Future, St> {
+) -> Begin<ReqBody, St::Future> {
     let view = RequestView::new(&req);
     if let Some(skip) = &shared.skip {
         if skip(&view) {
@@ -324,7 +352,7 @@ pub(crate) fn finish<ReqBody, St>(
     mut req: Request<ReqBody>,
     plan: &Plan,
     result: Result<Decisions, StoreError>,
-) -> Finish<ReqBody, St> {
+) -> Finish<ReqBody> {
     let result = result.and_then(|mut decisions| {
         if decisions.len() != usize::from(plan.len) {
             return Err(StoreError::new(
@@ -400,16 +428,9 @@ pub(crate) fn finish<ReqBody, St>(
                 .reported()
                 .copied()
                 .unwrap_or_else(|| Decision::allowed_with(0, 0, Duration::ZERO));
-            merge_extensions(req.extensions_mut(), &decisions, &reported);
-            Finish::Proceed(
-                req,
-                Outcome {
-                    shared: Arc::clone(shared),
-                    plan: *plan,
-                    decisions,
-                    reported,
-                },
-            )
+            let outcome = Outcome::new(shared, plan, &decisions, reported);
+            merge_extensions(req.extensions_mut(), decisions, &reported);
+            Finish::Proceed(req, outcome)
         }
         Some(i) => {
             let decision = decisions.as_slice()[i];
@@ -439,13 +460,7 @@ pub(crate) fn finish<ReqBody, St>(
             if let Some(secs) = rejected.retry_after_secs() {
                 set_retry_after_if_absent(response.headers_mut(), secs);
             }
-            let outcome = Outcome {
-                shared: Arc::clone(shared),
-                plan: *plan,
-                decisions,
-                reported: decision,
-            };
-            outcome.apply(&mut response);
+            Outcome::new(shared, plan, &decisions, decision).apply(&mut response);
             Finish::Reject(response)
         }
     }
