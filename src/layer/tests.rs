@@ -708,3 +708,26 @@ fn layer_and_service_accessors() {
     *svc.get_mut() = 8;
     assert_eq!(svc.clone().into_inner(), 8);
 }
+
+#[tokio::test(start_paused = true)]
+async fn tokio_paused_time_drives_the_memory_store() {
+    let layer = RateLimitLayer::builder()
+        .backend(crate::store::MemoryBackend::new().clock(crate::clock::TokioClock::new()))
+        .reset_format(ResetFormat::DeltaSeconds)
+        .limit(Limit::new("per-client", Quota::per_second(2).burst(2)).key(client()))
+        .build()
+        .unwrap();
+    let svc = ServiceBuilder::new().layer(layer).service_fn(handler);
+    for _ in 0..2 {
+        let res = svc.clone().oneshot(get("/", "a")).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+    let res = svc.clone().oneshot(get("/", "a")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, RETRY_AFTER), "1"); // 500 ms, rounded up
+    tokio::time::advance(Duration::from_millis(500)).await;
+    let res = svc.clone().oneshot(get("/", "a")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(header(&res, X_RATELIMIT_REMAINING), "0");
+    assert_eq!(header(&res, X_RATELIMIT_RESET), "1");
+}
