@@ -18,9 +18,9 @@ pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 
-pub use memory::{MemoryBackend, MemoryStore};
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisBackend, RedisStore};
+pub use memory::{MemoryBackend, MemoryStore};
 
 /// The most limits one layer may hold. Stack layers for more.
 pub const MAX_LIMITS: usize = 8;
