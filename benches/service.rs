@@ -47,6 +47,13 @@
 //! `retry-after` on 429s), and with `use_headers()` writes `x-ratelimit-limit` and
 //! `x-ratelimit-remaining` (no reset). So the like-for-like pairs are `tollgate` against
 //! `tower_governor_headers`, and `tollgate_no_headers` against `tower_governor`.
+//!
+//! # Clocks
+//!
+//! `tollgate` and `tollgate_no_headers` use the default `SystemClock` (the OS monotonic clock,
+//! what a user gets without configuring anything); `tollgate_quanta` reads `QuantaClock` (the
+//! CPU's time-stamp counter, tollgate's `quanta` feature), the kind of clock governor always
+//! uses, so `tollgate_quanta` against `tower_governor_headers` compares the middlewares alone.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -64,9 +71,10 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use criterion::{BenchmarkGroup, Criterion};
 use http::{HeaderMap, Request, Response, StatusCode};
+use tollgate::clock::{Clock, QuantaClock, SystemClock};
 use tollgate::key::PeerIp;
 use tollgate::layer::{Limit, RateLimitLayer};
-use tollgate::store::MemoryBackend;
+use tollgate::store::{MemoryBackend, MemoryStore};
 use tollgate::Quota;
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_governor::governor::GovernorConfigBuilder;
@@ -94,6 +102,7 @@ const SAMPLES: usize = 50;
 const BARE: &str = "bare";
 const TOLLGATE: &str = "tollgate";
 const TOLLGATE_NO_HEADERS: &str = "tollgate_no_headers";
+const TOLLGATE_QUANTA: &str = "tollgate_quanta";
 const TOLLGATE_DEFAULT_BOUND: &str = "tollgate_default_bound";
 const GOVERNOR: &str = "tower_governor";
 const GOVERNOR_HEADERS: &str = "tower_governor_headers";
@@ -325,13 +334,37 @@ fn bench<S, B>(
     });
 }
 
-fn tollgate_layer(case: Case, headers: bool, max_keys: usize) -> RateLimitLayer {
+fn tollgate_layer<C: Clock>(
+    case: Case,
+    headers: bool,
+    max_keys: usize,
+    clock: C,
+) -> RateLimitLayer<MemoryStore<C>> {
     RateLimitLayer::builder()
         .limit(Limit::new("per-ip", case.quota()).key(PeerIp::new()))
-        .backend(MemoryBackend::new().max_keys(max_keys))
+        .backend(MemoryBackend::new().max_keys(max_keys).clock(clock))
         .x_ratelimit_headers(headers)
         .build()
         .expect("valid tollgate configuration")
+}
+
+/// Benchmarks one tollgate variant and checks how many peers its store kept.
+fn bench_tollgate<C: Clock>(
+    group: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    results: &RefCell<Results>,
+    case: Case,
+    variant: &'static str,
+    layer: RateLimitLayer<MemoryStore<C>>,
+) {
+    bench(group, results, case, variant, layer.layer(service_fn(ok)));
+    let held = layer.store().len();
+    if layer.store().max_keys() == ROOMY_MAX_KEYS {
+        assert_eq!(
+            held, case.peers as usize,
+            "{variant}: every peer stays in memory"
+        );
+    }
+    results.borrow_mut().held.insert((case.name, variant), held);
 }
 
 /// A `GovernorLayer` with `case`'s quota from `builder` (a macro: tower_governor's middleware
@@ -362,34 +395,17 @@ fn run_case(c: &mut Criterion, results: &RefCell<Results>, case: Case) {
         bench(&mut group, results, case, BARE, service_fn(ok));
     }
 
-    let mut tollgate = vec![
-        (TOLLGATE, true, ROOMY_MAX_KEYS),
-        (TOLLGATE_NO_HEADERS, false, ROOMY_MAX_KEYS),
-    ];
+    let system = SystemClock::new();
+    let layer = tollgate_layer(case, true, ROOMY_MAX_KEYS, system);
+    bench_tollgate(&mut group, results, case, TOLLGATE, layer);
+    let layer = tollgate_layer(case, false, ROOMY_MAX_KEYS, system);
+    bench_tollgate(&mut group, results, case, TOLLGATE_NO_HEADERS, layer);
+    let layer = tollgate_layer(case, true, ROOMY_MAX_KEYS, QuantaClock::new());
+    bench_tollgate(&mut group, results, case, TOLLGATE_QUANTA, layer);
     if case.peers as usize >= MemoryBackend::DEFAULT_MAX_KEYS {
-        tollgate.push((
-            TOLLGATE_DEFAULT_BOUND,
-            true,
-            MemoryBackend::DEFAULT_MAX_KEYS,
-        ));
-    }
-    for (variant, headers, max_keys) in tollgate {
-        let layer = tollgate_layer(case, headers, max_keys);
-        bench(
-            &mut group,
-            results,
-            case,
-            variant,
-            layer.layer(service_fn(ok)),
-        );
-        if max_keys == ROOMY_MAX_KEYS {
-            let n = layer.store().len();
-            assert_eq!(
-                n, case.peers as usize,
-                "{variant}: every peer stays in memory"
-            );
-        }
-        held(variant, layer.store().len());
+        let max_keys = MemoryBackend::DEFAULT_MAX_KEYS;
+        let layer = tollgate_layer(case, true, max_keys, system);
+        bench_tollgate(&mut group, results, case, TOLLGATE_DEFAULT_BOUND, layer);
     }
 
     let layer = governor_layer!(case, GovernorConfigBuilder::default());
@@ -421,10 +437,11 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> String {
     }
 }
 
-const VARIANTS: [&str; 6] = [
+const VARIANTS: [&str; 7] = [
     BARE,
     TOLLGATE,
     TOLLGATE_NO_HEADERS,
+    TOLLGATE_QUANTA,
     TOLLGATE_DEFAULT_BOUND,
     GOVERNOR,
     GOVERNOR_HEADERS,
@@ -460,14 +477,25 @@ fn print_summary(results: &Results) {
     let bare = results.quiet_ns_per_request("hot_allowed", BARE);
     println!();
     println!("tollgate / tower_governor (net = quiet minus the bare service; allowed cases only)");
-    println!(
-        "{:<13} | {:>7} {:>7} {:>7} | {:>7} {:>7} {:>7}",
-        "", "headers", "", "", "none", "", ""
-    );
-    println!(
-        "{:<13} | {:>7} {:>7} {:>7} | {:>7} {:>7} {:>7}",
-        "case", "mean", "quiet", "net", "mean", "quiet", "net"
-    );
+    let row = |cells: [&str; 10]| {
+        println!(
+            "{:<13} | {:>6} {:>6} {:>6} | {:>6} {:>6} {:>6} | {:>6} {:>6} {:>6}",
+            cells[0],
+            cells[1],
+            cells[2],
+            cells[3],
+            cells[4],
+            cells[5],
+            cells[6],
+            cells[7],
+            cells[8],
+            cells[9]
+        );
+    };
+    row(["", "header", "", "", "quanta", "", "", "none", "", ""]);
+    row([
+        "case", "mean", "quiet", "net", "mean", "quiet", "net", "mean", "quiet", "net",
+    ]);
     for case in CASES {
         let mean = |variant| results.ns_per_request(case.name, variant);
         let quiet = |variant| results.quiet_ns_per_request(case.name, variant);
@@ -475,21 +503,25 @@ fn print_summary(results: &Results) {
             (Some(ns), Some(bare)) if !case.refused => Some(ns - bare),
             _ => None,
         };
-        println!(
-            "{:<13} | {:>7} {:>7} {:>7} | {:>7} {:>7} {:>7}",
-            case.name,
-            ratio(mean(TOLLGATE), mean(GOVERNOR_HEADERS)),
-            ratio(quiet(TOLLGATE), quiet(GOVERNOR_HEADERS)),
-            ratio(net(TOLLGATE), net(GOVERNOR_HEADERS)),
-            ratio(mean(TOLLGATE_NO_HEADERS), mean(GOVERNOR)),
-            ratio(quiet(TOLLGATE_NO_HEADERS), quiet(GOVERNOR)),
-            ratio(net(TOLLGATE_NO_HEADERS), net(GOVERNOR)),
-        );
+        let pair = |ours, theirs| {
+            [
+                ratio(mean(ours), mean(theirs)),
+                ratio(quiet(ours), quiet(theirs)),
+                ratio(net(ours), net(theirs)),
+            ]
+        };
+        let [a, b, c] = pair(TOLLGATE, GOVERNOR_HEADERS);
+        let [d, e, f] = pair(TOLLGATE_QUANTA, GOVERNOR_HEADERS);
+        let [g, h, i] = pair(TOLLGATE_NO_HEADERS, GOVERNOR);
+        row([case.name, &a, &b, &c, &d, &e, &f, &g, &h, &i]);
     }
     println!(
-        "headers: tollgate (X-RateLimit-Limit/-Remaining/-Reset) vs tower_governor use_headers()"
+        "header: tollgate (X-RateLimit-Limit/-Remaining/-Reset) vs tower_governor use_headers()"
     );
-    println!("none:    tollgate x_ratelimit_headers(false) vs tower_governor's default");
+    println!(
+        "quanta: the same, tollgate reading time from QuantaClock (the TSC, as governor does)"
+    );
+    println!("none:   tollgate x_ratelimit_headers(false) vs tower_governor's default");
 
     println!();
     println!("response headers (peer 10.0.0.0)");
