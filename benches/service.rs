@@ -1,7 +1,7 @@
 //! Per-request cost of the whole middleware: tollgate's [`RateLimitLayer`] against
 //! `tower_governor`'s `GovernorLayer`, with the bare service as the baseline.
 //!
-//! Run with `cargo bench --bench service` (about two and a half minutes); `cargo bench --bench
+//! Run with `cargo bench --bench service` (about two minutes); `cargo bench --bench
 //! service -- peers_1k` runs one case. At the end it prints a table of nanoseconds per request
 //! and the ratio tollgate / tower_governor for each case, and the headers each side writes.
 //!
