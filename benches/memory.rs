@@ -192,22 +192,30 @@ const VARIANTS: [&str; 5] = [
     "tollgate_system",
 ];
 
+/// A limiter of `variant` (one of [`VARIANTS`], or `tollgate_manual`, whose time never moves)
+/// sized for `n` keys.
+fn build(variant: &str, n: usize) -> Box<dyn Limiter> {
+    match variant {
+        "tollgate_quanta" => Box::new(tollgate_store(QuantaClock::new(), headroom(n))),
+        "tollgate_coarse" => Box::new(tollgate_store(CoarseClock::new(), headroom(n))),
+        "tollgate_system" => Box::new(tollgate_store(SystemClock::new(), headroom(n))),
+        "tollgate_manual" => Box::new(tollgate_store(ManualClock::new(), headroom(n))),
+        "governor" => Box::new(governor_limiter()),
+        "governor_upkeep" => Box::new(governor_upkeep_limiter()),
+        other => panic!("unknown variant {other}"),
+    }
+}
+
 fn bench_checks(c: &mut Criterion) {
     for (label, n) in SIZES {
-        let quanta = tollgate_store(QuantaClock::new(), headroom(n));
-        let governor = governor_limiter();
-        let coarse = tollgate_store(CoarseClock::new(), headroom(n));
-        let governor_upkeep = governor_upkeep_limiter();
-        let system = tollgate_store(SystemClock::new(), headroom(n));
-        let limiters: [&dyn Limiter; 5] = [&quanta, &governor, &coarse, &governor_upkeep, &system];
-        for limiter in limiters {
-            prefill(limiter, n);
-        }
         let mut group = c.benchmark_group(format!("check/{label}"));
-        for threads in [1, 2] {
-            for (name, limiter) in VARIANTS.into_iter().zip(limiters) {
-                group.bench_function(BenchmarkId::new(name, threads), |b| {
-                    b.iter_custom(|iters| run(limiter, n, threads, iters))
+        // One limiter at a time, built and filled just before it is measured.
+        for variant in VARIANTS {
+            let limiter = build(variant, n);
+            prefill(&*limiter, n);
+            for threads in [1, 2] {
+                group.bench_function(BenchmarkId::new(variant, threads), |b| {
+                    b.iter_custom(|iters| run(&*limiter, n, threads, iters))
                 });
             }
         }
@@ -284,7 +292,8 @@ fn measure_memory() -> MemoryFigures {
 // ---------------------------------------------------------------------------------------------
 // Summary.
 
-/// Criterion's mean estimate for a benchmark, in ns per iteration. `dir` is its directory under
+/// Criterion's median estimate for a benchmark, in ns per iteration (the median, because on a
+/// shared machine preempted samples inflate the mean). `dir` is its directory under
 /// `target/criterion` (criterion turns the `/` of a group name into `_`).
 fn mean_ns(dir: &str) -> Option<f64> {
     let path = Path::new(env!("CARGO_TARGET_TMPDIR"))
@@ -293,11 +302,11 @@ fn mean_ns(dir: &str) -> Option<f64> {
         .join("new/estimates.json");
     let text = std::fs::read_to_string(path).ok()?;
     let json: serde_json::Value = serde_json::from_str(&text).ok()?;
-    json["mean"]["point_estimate"].as_f64()
+    json["median"]["point_estimate"].as_f64()
 }
 
 fn print_summary(memory: &MemoryFigures) {
-    println!("\n=== ns per check (criterion mean; 2 threads: wall time / checks of both) ===");
+    println!("\n=== ns per check (criterion median; 2 threads: wall time / checks of both) ===");
     println!(
         "{:<5} {:>3} | {:>8} {:>8} {:>6} | {:>8} {:>8} {:>6} | {:>8}",
         "keys", "thr", "t_quanta", "governor", "ratio", "t_coarse", "gov_upk", "ratio", "t_system"
@@ -362,15 +371,7 @@ fn spin(args: &[String]) {
     let variant = args[0].as_str();
     let n: usize = args[1].parse().expect("KEYS");
     let checks: u64 = args[2].parse().expect("CHECKS");
-    let limiter: Box<dyn Limiter> = match variant {
-        "tollgate_system" => Box::new(tollgate_store(SystemClock::new(), headroom(n))),
-        "tollgate_manual" => Box::new(tollgate_store(ManualClock::new(), headroom(n))),
-        "tollgate_quanta" => Box::new(tollgate_store(QuantaClock::new(), headroom(n))),
-        "tollgate_coarse" => Box::new(tollgate_store(CoarseClock::new(), headroom(n))),
-        "governor" => Box::new(governor_limiter()),
-        "governor_upkeep" => Box::new(governor_upkeep_limiter()),
-        other => panic!("unknown variant {other}"),
-    };
+    let limiter = build(variant, n);
     prefill(&*limiter, n);
     let per_thread = checks as usize;
     for i in 0..per_thread {
@@ -387,8 +388,8 @@ fn main() {
     let profiling = std::env::args().any(|a| a == "--profile-time");
     let memory = (!profiling).then(measure_memory);
     let mut c = Criterion::default()
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_millis(700))
+        .measurement_time(Duration::from_secs(2))
         .sample_size(30)
         .configure_from_args();
     bench_clock(&mut c);
