@@ -30,14 +30,15 @@
 //!   its route scope), so all limits of one client — burst and daily quota, per-route limits —
 //!   share a slot and are decided in one script call, exactly as on a single node.
 //! - **Cluster, different slots** (a per-client limit plus a global ceiling): each slot's group is
-//!   decided and charged atomically in its own call (*reserve*), concurrently. If any group
-//!   rejects or fails closed, the groups that charged are given back by a refund script
-//!   (*refund*), which restores exactly what was charged, never more than a fresh key. Between
-//!   the reserve and the refund (one round trip), other requests see those units as spent: a
-//!   concurrent request may be rejected that a single-node deployment would have admitted. The
-//!   error is always in that direction — a rejected request never leaves a limit over-admitted.
-//!   If the refund itself cannot be delivered (Redis fails in between), the units stay spent
-//!   until they refill, counted in [`RedisStats::refund_failures`].
+//!   decided and charged atomically in its own call (*reserve*), all groups concurrently. If any
+//!   group rejects (or fails closed), the groups that charged are given back by a refund script
+//!   (*refund*) before the response is returned; the refund restores exactly what was charged
+//!   (the algorithm's `refund`, never fuller than a fresh key), and the refunded limits are then
+//!   reported as they stand, as a single node would report them. Between reserve and refund (one
+//!   round trip) other requests see those units as spent, so a concurrent request may be refused
+//!   that a single node would have admitted: the error only ever goes that way, and no limit is
+//!   ever over-admitted. If the refund cannot be delivered (Redis fails in between), the units
+//!   stay spent until they refill, counted in [`RedisStats::refund_failures`].
 //!
 //! # Keys
 //!
@@ -200,7 +201,8 @@ impl fmt::Debug for RedisBackend {
 
 impl RedisBackend {
     /// A single Redis node at `url` (`redis://[user:password@]host:port[/db]`). The URL is
-    /// checked when the layer is built; nothing connects until the first request.
+    /// checked when the layer is built. Building inside a tokio runtime starts connecting and
+    /// loads the script in the background; otherwise the first request connects.
     pub fn new(url: impl Into<String>) -> Self {
         Self::with_target(TargetSpec::Node(url.into()))
     }
@@ -249,13 +251,17 @@ impl RedisBackend {
     }
 
     /// How long one Redis call may take before the failure policy decides (default 5 ms).
+    ///
+    /// Until Redis has answered once (at start-up, while the connection and the script are set
+    /// up), a call may take up to [`connect_timeout`](Self::connect_timeout) instead, so the
+    /// first requests are not refused for the cost of connecting.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
     }
 
-    /// How long establishing a connection may take (default 500 ms). Requests never wait for it
-    /// longer than [`timeout`](Self::timeout); this bounds the background reconnect.
+    /// How long establishing a connection may take (default 500 ms): it bounds the background
+    /// reconnects, and the calls made before Redis has answered for the first time.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
@@ -397,7 +403,7 @@ impl Backend for RedisBackend {
                 ConfigError::new(
                     "failure_policy",
                     format!(
-                        "limit {:?} has no failure policy; a Redis-backed limit must say what happens when Redis is unreachable: set FailurePolicy::Open, FailurePolicy::Closed {{ retry_after }} or FailurePolicy::Local {{ share }} (LimitSpec::on_store_error)",
+                        "limit {:?} has no failure policy; a Redis-backed limit must say what happens when Redis is unreachable: set FailurePolicy::Open, FailurePolicy::Closed {{ retry_after }} or FailurePolicy::Local {{ share }} with Limit::on_store_error",
                         name.as_str()
                     ),
                 )
@@ -423,7 +429,13 @@ impl Backend for RedisBackend {
         } else {
             None
         };
-        let script = Arc::new(LuaScript::assemble(limits.iter().map(LimitSpec::algorithm)));
+        let script = Arc::new(LuaScript::assemble(
+            &limits
+                .iter()
+                .zip(&infos)
+                .map(|(spec, info)| (spec.algorithm(), info.params))
+                .collect::<Vec<_>>(),
+        ));
         Ok(RedisStore::from_inner(store::Inner {
             limits: infos,
             policies,
@@ -441,6 +453,7 @@ impl Backend for RedisBackend {
             stats: self.stats,
             conn: Default::default(),
             batcher: Default::default(),
+            connected: Default::default(),
         }))
     }
 }

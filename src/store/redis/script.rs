@@ -150,19 +150,33 @@ pub(crate) struct LuaScript {
 }
 
 impl LuaScript {
-    /// The prelude, the scripts of `kinds`, and the driver.
-    pub(crate) fn assemble(kinds: impl IntoIterator<Item = AlgorithmKind>) -> Self {
-        let mut used: Vec<AlgorithmScript> = kinds.into_iter().map(script_of).collect();
+    /// The prelude, the scripts of the algorithms `limits` use, `LIMIT` (each limit's
+    /// parameters, as constants) and the driver. The SHA therefore names one configuration.
+    pub(crate) fn assemble(limits: &[(AlgorithmKind, ScriptParams)]) -> Self {
+        use std::fmt::Write;
+        let mut used: Vec<AlgorithmScript> = limits.iter().map(|(k, _)| script_of(*k)).collect();
         used.sort_by_key(|s| s.code);
         used.dedup();
         let mut code = String::with_capacity(8 * 1024);
         code.push_str(PRELUDE);
-        code.push_str("\nlocal LOAD, DECIDE, APPLY, REFUND = {}, {}, {}, {}\n");
         for s in &used {
             code.push('\n');
             code.push_str(s.source);
         }
-        code.push('\n');
+        code.push_str(
+            "\n-- This store's limits by configuration index: the algorithm's load, decide, apply\n\
+             -- and refund, then ttl_ms, p1, p2, p3.\n\
+             local function LIMIT(i)\n",
+        );
+        for (i, (k, p)) in limits.iter().enumerate() {
+            let a = script_of(*k).short;
+            let _ = writeln!(
+                code,
+                "  if i == {i} then return {a}_load, {a}_decide, {a}_apply, {a}_refund, {}, {}, {}, {} end",
+                p.ttl_ms, p.p[0], p.p[1], p.p[2]
+            );
+        }
+        code.push_str("  error('tollgate: unknown limit ' .. tostring(i))\nend\n\n");
         code.push_str(DRIVER);
         let sha = redis::Script::new(&code).get_hash().to_owned();
         Self { code, sha }
@@ -243,12 +257,7 @@ pub(crate) fn pack_args<'g>(
     }
     for g in groups {
         for l in &g.limits {
-            cmd.arg(l.params.code)
-                .arg(l.cost)
-                .arg(l.params.ttl_ms)
-                .arg(l.params.p[0])
-                .arg(l.params.p[1])
-                .arg(l.params.p[2]);
+            cmd.arg(l.limit).arg(l.cost);
         }
     }
 }
@@ -301,12 +310,22 @@ mod tests {
 
     #[test]
     fn assembles_only_the_algorithms_used() {
-        let tb = LuaScript::assemble([AlgorithmKind::TokenBucket]);
-        assert!(tb.code().contains("LOAD[1]"));
-        assert!(!tb.code().contains("LOAD[2]"));
+        let p = ScriptParams {
+            code: 1,
+            ttl_ms: 2000,
+            p: [100_000, 1, 2_000_000],
+        };
+        let tb = LuaScript::assemble(&[(AlgorithmKind::TokenBucket, p)]);
+        assert!(tb.code().contains("local function tb_load("));
+        assert!(!tb.code().contains("local function gcra_load("));
+        assert!(tb
+            .code()
+            .contains("if i == 0 then return tb_load, tb_decide, tb_apply, tb_refund, 2000, 100000, 1, 2000000 end"));
         assert_eq!(tb.sha().len(), 40);
-        let again = LuaScript::assemble([AlgorithmKind::TokenBucket, AlgorithmKind::TokenBucket]);
+        let again = LuaScript::assemble(&[(AlgorithmKind::TokenBucket, p)]);
         assert_eq!(again.sha(), tb.sha(), "same configuration, same script");
+        let other = LuaScript::assemble(&[(AlgorithmKind::TokenBucket, ScriptParams { ttl_ms: 1, ..p })]);
+        assert_ne!(other.sha(), tb.sha());
     }
 
     #[test]

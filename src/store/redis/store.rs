@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -47,6 +48,8 @@ pub(crate) struct Inner {
     pub(crate) stats: RedisStats,
     pub(crate) conn: OnceLock<Conn>,
     pub(crate) batcher: OnceLock<mpsc::UnboundedSender<Job>>,
+    /// Set once Redis has answered; until then calls may take `connect_timeout`.
+    pub(crate) connected: AtomicBool,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -66,9 +69,31 @@ impl std::fmt::Debug for RedisStore {
 
 impl RedisStore {
     pub(crate) fn from_inner(inner: Inner) -> Self {
-        Self {
+        let store = Self {
             inner: Arc::new(inner),
+        };
+        // Built inside a runtime (the usual case): connect and load the script now, so the first
+        // request does not pay for it within its tight timeout.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let weak = Arc::downgrade(&store.inner);
+            tokio::spawn(async move {
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                let Ok(conn) = inner.conn() else {
+                    return;
+                };
+                let mut load = redis::cmd("SCRIPT");
+                load.arg("LOAD").arg(inner.script.code());
+                match conn.query(&load).await {
+                    Ok(_) => inner.connected.store(true, Ordering::Relaxed),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "redis warm-up failed; the first request will retry");
+                    }
+                }
+            });
         }
+        store
     }
 
     /// The store's counters (failure policies, timeouts, circuit breaker, batching).
@@ -384,20 +409,27 @@ impl Inner {
     }
 
     async fn call_one(self: &Arc<Self>, group: &Group) -> Result<Vec<i64>, StoreError> {
-        let result = match tokio::time::timeout(self.timeout, self.send(group)).await {
+        // Until Redis has answered once, a call may also wait for the connection to be set up.
+        let timeout = if self.connected.load(Ordering::Relaxed) {
+            self.timeout
+        } else {
+            self.timeout.max(self.connect_timeout)
+        };
+        let result = match tokio::time::timeout(timeout, self.send(group)).await {
             Ok(r) => r,
             Err(_) => Err(CallError::Timeout),
         };
         match result {
             Ok(ints) => {
                 self.stats.on_success();
+                self.connected.store(true, Ordering::Relaxed);
                 Ok(ints)
             }
             Err(e) => {
-                let timeout = matches!(e, CallError::Timeout);
-                let err = e.into_store_error(self.timeout);
+                let timed_out = matches!(e, CallError::Timeout);
+                let err = e.into_store_error(timeout);
                 tracing::warn!(error = %err, "redis rate-limit call failed");
-                if self.stats.on_failure(timeout, self.breaker_threshold) {
+                if self.stats.on_failure(timed_out, self.breaker_threshold) {
                     tracing::warn!(
                         threshold = self.breaker_threshold,
                         "redis circuit breaker opened; deciding by failure policy until a probe succeeds"

@@ -5,27 +5,23 @@
 --          allow (a rejected group writes nothing); or 'r' to refund what a check charged.
 -- ARGV[2]  G, the number of groups. Then for each group: its number of limits and its time in
 --          µs ('' reads the server's TIME once, shared by every such group).
--- Then 6 arguments per limit, in KEYS order: algorithm, cost, ttl_ms, p1, p2, p3.
+-- Then 2 arguments per limit, in KEYS order: the limit's index in this store's configuration
+-- and the cost. LIMIT (generated from the configuration) maps an index to the algorithm's
+-- functions (load, decide, apply, refund) and the limit's ttl_ms and parameters p1..p3.
 --
 -- Returns, per group, its time, then 5 integers per limit: allowed (1/0), remaining, reset (µs),
 -- retry (µs; -1 when the cost exceeds the capacity) and corrupt (1 when the key held something
 -- unreadable, which was deleted and treated as a fresh key). When a group is rejected, its
 -- limits that would have allowed are reported as they stand, at cost 0 (as the memory store
 -- does); a refund reports each limit after the refund, at cost 0.
-local mode = ARGV[1]
-local ngroups = tonumber(ARGV[2])
+local refund = ARGV[1] == 'r'
+local ngroups = int(ARGV[2])
 local base = 3 + 2 * ngroups
+local out, nout = {}, 0
 local server_now
-local out = {}
-local slot = {} -- where limit i's five integers start in `out`
-local first = 0
-local now
 
--- Decides limit i and writes its five integers.
-local function decide(i, alg, st, cost, corrupt)
-  local a = base + (i - 1) * 6
-  local ok, remaining, reset, retry = DECIDE[alg](st, now, cost, tonumber(ARGV[a + 3]),
-    tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]))
+-- Appends one limit's five integers.
+local function emit(ok, remaining, reset, retry, corrupt)
   if not ok and retry == 0 then
     retry = 1 -- as Decision::rejected: a rejection always waits at least 1 µs
   end
@@ -36,58 +32,82 @@ local function decide(i, alg, st, cost, corrupt)
   if retry > MAX_EXACT then
     retry = MAX_EXACT
   end
-  local o = slot[i] or (#out + 1)
-  slot[i] = o
-  out[o] = ok and 1 or 0
-  out[o + 1] = remaining
-  out[o + 2] = reset
-  out[o + 3] = retry
-  out[o + 4] = corrupt and 1 or 0
-  return ok
+  out[nout + 1] = ok and 1 or 0
+  out[nout + 2] = remaining
+  out[nout + 3] = reset
+  out[nout + 4] = retry
+  out[nout + 5] = corrupt and 1 or 0
+  nout = nout + 5
 end
+
+local first = 0
 for g = 1, ngroups do
-  local n = tonumber(ARGV[1 + 2 * g])
-  now = tonumber(ARGV[2 + 2 * g])
-  if now == nil then
+  local n = int(ARGV[1 + 2 * g])
+  local now = ARGV[2 + 2 * g]
+  if now ~= '' then
+    now = tonumber(now)
+  else
     if server_now == nil then
       local t = redis.call('TIME')
       server_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
     end
     now = server_now
   end
-  out[#out + 1] = now
-  local states, all = {}, true
-  for i = first + 1, first + n do
-    local a = base + (i - 1) * 6
-    local alg = tonumber(ARGV[a])
-    local st, corrupt = LOAD[alg](KEYS[i])
-    local cost = tonumber(ARGV[a + 1])
-    if mode == 'r' then
-      st = REFUND[alg](KEYS[i], st, now, cost, tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]),
-        tonumber(ARGV[a + 5]), tonumber(ARGV[a + 2]))
+  nout = nout + 1
+  out[nout] = now
+  if n == 1 then
+    -- The common case, without tables.
+    local i = first + 1
+    local a = base + 2 * first
+    local load, decide, apply, give_back, ttl, p1, p2, p3 = LIMIT(int(ARGV[a]))
+    local cost = int(ARGV[a + 1])
+    local key = KEYS[i]
+    local st, corrupt = load(key)
+    if refund then
+      st = give_back(key, st, now, cost, p1, p2, p3, ttl)
       cost = 0
     end
-    states[i] = st
-    local ok = decide(i, alg, st, cost, corrupt)
-    if not ok then
-      all = false
+    local ok, remaining, reset, retry = decide(st, now, cost, p1, p2, p3)
+    if ok and not refund then
+      apply(key, st, now, cost, p1, p2, p3, ttl)
     end
-  end
-  if mode ~= 'r' then
-    if all then
-      for i = first + 1, first + n do
-        local a = base + (i - 1) * 6
-        APPLY[tonumber(ARGV[a])](KEYS[i], states[i], now, tonumber(ARGV[a + 1]),
-          tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]),
-          tonumber(ARGV[a + 2]))
+    emit(ok, remaining, reset, retry, corrupt)
+  else
+    local lims, costs, states, corrupts, oks, at = {}, {}, {}, {}, {}, nout
+    local all = true
+    for j = 1, n do
+      local a = base + 2 * (first + j - 1)
+      local lim, cost = int(ARGV[a]), int(ARGV[a + 1])
+      local load, decide, _, give_back, ttl, p1, p2, p3 = LIMIT(lim)
+      local key = KEYS[first + j]
+      local st, corrupt = load(key)
+      if refund then
+        st = give_back(key, st, now, cost, p1, p2, p3, ttl)
+        cost = 0
       end
-    else
-      -- Nothing is charged: report the limits that would have allowed as they stand (cost 0).
-      for i = first + 1, first + n do
-        if out[slot[i]] == 1 then
-          local a = base + (i - 1) * 6
-          decide(i, tonumber(ARGV[a]), states[i], 0, out[slot[i] + 4] == 1)
+      local ok, remaining, reset, retry = decide(st, now, cost, p1, p2, p3)
+      lims[j], costs[j], states[j], corrupts[j], oks[j] = lim, cost, st, corrupt, ok
+      all = all and ok
+      emit(ok, remaining, reset, retry, corrupt)
+    end
+    if not refund then
+      if all then
+        for j = 1, n do
+          local _, _, apply, _, ttl, p1, p2, p3 = LIMIT(lims[j])
+          apply(KEYS[first + j], states[j], now, costs[j], p1, p2, p3, ttl)
         end
+      else
+        -- Nothing is charged: report the limits that would have allowed as they stand (cost 0).
+        local after = nout
+        for j = 1, n do
+          if oks[j] then
+            local _, decide, _, _, _, p1, p2, p3 = LIMIT(lims[j])
+            nout = at + 5 * (j - 1)
+            emit(decide(states[j], now, 0, p1, p2, p3))
+            out[nout] = corrupts[j] and 1 or 0
+          end
+        end
+        nout = after
       end
     end
   end

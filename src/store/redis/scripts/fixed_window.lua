@@ -1,5 +1,5 @@
 -- tollgate: fixed window, the mirror of src/algorithm/fixed_window.rs.
--- State "window:count": the index of the window last charged (floor(now / P)) and the units
+-- State (window, count): the index of the window last charged (floor(now / P)) and the units
 -- charged in it. Parameters: p1 = P (window length, µs), p2 = L (units per window).
 
 -- The effective window at `now` and the units already charged in it.
@@ -15,12 +15,12 @@ local function fw_window(st, now, period, limit)
   return st[1], used
 end
 
-LOAD[3] = function(key)
+local function fw_load(key)
   local st, corrupt = load_ints(key, 2)
   return st or { 0, 0 }, corrupt
 end
 
-DECIDE[3] = function(st, now, cost, period, limit)
+local function fw_decide(st, now, cost, period, limit)
   local w, used = fw_window(st, now, period, limit)
   local e = (w + 1) * period - now
   if e < 0 then
@@ -36,7 +36,7 @@ DECIDE[3] = function(st, now, cost, period, limit)
   return false, limit - used, e, e
 end
 
-APPLY[3] = function(key, st, now, cost, period, limit, _, ttl)
+local function fw_apply(key, st, now, cost, period, limit, _, ttl)
   local w, used = fw_window(st, now, period, limit)
   local count = used + cost
   if count > limit then
@@ -45,7 +45,7 @@ APPLY[3] = function(key, st, now, cost, period, limit, _, ttl)
   store_ints(key, ttl, w, count)
 end
 
-REFUND[3] = function(key, st, now, cost, period, limit, _, ttl)
+local function fw_refund(key, st, now, cost, period, limit, _, ttl)
   local w = fw_window(st, now, period, limit)
   if w == st[1] then
     local count = st[2] - cost

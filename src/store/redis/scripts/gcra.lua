@@ -1,10 +1,10 @@
 -- tollgate: GCRA, the mirror of src/algorithm/gcra.rs.
--- State "tat": the theoretical arrival time (µs), when the bucket is full again; 0 = fresh.
+-- State (tat): the theoretical arrival time (µs), when the bucket is full again; 0 = fresh.
 -- Parameters: p1 = T (emission interval, µs per unit), p2 = cap (burst × T), p3 = burst.
 -- `before + need` can exceed 2^53 only when it also exceeds cap, so the comparison is made as
 -- `before <= cap - need` and the retry as `before - (cap - need)`: every value stays exact.
 
-LOAD[2] = function(key)
+local function gcra_load(key)
   local st, corrupt = load_ints(key, 1)
   return st or { 0 }, corrupt
 end
@@ -16,7 +16,7 @@ local function gcra_remaining(after, interval, cap)
   return idiv(cap - after, interval)
 end
 
-DECIDE[2] = function(st, now, cost, interval, cap, burst)
+local function gcra_decide(st, now, cost, interval, cap, burst)
   local before = st[1] - now
   if before < 0 then
     before = 0
@@ -32,7 +32,7 @@ DECIDE[2] = function(st, now, cost, interval, cap, burst)
   return false, gcra_remaining(before, interval, cap), before, before - slack
 end
 
-APPLY[2] = function(key, st, now, cost, interval, cap, burst, ttl)
+local function gcra_apply(key, st, now, cost, interval, cap, burst, ttl)
   if cost > burst then
     cost = burst
   end
@@ -43,7 +43,7 @@ APPLY[2] = function(key, st, now, cost, interval, cap, burst, ttl)
   store_ints(key, ttl, tat + cost * interval)
 end
 
-REFUND[2] = function(key, st, now, cost, interval, cap, burst, ttl)
+local function gcra_refund(key, st, now, cost, interval, cap, burst, ttl)
   local tat = st[1]
   if tat > now then
     tat = tat - cost * interval

@@ -1,5 +1,5 @@
 -- tollgate: leaky bucket (as a meter), the mirror of src/algorithm/leaky_bucket.rs.
--- State "level:last": fixed-point steps queued (0 = empty, a fresh key) and the last charge (µs).
+-- State (level, last): fixed-point steps queued (0 = empty, a fresh key) and the last charge (µs).
 -- Parameters: p1 = unit (steps per unit), p2 = per (steps drained per µs), p3 = cap (burst ×
 -- unit). The arithmetic is the token bucket's, read as the level of a queue.
 
@@ -19,12 +19,12 @@ local function lb_level(st, now, per, cap)
   return level
 end
 
-LOAD[6] = function(key)
+local function lb_load(key)
   local st, corrupt = load_ints(key, 2)
   return st or { 0, 0 }, corrupt
 end
 
-DECIDE[6] = function(st, now, cost, unit, per, cap)
+local function lb_decide(st, now, cost, unit, per, cap)
   local level = lb_level(st, now, per, cap)
   local limit = cap / unit
   if cost > limit then
@@ -37,7 +37,7 @@ DECIDE[6] = function(st, now, cost, unit, per, cap)
   return false, idiv(cap - level, unit), cdiv(level, per), cdiv(after - cap, per)
 end
 
-APPLY[6] = function(key, st, now, cost, unit, per, cap, ttl)
+local function lb_apply(key, st, now, cost, unit, per, cap, ttl)
   local level = lb_level(st, now, per, cap) + cost * unit
   if level > cap then
     level = cap
@@ -49,7 +49,7 @@ APPLY[6] = function(key, st, now, cost, unit, per, cap, ttl)
   store_ints(key, ttl, level, last)
 end
 
-REFUND[6] = function(key, st, now, cost, unit, per, cap, ttl)
+local function lb_refund(key, st, now, cost, unit, per, cap, ttl)
   local level = lb_level(st, now, per, cap) - cost * unit
   if level < 0 then
     level = 0

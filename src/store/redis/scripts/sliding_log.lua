@@ -1,22 +1,24 @@
 -- tollgate: sliding window log, the mirror of src/algorithm/sliding_log.rs.
--- State: the admissions still inside the window, oldest first, as "at:units" pairs separated by
--- spaces (strictly increasing `at`, µs; `units` >= 1). A request costs O(entries) to parse and
--- rewrite; a key holds at most L entries (admissions in the same µs are coalesced), which is why
--- the sliding log suits low limits. Parameters: p1 = W (window length, µs), p2 = L.
+-- State: the admissions still inside the window, oldest first, as (at, units) pairs of 64-bit
+-- integers, 16 bytes each (strictly increasing `at`, µs; `units` >= 1). A request costs
+-- O(entries) to read and rewrite; a key holds at most L entries (admissions in the same µs are
+-- coalesced), which is why the sliding log suits low limits. Parameters: p1 = W (window
+-- length, µs), p2 = L.
 
-LOAD[5] = function(key)
+local function sl_load(key)
   local fresh = { n = 0, at = {}, units = {}, total = 0 }
   local v = redis.pcall('GET', key)
   if v == false then
     return fresh, false
   end
-  if type(v) == 'string' and #v <= 4000000 and string.find(v, '^%d+:%d+[ %d:]*$') then
+  if type(v) == 'string' and #v > 0 and #v % 16 == 0 then
     local st = { n = 0, at = {}, units = {}, total = 0 }
-    local ok, pairs_len = true, 0
-    for a, u in string.gmatch(v, '(%d+):(%d+)') do
-      local at, units = tonumber(a), tonumber(u)
+    local ok, pos = true, 1
+    while pos <= #v do
+      local at, units, nxt = struct.unpack('<i8i8', v, pos)
       local n = st.n
-      if at >= MAX_EXACT or units < 1 or units >= MAX_EXACT or (n > 0 and at <= st.at[n]) then
+      if at < 0 or at >= MAX_EXACT or units < 1 or units >= MAX_EXACT
+        or (n > 0 and at <= st.at[n]) then
         ok = false
         break
       end
@@ -24,10 +26,9 @@ LOAD[5] = function(key)
       st.at[n + 1] = at
       st.units[n + 1] = units
       st.total = st.total + units
-      pairs_len = pairs_len + #a + #u + 2
+      pos = nxt
     end
-    -- Every byte belongs to a pair (and its separator): nothing else hides in the value.
-    if ok and pairs_len == #v + 1 and st.total < MAX_EXACT then
+    if ok and st.total < MAX_EXACT then
       return st, false
     end
   end
@@ -57,7 +58,7 @@ local function sl_leaves(at, now, period)
   return d
 end
 
-DECIDE[5] = function(st, now, cost, period, limit)
+local function sl_decide(st, now, cost, period, limit)
   local t, expired, used = sl_view(st, now, period)
   local reset_now = 0
   if expired < st.n then
@@ -112,12 +113,12 @@ local function sl_store(key, st, ttl)
   end
   local parts = {}
   for i = 1, st.n do
-    parts[i] = fmt('%d:%d', st.at[i], st.units[i])
+    parts[i] = struct.pack('<i8i8', st.at[i], st.units[i])
   end
-  redis.call('SET', key, table.concat(parts, ' '), 'PX', ttl)
+  redis.call('SET', key, table.concat(parts), 'PX', ttl)
 end
 
-APPLY[5] = function(key, st, now, cost, period, limit, _, ttl)
+local function sl_apply(key, st, now, cost, period, limit, _, ttl)
   local t, used = sl_prune(st, now, period)
   local room = limit - used
   if room < 0 then
@@ -139,7 +140,7 @@ APPLY[5] = function(key, st, now, cost, period, limit, _, ttl)
   sl_store(key, st, ttl)
 end
 
-REFUND[5] = function(key, st, now, cost, period, limit, _, ttl)
+local function sl_refund(key, st, now, cost, period, limit, _, ttl)
   sl_prune(st, now, period)
   local left = cost
   while left > 0 and st.n > 0 do

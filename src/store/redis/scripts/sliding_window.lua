@@ -1,5 +1,5 @@
 -- tollgate: sliding window counter, the mirror of src/algorithm/sliding_window.rs.
--- State "last:prev:cur": the time of the last charge (µs) and the counts of the window before
+-- State (last, prev, cur): the time of the last charge (µs) and the counts of the window before
 -- last's and of last's window. Parameters: p1 = W (window length, µs), p2 = L (units per
 -- window). L × W < 2^53 (checked when the limit is built), so every product below is exact.
 -- Counts above L (left by a larger, earlier limit) read as L.
@@ -62,12 +62,12 @@ local function sw_wait(t, e, prev, cur, now, budget, period)
   return (t - now) + d
 end
 
-LOAD[4] = function(key)
+local function sw_load(key)
   local st, corrupt = load_ints(key, 3)
   return st or { 0, 0, 0 }, corrupt
 end
 
-DECIDE[4] = function(st, now, cost, period, limit)
+local function sw_decide(st, now, cost, period, limit)
   local t, e, prev, cur = sw_view(st, now, period, limit)
   local est = idiv(prev * (period - e), period) + cur
   local remaining_now = limit - est
@@ -85,7 +85,7 @@ DECIDE[4] = function(st, now, cost, period, limit)
     sw_wait(t, e, prev, cur, now, limit - cost, period)
 end
 
-APPLY[4] = function(key, st, now, cost, period, limit, _, ttl)
+local function sw_apply(key, st, now, cost, period, limit, _, ttl)
   local t, _, prev, cur = sw_view(st, now, period, limit)
   cur = cur + cost
   if cur > limit then
@@ -94,7 +94,7 @@ APPLY[4] = function(key, st, now, cost, period, limit, _, ttl)
   store_ints(key, ttl, t, prev, cur)
 end
 
-REFUND[4] = function(key, st, now, cost, period, limit, _, ttl)
+local function sw_refund(key, st, now, cost, period, limit, _, ttl)
   local t, _, prev, cur = sw_view(st, now, period, limit)
   cur = cur - cost
   if cur < 0 then

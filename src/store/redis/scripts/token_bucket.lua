@@ -1,5 +1,5 @@
 -- tollgate: token bucket, the mirror of src/algorithm/token_bucket.rs.
--- State "deficit:last": fixed-point steps missing from a full bucket, and the last charge (µs).
+-- State (deficit, last): fixed-point steps missing from a full bucket, and the last charge (µs).
 -- Parameters: p1 = unit (steps per token), p2 = per (steps earned per µs), p3 = cap (burst × unit).
 
 local function tb_deficit(st, now, per, cap)
@@ -18,12 +18,12 @@ local function tb_deficit(st, now, per, cap)
   return deficit
 end
 
-LOAD[1] = function(key)
+local function tb_load(key)
   local st, corrupt = load_ints(key, 2)
   return st or { 0, 0 }, corrupt
 end
 
-DECIDE[1] = function(st, now, cost, unit, per, cap)
+local function tb_decide(st, now, cost, unit, per, cap)
   local deficit = tb_deficit(st, now, per, cap)
   local limit = cap / unit
   if cost > limit then
@@ -36,7 +36,7 @@ DECIDE[1] = function(st, now, cost, unit, per, cap)
   return false, idiv(cap - deficit, unit), cdiv(deficit, per), cdiv(after - cap, per)
 end
 
-APPLY[1] = function(key, st, now, cost, unit, per, cap, ttl)
+local function tb_apply(key, st, now, cost, unit, per, cap, ttl)
   local deficit = tb_deficit(st, now, per, cap) + cost * unit
   if deficit > cap then
     deficit = cap
@@ -48,7 +48,7 @@ APPLY[1] = function(key, st, now, cost, unit, per, cap, ttl)
   store_ints(key, ttl, deficit, last)
 end
 
-REFUND[1] = function(key, st, now, cost, unit, per, cap, ttl)
+local function tb_refund(key, st, now, cost, unit, per, cap, ttl)
   local deficit = tb_deficit(st, now, per, cap) - cost * unit
   if deficit < 0 then
     deficit = 0
