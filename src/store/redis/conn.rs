@@ -10,7 +10,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use super::script::{pack_args, Group, LuaScript, Mode};
+use super::script::{pack_args, reply_ints, Group, Ints, LuaScript, Mode};
 use super::stats::RedisStats;
 
 /// Where the store connects, validated at build time.
@@ -93,10 +93,10 @@ impl Conn {
     }
 }
 
-/// One call waiting in the batcher.
+/// One call waiting in the batcher. The group travels back with the answer.
 pub(crate) struct Job {
     pub(crate) group: Group,
-    pub(crate) reply: oneshot::Sender<Result<Vec<i64>, BatchError>>,
+    pub(crate) reply: oneshot::Sender<(Group, Result<Ints, BatchError>)>,
 }
 
 /// Why a batched call failed.
@@ -155,9 +155,7 @@ async fn run_batch(conn: Conn, script: Arc<LuaScript>, jobs: Vec<Job>) {
         .eval(&script, Mode::Check, jobs.iter().map(|j| &j.group))
         .await;
     let ints = match result {
-        Ok(value) => {
-            super::script::reply_ints(value).map_err(|e| BatchError::Invalid(e.to_string()))
-        }
+        Ok(value) => reply_ints(value).map_err(|e| BatchError::Invalid(e.to_string())),
         Err(e) => Err(BatchError::Redis(Arc::new(e))),
     };
     match ints {
@@ -165,21 +163,23 @@ async fn run_batch(conn: Conn, script: Arc<LuaScript>, jobs: Vec<Job>) {
             let mut at = 0;
             for job in jobs {
                 let len = job.group.reply_len();
-                let part = match ints.get(at..at + len) {
-                    Some(part) => Ok(part.to_vec()),
-                    None => Err(BatchError::Invalid(format!(
-                        "batched reply has {} integers, expected at least {}",
-                        ints.len(),
-                        at + len
-                    ))),
-                };
+                let part = ints
+                    .get(at..at + len)
+                    .and_then(Ints::from_slice)
+                    .ok_or_else(|| {
+                        BatchError::Invalid(format!(
+                            "batched reply has {} integers, expected at least {}",
+                            ints.len(),
+                            at + len
+                        ))
+                    });
                 at += len;
-                let _ = job.reply.send(part);
+                let _ = job.reply.send((job.group, part));
             }
         }
         Err(e) => {
             for job in jobs {
-                let _ = job.reply.send(Err(e.clone()));
+                let _ = job.reply.send((job.group, Err(e.clone())));
             }
         }
     }

@@ -108,7 +108,7 @@ impl KeyEncoder {
             String::with_capacity(self.prefix.len() + 24 + alg.len() + name_enc.len() + 48);
         out.push_str(&self.prefix);
         out.push_str(":{");
-        out.push_str(std::str::from_utf8(&tag).unwrap_or_default());
+        out.extend(tag.iter().map(|&b| char::from(b)));
         out.push_str("}:");
         out.push_str(alg);
         out.push(':');
@@ -122,7 +122,7 @@ impl KeyEncoder {
             let digest = self.hmac(b'k', scratch);
             let mut hex = [0u8; 32];
             hex_into(&digest[..16], &mut hex);
-            out.push_str(std::str::from_utf8(&hex).unwrap_or_default());
+            out.extend(hex.iter().map(|&b| char::from(b)));
         }
         EncodedKey { key: out, tag }
     }

@@ -14,7 +14,7 @@ use crate::algorithm::{
 };
 use crate::decision::{Decision, PolicyName};
 use crate::error::{ConfigError, StoreError, StoreErrorKind};
-use crate::store::LimitSpec;
+use crate::store::{LimitSpec, MAX_LIMITS};
 
 const PRELUDE: &str = include_str!("scripts/prelude.lua");
 const DRIVER: &str = include_str!("scripts/driver.lua");
@@ -206,7 +206,6 @@ pub(crate) struct LimitArg {
     /// Index of the limit in the store's configuration.
     pub(crate) limit: usize,
     pub(crate) cost: u64,
-    pub(crate) params: ScriptParams,
 }
 
 /// A group of limits decided all-or-nothing in one script run; all keys share a hash slot (in a
@@ -259,6 +258,33 @@ pub(crate) fn pack_args<'g>(
         for l in &g.limits {
             cmd.arg(l.limit).arg(l.cost);
         }
+    }
+}
+
+/// One group's reply integers, inline (no allocation per call): its `now`, then 5 per limit.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ints {
+    len: usize,
+    buf: [i64; 1 + 5 * MAX_LIMITS],
+}
+
+impl Ints {
+    /// Copies `ints`, or `None` if they are more than a group can take.
+    pub(crate) fn from_slice(ints: &[i64]) -> Option<Self> {
+        let mut buf = [0; 1 + 5 * MAX_LIMITS];
+        buf.get_mut(..ints.len())?.copy_from_slice(ints);
+        Some(Self {
+            len: ints.len(),
+            buf,
+        })
+    }
+}
+
+impl std::ops::Deref for Ints {
+    type Target = [i64];
+
+    fn deref(&self) -> &[i64] {
+        &self.buf[..self.len]
     }
 }
 

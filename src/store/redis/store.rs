@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::conn::{spawn_batcher, BatchError, Conn, Job, Target};
 use super::keys::KeyEncoder;
-use super::script::{decision, reply_ints, Group, LimitArg, LimitInfo, LuaScript, Mode};
+use super::script::{decision, reply_ints, Group, Ints, LimitArg, LimitInfo, LuaScript, Mode};
 use super::stats::RedisStats;
 use crate::clock::Clock;
 use crate::decision::Decision;
@@ -201,9 +201,21 @@ impl<C: Clock> LocalStore for MemoryStore<C> {
 /// Which groups a request's checks fall in.
 struct Plan {
     groups: Vec<Group>,
-    /// For each group, the check index of each of its limits.
+    /// For each group, the check index of each of its limits; empty on a single node, where the
+    /// only group holds every check in order.
     positions: Vec<Vec<usize>>,
 }
+
+/// Check positions of a single node's one group.
+const IDENTITY: [usize; MAX_LIMITS] = {
+    let mut a = [0; MAX_LIMITS];
+    let mut i = 0;
+    while i < MAX_LIMITS {
+        a[i] = i;
+        i += 1;
+    }
+    a
+};
 
 /// A group Redis charged.
 struct Applied {
@@ -240,38 +252,49 @@ impl Inner {
 
     fn plan(&self, checks: &[LimitCheck<'_>], now: Option<u64>) -> Plan {
         let mut scratch = Vec::with_capacity(64);
+        if !self.cluster {
+            // On a single node every limit goes in one script call, whatever its slot.
+            let mut group = Group {
+                keys: Vec::with_capacity(checks.len()),
+                limits: Vec::with_capacity(checks.len()),
+                now,
+            };
+            for c in checks {
+                let info = &self.limits[c.limit];
+                let enc = self.keys.encode(info.short, &info.name_enc, &c.key, &mut scratch);
+                group.keys.push(enc.key);
+                group.limits.push(LimitArg {
+                    limit: c.limit,
+                    cost: c.cost,
+                });
+            }
+            return Plan {
+                groups: vec![group],
+                positions: Vec::new(),
+            };
+        }
         let mut groups: Vec<Group> = Vec::with_capacity(1);
         let mut positions: Vec<Vec<usize>> = Vec::with_capacity(1);
-        let mut tags: Vec<[u8; 16]> = Vec::new();
+        let mut tags: Vec<[u8; 16]> = Vec::with_capacity(1);
         for (i, c) in checks.iter().enumerate() {
             let info = &self.limits[c.limit];
-            let enc = self
-                .keys
-                .encode(info.short, &info.name_enc, &c.key, &mut scratch);
-            // On a single node every limit goes in one script call, whatever its slot.
-            let g = if self.cluster {
-                match tags.iter().position(|t| *t == enc.tag) {
-                    Some(g) => g,
-                    None => {
-                        tags.push(enc.tag);
-                        groups.len()
-                    }
+            let enc = self.keys.encode(info.short, &info.name_enc, &c.key, &mut scratch);
+            let g = match tags.iter().position(|t| *t == enc.tag) {
+                Some(g) => g,
+                None => {
+                    tags.push(enc.tag);
+                    groups.push(Group {
+                        now,
+                        ..Group::default()
+                    });
+                    positions.push(Vec::with_capacity(checks.len()));
+                    groups.len() - 1
                 }
-            } else {
-                0
             };
-            if g == groups.len() {
-                groups.push(Group {
-                    now,
-                    ..Group::default()
-                });
-                positions.push(Vec::with_capacity(checks.len()));
-            }
             groups[g].keys.push(enc.key);
             groups[g].limits.push(LimitArg {
                 limit: c.limit,
                 cost: c.cost,
-                params: info.params,
             });
             positions[g].push(i);
         }
@@ -284,18 +307,23 @@ impl Inner {
         mut fb: Fallback,
         local: Vec<LimitCheck<'static>>,
     ) -> Result<Decisions, StoreError> {
-        let results = self.call_groups(&plan.groups).await;
-        for ((group, positions), result) in plan.groups.into_iter().zip(plan.positions).zip(results)
-        {
-            match result.and_then(|ints| self.parse_group(&group, &positions, &ints, &mut fb.got)) {
-                Ok((now, true)) => fb.applied.push(Applied {
+        let several = plan.groups.len() > 1;
+        let results = self.call_groups(plan.groups).await;
+        for (g, (group, result)) in results.into_iter().enumerate() {
+            let positions = match plan.positions.get(g) {
+                Some(p) => &p[..],
+                None => &IDENTITY[..group.len()],
+            };
+            match result.and_then(|ints| self.parse_group(&group, positions, &ints, &mut fb.got)) {
+                // Only a request split over several slots can need a refund.
+                Ok((now, true)) if several => fb.applied.push(Applied {
                     group,
                     now,
-                    positions,
+                    positions: positions.to_vec(),
                 }),
-                Ok((_, false)) => {}
+                Ok(_) => {}
                 Err(e) => {
-                    for &p in &positions {
+                    for &p in positions {
                         fb.got[p] = None;
                     }
                     fb.error.get_or_insert(e);
@@ -401,25 +429,34 @@ impl Inner {
     }
 
     /// Sends every group (one script call each; batched on a single node) within the timeout.
-    async fn call_groups(self: &Arc<Self>, groups: &[Group]) -> Vec<Result<Vec<i64>, StoreError>> {
+    async fn call_groups(
+        self: &Arc<Self>,
+        mut groups: Vec<Group>,
+    ) -> Vec<(Group, Result<Ints, StoreError>)> {
         if groups.len() == 1 {
-            return vec![self.call_one(&groups[0]).await];
+            let group = groups.pop().expect("one group");
+            return vec![self.call_one(group).await];
         }
-        futures_util::future::join_all(groups.iter().map(|g| self.call_one(g))).await
+        futures_util::future::join_all(groups.into_iter().map(|g| self.call_one(g))).await
     }
 
-    async fn call_one(self: &Arc<Self>, group: &Group) -> Result<Vec<i64>, StoreError> {
+    async fn call_one(self: &Arc<Self>, group: Group) -> (Group, Result<Ints, StoreError>) {
         // Until Redis has answered once, a call may also wait for the connection to be set up.
         let timeout = if self.connected.load(Ordering::Relaxed) {
             self.timeout
         } else {
             self.timeout.max(self.connect_timeout)
         };
-        let result = match tokio::time::timeout(timeout, self.send(group)).await {
-            Ok(r) => r,
-            Err(_) => Err(CallError::Timeout),
+        let (group, result) = if let Some((max_batch, max_in_flight)) = self.batching {
+            self.send_batched(group, timeout, max_batch, max_in_flight).await
+        } else {
+            let result = match tokio::time::timeout(timeout, self.send(&group)).await {
+                Ok(r) => r,
+                Err(_) => Err(CallError::Timeout),
+            };
+            (group, result)
         };
-        match result {
+        let result = match result {
             Ok(ints) => {
                 self.stats.on_success();
                 self.connected.store(true, Ordering::Relaxed);
@@ -438,51 +475,73 @@ impl Inner {
                 }
                 Err(err)
             }
-        }
+        };
+        (group, result)
     }
 
-    async fn send(&self, group: &Group) -> Result<Vec<i64>, CallError> {
+    /// One script call for one group, on the shared connection.
+    async fn send(&self, group: &Group) -> Result<Ints, CallError> {
         let conn = self.conn().map_err(CallError::Store)?;
-        if let Some((max_batch, max_in_flight)) = self.batching {
-            let batcher = self.batcher.get_or_init(|| {
-                spawn_batcher(
-                    conn.clone(),
-                    self.script.clone(),
-                    self.stats.clone(),
-                    max_batch,
-                    max_in_flight,
-                )
-            });
-            let (tx, rx) = oneshot::channel();
-            // The job owns its group: the caller keeps its copy for a later refund.
-            let job = Job {
-                group: group.clone(),
-                reply: tx,
-            };
-            if batcher.send(job).is_err() {
-                return Err(CallError::Store(StoreError::new(
-                    StoreErrorKind::Unavailable,
-                    "the redis batcher stopped",
-                )));
-            }
-            return match rx.await {
-                Ok(Ok(ints)) => Ok(ints),
-                Ok(Err(BatchError::Redis(e))) => Err(CallError::Redis(e.to_string(), kind_of(&e))),
-                Ok(Err(BatchError::Invalid(msg))) => Err(CallError::Store(StoreError::new(
-                    StoreErrorKind::InvalidResponse,
-                    msg,
-                ))),
-                Err(_) => Err(CallError::Store(StoreError::new(
-                    StoreErrorKind::Unavailable,
-                    "the redis batcher dropped the call",
-                ))),
-            };
-        }
         let value = conn
             .eval(&self.script, Mode::Check, std::iter::once(group))
             .await
             .map_err(|e| CallError::Redis(e.to_string(), kind_of(&e)))?;
-        reply_ints(value).map_err(CallError::Store)
+        let ints = reply_ints(value).map_err(CallError::Store)?;
+        Ints::from_slice(&ints).ok_or_else(|| {
+            CallError::Store(StoreError::new(
+                StoreErrorKind::InvalidResponse,
+                format!("{} integers in a reply", ints.len()),
+            ))
+        })
+    }
+
+    /// The group joins the batcher's next script call. If the caller gives up (timeout), the
+    /// batcher skips the group unless it was already sent.
+    async fn send_batched(
+        &self,
+        group: Group,
+        timeout: Duration,
+        max_batch: usize,
+        max_in_flight: usize,
+    ) -> (Group, Result<Ints, CallError>) {
+        let conn = match self.conn() {
+            Ok(c) => c,
+            Err(e) => return (group, Err(CallError::Store(e))),
+        };
+        let batcher = self.batcher.get_or_init(|| {
+            spawn_batcher(
+                conn.clone(),
+                self.script.clone(),
+                self.stats.clone(),
+                max_batch,
+                max_in_flight,
+            )
+        });
+        let (tx, rx) = oneshot::channel();
+        if let Err(mpsc::error::SendError(job)) = batcher.send(Job { group, reply: tx }) {
+            let err = StoreError::new(StoreErrorKind::Unavailable, "the redis batcher stopped");
+            return (job.group, Err(CallError::Store(err)));
+        }
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok((group, Ok(ints)))) => (group, Ok(ints)),
+            Ok(Ok((group, Err(BatchError::Redis(e))))) => {
+                (group, Err(CallError::Redis(e.to_string(), kind_of(&e))))
+            }
+            Ok(Ok((group, Err(BatchError::Invalid(msg))))) => (
+                group,
+                Err(CallError::Store(StoreError::new(StoreErrorKind::InvalidResponse, msg))),
+            ),
+            // The group went with the job; the caller only needs it for a refund, which a single
+            // node never makes.
+            Ok(Err(_)) => (
+                Group::default(),
+                Err(CallError::Store(StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    "the redis batcher dropped the call",
+                ))),
+            ),
+            Err(_) => (Group::default(), Err(CallError::Timeout)),
+        }
     }
 
     /// Decides the limits Redis could not decide by their failure policies.
