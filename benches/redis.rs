@@ -201,6 +201,15 @@ fn redis_benchmark(port: u16, sha: &str, pipeline: u32) -> f64 {
         .unwrap_or_else(|| panic!("cannot parse redis-benchmark output:\n{text}"))
 }
 
+/// CPU seconds redis-server has used so far (user + system).
+fn redis_cpu(server: &support::RedisServer) -> f64 {
+    let info: String = server.cmd(&["INFO", "cpu"]);
+    info.lines()
+        .filter(|l| l.starts_with("used_cpu_user:") || l.starts_with("used_cpu_sys:"))
+        .filter_map(|l| l.split(':').nth(1)?.trim().parse::<f64>().ok())
+        .sum()
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; `cargo test --benches` passes nothing we need.
     if std::env::args().any(|a| a == "--list") {
@@ -219,11 +228,16 @@ fn main() {
     };
     println!("(b) redis-benchmark EVALSHA seeds' script, -c 50:  -P 1: {ceiling_p1:>9.0}/s   -P 16: {ceiling_p16:>9.0}/s (the ceiling)");
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    // BENCH_RT=current runs the client on one thread (no cross-thread wake-ups).
+    let rt = if std::env::var("BENCH_RT").as_deref() == Ok("current") {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
     println!(
         "{:>11} | {:>26} | {:>26} | {:>36}",
         "concurrency", "(a) per-request EVAL", "store, unbatched", "store, batched (mean batch)"
@@ -231,12 +245,20 @@ fn main() {
     // For profiling one point: BENCH_ONLY=eval|direct|batched BENCH_C=64.
     if let Ok(only) = std::env::var("BENCH_ONLY") {
         let c = std::env::var("BENCH_C").ok().and_then(|c| c.parse().ok()).unwrap_or(64);
+        let (cpu0, t0) = (redis_cpu(&server), Instant::now());
         let r = match only.as_str() {
             "eval" => rt.block_on(bench_eval(&url, c)),
             "direct" => rt.block_on(bench_store(&url, false, c)).0,
             _ => rt.block_on(bench_store(&url, true, c)).0,
         };
-        println!("{only} at {c}: {:.0}/s p50 {:?} p99 {:?}", r.per_sec, r.p50, r.p99);
+        let busy = (redis_cpu(&server) - cpu0) / t0.elapsed().as_secs_f64();
+        println!(
+            "{only} at {c}: {:.0}/s p50 {:?} p99 {:?}; redis-server busy {:.0}% of a core",
+            r.per_sec,
+            r.p50,
+            r.p99,
+            busy * 100.0
+        );
         return;
     }
     let mut batched_64 = None;

@@ -9,6 +9,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 
 use super::script::{pack_args, reply_ints, Group, Ints, LuaScript, Mode};
 use super::stats::RedisStats;
@@ -93,15 +94,19 @@ impl Conn {
     }
 }
 
-/// One call waiting in the batcher. The group travels back with the answer.
+/// One call waiting in the batcher. The group travels back with the answer, which always comes
+/// by `deadline`: the batcher sends no job after its deadline and gives each script call the
+/// earliest deadline of its jobs, so callers need no timer of their own.
 pub(crate) struct Job {
     pub(crate) group: Group,
+    pub(crate) deadline: Instant,
     pub(crate) reply: oneshot::Sender<(Group, Result<Ints, BatchError>)>,
 }
 
 /// Why a batched call failed.
 #[derive(Debug, Clone)]
 pub(crate) enum BatchError {
+    Timeout,
     Redis(Arc<RedisError>),
     Invalid(String),
 }
@@ -136,11 +141,19 @@ pub(crate) fn spawn_batcher(
                             Err(_) => break,
                         }
                     }
-                    // A caller that timed out no longer waits: do not charge for it.
+                    // A caller that went away no longer waits, and a job past its deadline is
+                    // answered by the failure policy: neither is sent (nor charged).
+                    let now = Instant::now();
                     jobs.retain(|j| !j.reply.is_closed());
+                    let (late, mut jobs): (Vec<Job>, Vec<Job>) =
+                        jobs.into_iter().partition(|j| j.deadline <= now);
+                    for job in late {
+                        let _ = job.reply.send((job.group, Err(BatchError::Timeout)));
+                    }
                     if jobs.is_empty() {
                         continue;
                     }
+                    jobs.shrink_to_fit();
                     stats.record_batch(jobs.len());
                     in_flight.push(run_batch(conn.clone(), script.clone(), jobs));
                 }
@@ -151,12 +164,16 @@ pub(crate) fn spawn_batcher(
 }
 
 async fn run_batch(conn: Conn, script: Arc<LuaScript>, jobs: Vec<Job>) {
-    let result = conn
-        .eval(&script, Mode::Check, jobs.iter().map(|j| &j.group))
-        .await;
+    let deadline = jobs.iter().map(|j| j.deadline).min().expect("a batch has jobs");
+    let result = tokio::time::timeout_at(
+        deadline,
+        conn.eval(&script, Mode::Check, jobs.iter().map(|j| &j.group)),
+    )
+    .await;
     let ints = match result {
-        Ok(value) => reply_ints(value).map_err(|e| BatchError::Invalid(e.to_string())),
-        Err(e) => Err(BatchError::Redis(Arc::new(e))),
+        Ok(Ok(value)) => reply_ints(value).map_err(|e| BatchError::Invalid(e.to_string())),
+        Ok(Err(e)) => Err(BatchError::Redis(Arc::new(e))),
+        Err(_) => Err(BatchError::Timeout),
     };
     match ints {
         Ok(ints) => {

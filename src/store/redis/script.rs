@@ -288,18 +288,18 @@ impl std::ops::Deref for Ints {
     }
 }
 
-/// The integers of a script reply.
+/// The integers of a script reply: a string of little-endian 64-bit integers.
 pub(crate) fn reply_ints(value: Value) -> Result<Vec<i64>, StoreError> {
-    let Value::Array(items) = value else {
-        return Err(invalid(format!("expected an array, got {value:?}")));
+    let Value::BulkString(bytes) = value else {
+        return Err(invalid(format!("expected a string of integers, got {value:?}")));
     };
-    items
-        .into_iter()
-        .map(|v| match v {
-            Value::Int(i) => Ok(i),
-            other => Err(invalid(format!("expected an integer, got {other:?}"))),
-        })
-        .collect()
+    if bytes.len() % 8 != 0 {
+        return Err(invalid(format!("{} bytes is not a whole number of integers", bytes.len())));
+    }
+    Ok(bytes
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect())
 }
 
 fn invalid(msg: String) -> StoreError {
@@ -385,6 +385,9 @@ mod tests {
         assert!(decision(&info, &[1, -1, 1, 0, 0]).is_err());
         assert!(decision(&info, &[1, 1]).is_err());
         assert!(reply_ints(Value::Okay).is_err());
-        assert!(reply_ints(Value::Array(vec![Value::Nil])).is_err());
+        assert!(reply_ints(Value::BulkString(vec![0; 7])).is_err());
+        let mut bytes = 5i64.to_le_bytes().to_vec();
+        bytes.extend((-1i64).to_le_bytes());
+        assert_eq!(reply_ints(Value::BulkString(bytes)).unwrap(), [5, -1]);
     }
 }

@@ -518,29 +518,35 @@ impl Inner {
             )
         });
         let (tx, rx) = oneshot::channel();
-        if let Err(mpsc::error::SendError(job)) = batcher.send(Job { group, reply: tx }) {
+        let job = Job {
+            group,
+            deadline: tokio::time::Instant::now() + timeout,
+            reply: tx,
+        };
+        if let Err(mpsc::error::SendError(job)) = batcher.send(job) {
             let err = StoreError::new(StoreErrorKind::Unavailable, "the redis batcher stopped");
             return (job.group, Err(CallError::Store(err)));
         }
-        match tokio::time::timeout(timeout, rx).await {
-            Ok(Ok((group, Ok(ints)))) => (group, Ok(ints)),
-            Ok(Ok((group, Err(BatchError::Redis(e))))) => {
+        // No timer here: the batcher answers every job by its deadline.
+        match rx.await {
+            Ok((group, Ok(ints))) => (group, Ok(ints)),
+            Ok((group, Err(BatchError::Timeout))) => (group, Err(CallError::Timeout)),
+            Ok((group, Err(BatchError::Redis(e)))) => {
                 (group, Err(CallError::Redis(e.to_string(), kind_of(&e))))
             }
-            Ok(Ok((group, Err(BatchError::Invalid(msg))))) => (
+            Ok((group, Err(BatchError::Invalid(msg)))) => (
                 group,
                 Err(CallError::Store(StoreError::new(StoreErrorKind::InvalidResponse, msg))),
             ),
             // The group went with the job; the caller only needs it for a refund, which a single
             // node never makes.
-            Ok(Err(_)) => (
+            Err(_) => (
                 Group::default(),
                 Err(CallError::Store(StoreError::new(
                     StoreErrorKind::Unavailable,
                     "the redis batcher dropped the call",
                 ))),
             ),
-            Err(_) => (Group::default(), Err(CallError::Timeout)),
         }
     }
 
@@ -678,5 +684,19 @@ fn kind_of(e: &redis::RedisError) -> StoreErrorKind {
         StoreErrorKind::Unavailable
     } else {
         StoreErrorKind::Other
+    }
+}
+
+#[cfg(test)]
+mod size_probe {
+    #[test]
+    fn sizes() {
+        use super::*;
+        eprintln!("Fallback {}", std::mem::size_of::<Fallback>());
+        eprintln!("Ints {}", std::mem::size_of::<Ints>());
+        eprintln!("Group {}", std::mem::size_of::<Group>());
+        eprintln!("Decision {}", std::mem::size_of::<Decision>());
+        eprintln!("Decisions {}", std::mem::size_of::<Decisions>());
+        eprintln!("StoreError {}", std::mem::size_of::<StoreError>());
     }
 }
