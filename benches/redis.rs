@@ -60,7 +60,14 @@ struct Result {
     per_sec: f64,
     p50: Duration,
     p99: Duration,
+    /// redis-server CPU per decision, µs.
+    redis_us: f64,
+    /// This process's CPU per decision, µs.
+    client_us: f64,
 }
+
+/// (redis-server CPU s, own CPU s) so far.
+type Sampler = Arc<dyn Fn() -> (f64, f64) + Send + Sync>;
 
 fn secs() -> Duration {
     let s = std::env::var("BENCH_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(3.0);
@@ -68,7 +75,7 @@ fn secs() -> Duration {
 }
 
 /// Runs `op` from `concurrency` tasks for the bench duration (after a short warm-up).
-async fn drive<F, Fut>(concurrency: usize, op: F) -> Result
+async fn drive<F, Fut>(sample: &Sampler, concurrency: usize, op: F) -> Result
 where
     F: Fn(u64) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send,
@@ -96,11 +103,13 @@ where
         }));
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
+    let cpu0 = sample();
     measuring.store(true, Ordering::Relaxed);
     let start = Instant::now();
     tokio::time::sleep(secs()).await;
     measuring.store(false, Ordering::Relaxed);
     let elapsed = start.elapsed();
+    let cpu1 = sample();
     stop.store(true, Ordering::Relaxed);
     let mut all = Vec::new();
     for t in tasks {
@@ -108,10 +117,13 @@ where
     }
     all.sort_unstable();
     let pct = |p: f64| all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1))).copied().unwrap_or_default();
+    let n = all.len().max(1) as f64;
     Result {
         per_sec: all.len() as f64 / elapsed.as_secs_f64(),
         p50: pct(0.50),
         p99: pct(0.99),
+        redis_us: (cpu1.0 - cpu0.0) * 1e6 / n,
+        client_us: (cpu1.1 - cpu0.1) * 1e6 / n,
     }
 }
 
@@ -131,10 +143,10 @@ fn store(url: &str, batching: bool) -> RedisStore {
         .unwrap()
 }
 
-async fn bench_store(url: &str, batching: bool, concurrency: usize) -> (Result, f64) {
+async fn bench_store(sample: &Sampler, url: &str, batching: bool, concurrency: usize) -> (Result, f64) {
     let store = Arc::new(store(url, batching));
     let s = store.clone();
-    let r = drive(concurrency, move |k| {
+    let r = drive(sample, concurrency, move |k| {
         let s = s.clone();
         async move {
             let checks = [LimitCheck {
@@ -160,10 +172,10 @@ async fn bench_store(url: &str, batching: bool, concurrency: usize) -> (Result, 
     (r, mean_batch)
 }
 
-async fn bench_eval(url: &str, concurrency: usize) -> Result {
+async fn bench_eval(sample: &Sampler, url: &str, concurrency: usize) -> Result {
     let client = redis::Client::open(url).unwrap();
     let conn = client.get_multiplexed_async_connection().await.unwrap();
-    drive(concurrency, move |k| {
+    drive(sample, concurrency, move |k| {
         let mut conn = conn.clone();
         async move {
             let r: Vec<i64> = redis::cmd("EVAL")
@@ -182,9 +194,12 @@ async fn bench_eval(url: &str, concurrency: usize) -> Result {
     .await
 }
 
-/// `redis-benchmark` with the seeds' script by EVALSHA; returns requests per second.
-fn redis_benchmark(port: u16, sha: &str, pipeline: u32) -> f64 {
+/// `redis-benchmark` with the seeds' script by EVALSHA; returns requests per second and
+/// redis-server CPU µs per request.
+fn redis_benchmark(server: &support::RedisServer, sha: &str, pipeline: u32) -> (f64, f64) {
+    let port = server.port();
     let n = if pipeline > 1 { 600_000 } else { 200_000 };
+    let cpu0 = redis_cpu(server);
     let out = Command::new("redis-benchmark")
         .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-c", "50"])
         .args(["-n", &n.to_string(), "-P", &pipeline.to_string(), "-r", &KEYS.to_string(), "--csv"])
@@ -192,18 +207,33 @@ fn redis_benchmark(port: u16, sha: &str, pipeline: u32) -> f64 {
         .output()
         .expect("run redis-benchmark (Debian package redis-tools / redis-server)");
     let text = String::from_utf8_lossy(&out.stdout);
+    let redis_us = (redis_cpu(server) - cpu0) * 1e6 / n as f64;
     // "test","rps","avg_latency_ms",...  then one row per test.
-    text.lines()
+    let rps = text
+        .lines()
         .filter(|l| l.starts_with("\"EVALSHA"))
         .filter_map(|l| l.split(',').nth(1))
         .filter_map(|v| v.trim_matches('"').parse::<f64>().ok())
         .next()
-        .unwrap_or_else(|| panic!("cannot parse redis-benchmark output:\n{text}"))
+        .unwrap_or_else(|| panic!("cannot parse redis-benchmark output:\n{text}"));
+    (rps, redis_us)
+}
+
+/// CPU seconds this process has used so far (user + system), from /proc/self/stat.
+fn own_cpu() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    // After the command name: state is field 3, utime 14 and stime 15 (1-based, in ticks).
+    let ticks = |i: usize| fields.get(i - 3).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(14) + ticks(15)) / 100.0
 }
 
 /// CPU seconds redis-server has used so far (user + system).
 fn redis_cpu(server: &support::RedisServer) -> f64 {
-    let info: String = server.cmd(&["INFO", "cpu"]);
+    cpu_of(&server.cmd::<String>(&["INFO", "cpu"]))
+}
+
+fn cpu_of(info: &str) -> f64 {
     info.lines()
         .filter(|l| l.starts_with("used_cpu_user:") || l.starts_with("used_cpu_sys:"))
         .filter_map(|l| l.split(':').nth(1)?.trim().parse::<f64>().ok())
@@ -220,16 +250,13 @@ fn main() {
     let url = server.url();
     let sha: String = server.cmd(&["SCRIPT", "LOAD", SEED_TOKEN_BUCKET]);
 
-    println!("redis bench: one local redis-server, {KEYS} keys, token bucket, {:?} per point", secs());
-    let (ceiling_p1, ceiling_p16) = if std::env::var("BENCH_ONLY").is_ok() {
-        (0.0, 1.0)
-    } else {
-        (redis_benchmark(server.port(), &sha, 1), redis_benchmark(server.port(), &sha, 16))
-    };
-    println!("(b) redis-benchmark EVALSHA seeds' script, -c 50:  -P 1: {ceiling_p1:>9.0}/s   -P 16: {ceiling_p16:>9.0}/s (the ceiling)");
-
+    println!(
+        "redis bench: one local redis-server, {KEYS} keys, token bucket, {:?} per point; CPU columns are µs of CPU per decision",
+        secs()
+    );
     // BENCH_RT=current runs the client on one thread (no cross-thread wake-ups).
-    let rt = if std::env::var("BENCH_RT").as_deref() == Ok("current") {
+    let current = std::env::var("BENCH_RT").as_deref() == Ok("current");
+    let rt = if current {
         tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
     } else {
         tokio::runtime::Builder::new_multi_thread()
@@ -238,55 +265,63 @@ fn main() {
             .build()
             .unwrap()
     };
-    println!(
-        "{:>11} | {:>26} | {:>26} | {:>36}",
-        "concurrency", "(a) per-request EVAL", "store, unbatched", "store, batched (mean batch)"
-    );
+    let sampler: Sampler = {
+        let url = url.clone();
+        Arc::new(move || {
+            let info: String = redis::cmd("INFO")
+                .arg("cpu")
+                .query(&mut redis::Client::open(url.as_str()).unwrap().get_connection().unwrap())
+                .unwrap();
+            (cpu_of(&info), own_cpu())
+        })
+    };
     // For profiling one point: BENCH_ONLY=eval|direct|batched BENCH_C=64.
     if let Ok(only) = std::env::var("BENCH_ONLY") {
         let c = std::env::var("BENCH_C").ok().and_then(|c| c.parse().ok()).unwrap_or(64);
-        let (cpu0, t0) = (redis_cpu(&server), Instant::now());
         let r = match only.as_str() {
-            "eval" => rt.block_on(bench_eval(&url, c)),
-            "direct" => rt.block_on(bench_store(&url, false, c)).0,
-            _ => rt.block_on(bench_store(&url, true, c)).0,
+            "eval" => rt.block_on(bench_eval(&sampler, &url, c)),
+            "direct" => rt.block_on(bench_store(&sampler, &url, false, c)).0,
+            _ => rt.block_on(bench_store(&sampler, &url, true, c)).0,
         };
-        let busy = (redis_cpu(&server) - cpu0) / t0.elapsed().as_secs_f64();
-        println!(
-            "{only} at {c}: {:.0}/s p50 {:?} p99 {:?}; redis-server busy {:.0}% of a core",
-            r.per_sec,
-            r.p50,
-            r.p99,
-            busy * 100.0
-        );
+        println!("{only} at {c}: {}", show(r));
         return;
     }
-    let mut batched_64 = None;
+    let (p1, p1_cpu) = redis_benchmark(&server, &sha, 1);
+    let (p16, p16_cpu) = redis_benchmark(&server, &sha, 16);
+    println!("(b) redis-benchmark, EVALSHA of the seeds' token bucket, 50 connections:");
+    println!("      -P 1:  {p1:>8.0}/s (redis {p1_cpu:.2} µs CPU per request)");
+    println!("      -P 16: {p16:>8.0}/s (redis {p16_cpu:.2} µs CPU per request): the pipelined ceiling");
+    println!(
+        "client runtime: {}",
+        if current { "tokio current_thread" } else { "tokio multi_thread, 2 workers" }
+    );
+    let mut at_64 = None;
     for c in CONCURRENCY {
-        let eval = rt.block_on(bench_eval(&url, c));
-        let (direct, _) = rt.block_on(bench_store(&url, false, c));
-        let (batched, mean) = rt.block_on(bench_store(&url, true, c));
-        let fmt = |r: Result| format!("{:>8.0}/s p99 {:>7.2?}", r.per_sec, r.p99);
-        println!(
-            "{c:>11} | {:>26} | {:>26} | {:>26} ({mean:>5.1})",
-            fmt(eval),
-            fmt(direct),
-            fmt(batched)
-        );
+        let eval = rt.block_on(bench_eval(&sampler, &url, c));
+        let (direct, _) = rt.block_on(bench_store(&sampler, &url, false, c));
+        let (batched, mean) = rt.block_on(bench_store(&sampler, &url, true, c));
+        println!("concurrency {c}:");
+        println!("  (a) per-request EVAL  {}", show(eval));
+        println!("  store, unbatched      {}", show(direct));
+        println!("  store, batched        {}  mean batch {mean:.1}", show(batched));
         if c == 64 {
-            batched_64 = Some((direct, batched));
+            at_64 = Some((direct, batched));
         }
     }
-    let best = |r: Result| r.per_sec / ceiling_p16;
-    if let Some((direct, batched)) = batched_64 {
+    if let Some((direct, batched)) = at_64 {
         println!(
-            "at concurrency 64: unbatched {:.2}x, batched {:.2}x the -P 16 ceiling; p50/p99 unbatched {:?}/{:?}, batched {:?}/{:?}",
-            best(direct),
-            best(batched),
-            direct.p50,
-            direct.p99,
+            "at concurrency 64: unbatched {:.2}x, batched {:.2}x the -P 16 ceiling; batched p50 {:.2?}, p99 {:.2?}",
+            direct.per_sec / p16,
+            batched.per_sec / p16,
             batched.p50,
             batched.p99
         );
     }
+}
+
+fn show(r: Result) -> String {
+    format!(
+        "{:>8.0}/s  p50 {:>8.2?}  p99 {:>8.2?}  cpu: redis {:>5.2}, client {:>5.2}",
+        r.per_sec, r.p50, r.p99, r.redis_us, r.client_us
+    )
 }

@@ -297,6 +297,62 @@ async fn random_streams_decide_identically_on_every_backend() {
     }
 }
 
+/// Two limits per request for one client (one slot: the general, all-or-nothing path of the
+/// script, and every algorithm's separate decide and apply), random streams, three backends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_multi_limit_streams_decide_identically_on_every_backend() {
+    let urls = cluster().urls();
+    let kinds: Vec<AlgorithmKind> = AlgorithmKind::ALL
+        .into_iter()
+        .filter(|k| supported(*k))
+        .collect();
+    for (i, &kind) in kinds.iter().enumerate() {
+        let other = kinds[(i + 1) % kinds.len()];
+        let limits = [
+            spec("first", default_quota(kind), kind),
+            spec("second", Quota::per_second(3), other),
+        ];
+        let (c1, c2, c3) = (ManualClock::new(), ManualClock::new(), ManualClock::new());
+        let memory = memory_store(&c1, &limits);
+        let node = node_store(&node().url(), "multi", &c2, &limits);
+        let clustered = cluster_store(&urls, "multi", &c3, &limits);
+        let mut rng = Rng(1234 + i as u64);
+        let mut t = 1_700_000_000_000_000u64;
+        for step in 0..200 {
+            t += rng.below(200 * MS);
+            for c in [&c1, &c2, &c3] {
+                c.set_micros(t);
+            }
+            let client = format!("c{}", rng.below(2));
+            let checks = [
+                LimitCheck {
+                    limit: 0,
+                    key: Key::string(client.clone()),
+                    cost: rng.below(4),
+                },
+                LimitCheck {
+                    limit: 1,
+                    key: Key::string(client).scoped("GET", "/x"),
+                    cost: rng.below(2),
+                },
+            ];
+            let m = decide(&memory, &checks).await.unwrap();
+            let n = decide(&node, &checks).await.unwrap();
+            let k = decide(&clustered, &checks).await.unwrap();
+            assert_eq!(
+                m.as_slice(),
+                n.as_slice(),
+                "{kind}+{other} step {step}: memory vs node"
+            );
+            assert_eq!(
+                m.as_slice(),
+                k.as_slice(),
+                "{kind}+{other} step {step}: memory vs cluster"
+            );
+        }
+    }
+}
+
 fn two_limits(second: Quota) -> [LimitSpec; 2] {
     [
         spec(

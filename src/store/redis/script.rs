@@ -164,15 +164,23 @@ impl LuaScript {
             code.push_str(s.source);
         }
         code.push_str(
-            "\n-- This store's limits by configuration index: the algorithm's load, decide, apply\n\
-             -- and refund, then ttl_ms, p1, p2, p3.\n\
+            "\n-- This store's limits by configuration index: the algorithm's load, decide, apply,\n\
+             -- refund and check (or false), then ttl_ms, p1, p2, p3.\n\
              local function LIMIT(i)\n",
         );
         for (i, (k, p)) in limits.iter().enumerate() {
             let a = script_of(*k).short;
+            let check = if matches!(
+                k,
+                AlgorithmKind::TokenBucket | AlgorithmKind::Gcra | AlgorithmKind::LeakyBucket
+            ) {
+                format!("{a}_check")
+            } else {
+                "false".to_owned()
+            };
             let _ = writeln!(
                 code,
-                "  if i == {i} then return {a}_load, {a}_decide, {a}_apply, {a}_refund, {}, {}, {}, {} end",
+                "  if i == {i} then return {a}_load, {a}_decide, {a}_apply, {a}_refund, {check}, {}, {}, {}, {} end",
                 p.ttl_ms, p.p[0], p.p[1], p.p[2]
             );
         }
@@ -342,11 +350,11 @@ mod tests {
             p: [100_000, 1, 2_000_000],
         };
         let tb = LuaScript::assemble(&[(AlgorithmKind::TokenBucket, p)]);
-        assert!(tb.code().contains("local function tb_load("));
-        assert!(!tb.code().contains("local function gcra_load("));
+        assert!(tb.code().contains("local function tb_decide("));
+        assert!(!tb.code().contains("local function gcra_decide("));
         assert!(tb
             .code()
-            .contains("if i == 0 then return tb_load, tb_decide, tb_apply, tb_refund, 2000, 100000, 1, 2000000 end"));
+            .contains("if i == 0 then return tb_load, tb_decide, tb_apply, tb_refund, tb_check, 2000, 100000, 1, 2000000 end"));
         assert_eq!(tb.sha().len(), 40);
         let again = LuaScript::assemble(&[(AlgorithmKind::TokenBucket, p)]);
         assert_eq!(again.sha(), tb.sha(), "same configuration, same script");

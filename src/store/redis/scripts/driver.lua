@@ -7,7 +7,8 @@
 --          µs ('' reads the server's TIME once, shared by every such group).
 -- Then 2 arguments per limit, in KEYS order: the limit's index in this store's configuration
 -- and the cost. LIMIT (generated from the configuration) maps an index to the algorithm's
--- functions (load, decide, apply, refund) and the limit's ttl_ms and parameters p1..p3.
+-- functions (load, decide, apply, refund, and check, decide-then-apply in one call where the
+-- algorithm has it, else false) and the limit's ttl_ms and parameters p1..p3.
 --
 -- Returns one string of little-endian 64-bit integers (cheaper to build and to parse than an
 -- array reply): per group, its time, then 5 integers per limit: allowed (1/0), remaining,
@@ -50,59 +51,85 @@ for g = 1, ngroups do
     end
     now = server_now
   end
-  nout = nout + 1
-  out[nout] = struct.pack('<i8', now)
   if n == 1 then
-    -- The common case, without tables.
-    local i = first + 1
+    -- The common case: no tables, small numbers without strtod, one packed reply piece.
     local a = base + 2 * first
-    local load, decide, apply, give_back, ttl, p1, p2, p3 = LIMIT(int(ARGV[a]))
-    local cost = int(ARGV[a + 1])
-    local key = KEYS[i]
-    local st, corrupt = load(key)
+    local lim, cost = ARGV[a], ARGV[a + 1]
+    if lim == '0' then
+      lim = 0
+    else
+      lim = tonumber(lim)
+    end
+    if cost == '1' then
+      cost = 1
+    else
+      cost = tonumber(cost)
+    end
+    local load, decide, apply, give_back, check, ttl, p1, p2, p3 = LIMIT(lim)
+    local key = KEYS[first + 1]
+    local corrupt, s1, s2, s3 = load(key)
+    local ok, remaining, reset, retry
     if refund then
-      st = give_back(key, st, now, cost, p1, p2, p3, ttl)
-      cost = 0
+      s1, s2, s3 = give_back(key, ttl, now, cost, p1, p2, p3, s1, s2, s3)
+      ok, remaining, reset, retry = decide(now, 0, p1, p2, p3, s1, s2, s3)
+    elseif check then
+      ok, remaining, reset, retry = check(key, ttl, now, cost, p1, p2, p3, s1, s2, s3)
+    else
+      ok, remaining, reset, retry = decide(now, cost, p1, p2, p3, s1, s2, s3)
+      if ok then
+        apply(key, ttl, now, cost, p1, p2, p3, s1, s2, s3)
+      end
     end
-    local ok, remaining, reset, retry = decide(st, now, cost, p1, p2, p3)
-    if ok and not refund then
-      apply(key, st, now, cost, p1, p2, p3, ttl)
+    if not ok and retry == 0 then
+      retry = 1
     end
-    emit(ok, remaining, reset, retry, corrupt)
+    if reset > MAX_EXACT then
+      reset = MAX_EXACT
+    end
+    if retry > MAX_EXACT then
+      retry = MAX_EXACT
+    end
+    nout = nout + 1
+    out[nout] = struct.pack('<i8i8i8i8i8i8', now, ok and 1 or 0, remaining, reset, retry,
+      corrupt and 1 or 0)
   else
-    local lims, costs, states, oks, at = {}, {}, {}, {}, nout
+    nout = nout + 1
+    out[nout] = struct.pack('<i8', now)
+    -- Decide every limit, then charge all of them or none. The state (up to three values per
+    -- limit) is kept for the second pass.
+    local lims, costs, s1s, s2s, s3s, oks, corrupts, at = {}, {}, {}, {}, {}, {}, {}, nout
     local all = true
     for j = 1, n do
       local a = base + 2 * (first + j - 1)
       local lim, cost = int(ARGV[a]), int(ARGV[a + 1])
-      local load, decide, _, give_back, ttl, p1, p2, p3 = LIMIT(lim)
+      local load, decide, _, give_back, _, ttl, p1, p2, p3 = LIMIT(lim)
       local key = KEYS[first + j]
-      local st, corrupt = load(key)
+      local corrupt, s1, s2, s3 = load(key)
       if refund then
-        st = give_back(key, st, now, cost, p1, p2, p3, ttl)
+        s1, s2, s3 = give_back(key, ttl, now, cost, p1, p2, p3, s1, s2, s3)
         cost = 0
       end
-      local ok, remaining, reset, retry = decide(st, now, cost, p1, p2, p3)
-      lims[j], costs[j], states[j], oks[j] = lim, cost, st, ok
+      local ok, remaining, reset, retry = decide(now, cost, p1, p2, p3, s1, s2, s3)
+      lims[j], costs[j], oks[j], corrupts[j] = lim, cost, ok, corrupt
+      s1s[j], s2s[j], s3s[j] = s1, s2, s3
       all = all and ok
       emit(ok, remaining, reset, retry, corrupt)
     end
     if not refund then
       if all then
         for j = 1, n do
-          local _, _, apply, _, ttl, p1, p2, p3 = LIMIT(lims[j])
-          apply(KEYS[first + j], states[j], now, costs[j], p1, p2, p3, ttl)
+          local _, _, apply, _, _, ttl, p1, p2, p3 = LIMIT(lims[j])
+          apply(KEYS[first + j], ttl, now, costs[j], p1, p2, p3, s1s[j], s2s[j], s3s[j])
         end
       else
         -- Nothing is charged: report the limits that would have allowed as they stand (cost 0).
         local after = nout
         for j = 1, n do
           if oks[j] then
-            local _, decide, _, _, _, p1, p2, p3 = LIMIT(lims[j])
-            local corrupt = struct.unpack('<i8', out[at + j], 33) == 1
+            local _, decide, _, _, _, _, p1, p2, p3 = LIMIT(lims[j])
             nout = at + j - 1
-            local ok, remaining, reset, retry = decide(states[j], now, 0, p1, p2, p3)
-            emit(ok, remaining, reset, retry, corrupt)
+            local ok, remaining, reset, retry = decide(now, 0, p1, p2, p3, s1s[j], s2s[j], s3s[j])
+            emit(ok, remaining, reset, retry, corrupts[j])
           end
         end
         nout = after

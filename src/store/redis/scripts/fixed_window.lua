@@ -3,25 +3,21 @@
 -- charged in it. Parameters: p1 = P (window length, µs), p2 = L (units per window).
 
 -- The effective window at `now` and the units already charged in it.
-local function fw_window(st, now, period, limit)
+local function fw_window(now, period, limit, window, count)
   local w = idiv(now, period)
-  if w > st[1] then
+  if w > window then
     return w, 0
   end
-  local used = st[2]
-  if used > limit then
-    used = limit
+  if count > limit then
+    count = limit
   end
-  return st[1], used
+  return window, count
 end
 
-local function fw_load(key)
-  local st, corrupt = load_ints(key, 2)
-  return st or { 0, 0 }, corrupt
-end
+local fw_load = load2
 
-local function fw_decide(st, now, cost, period, limit)
-  local w, used = fw_window(st, now, period, limit)
+local function fw_decide(now, cost, period, limit, _, window, count)
+  local w, used = fw_window(now, period, limit, window, count)
   local e = (w + 1) * period - now
   if e < 0 then
     e = 0
@@ -36,24 +32,23 @@ local function fw_decide(st, now, cost, period, limit)
   return false, limit - used, e, e
 end
 
-local function fw_apply(key, st, now, cost, period, limit, _, ttl)
-  local w, used = fw_window(st, now, period, limit)
-  local count = used + cost
-  if count > limit then
-    count = limit
+local function fw_apply(key, ttl, now, cost, period, limit, _, window, count)
+  local w, used = fw_window(now, period, limit, window, count)
+  used = used + cost
+  if used > limit then
+    used = limit
   end
-  store_ints(key, ttl, w, count)
+  store2(key, ttl, w, used)
 end
 
-local function fw_refund(key, st, now, cost, period, limit, _, ttl)
-  local w = fw_window(st, now, period, limit)
-  if w == st[1] then
-    local count = st[2] - cost
+local function fw_refund(key, ttl, now, cost, period, limit, _, window, count)
+  local w = fw_window(now, period, limit, window, count)
+  if w == window then
+    count = count - cost
     if count < 0 then
       count = 0
     end
-    store_ints(key, ttl, w, count)
-    return { w, count }
+    store2(key, ttl, w, count)
   end
-  return st
+  return window, count
 end

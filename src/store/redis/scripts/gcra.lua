@@ -4,10 +4,7 @@
 -- `before + need` can exceed 2^53 only when it also exceeds cap, so the comparison is made as
 -- `before <= cap - need` and the retry as `before - (cap - need)`: every value stays exact.
 
-local function gcra_load(key)
-  local st, corrupt = load_ints(key, 1)
-  return st or { 0 }, corrupt
-end
+local gcra_load = load1
 
 local function gcra_remaining(after, interval, cap)
   if after > cap then
@@ -16,8 +13,8 @@ local function gcra_remaining(after, interval, cap)
   return idiv(cap - after, interval)
 end
 
-local function gcra_decide(st, now, cost, interval, cap, burst)
-  local before = st[1] - now
+local function gcra_decide(now, cost, interval, cap, burst, tat)
+  local before = tat - now
   if before < 0 then
     before = 0
   end
@@ -32,26 +29,35 @@ local function gcra_decide(st, now, cost, interval, cap, burst)
   return false, gcra_remaining(before, interval, cap), before, before - slack
 end
 
-local function gcra_apply(key, st, now, cost, interval, cap, burst, ttl)
+local function gcra_apply(key, ttl, now, cost, interval, cap, burst, tat)
   if cost > burst then
     cost = burst
   end
-  local tat = st[1]
   if now > tat then
     tat = now
   end
-  store_ints(key, ttl, tat + cost * interval)
+  store1(key, ttl, tat + cost * interval)
 end
 
-local function gcra_refund(key, st, now, cost, interval, cap, burst, ttl)
-  local tat = st[1]
+-- decide and, if allowed, apply, in one call: the single-limit fast path.
+local function gcra_check(key, ttl, now, cost, interval, cap, burst, tat)
+  local ok, remaining, reset, retry = gcra_decide(now, cost, interval, cap, burst, tat)
+  if ok then
+    if now > tat then
+      tat = now
+    end
+    store1(key, ttl, tat + cost * interval)
+  end
+  return ok, remaining, reset, retry
+end
+
+local function gcra_refund(key, ttl, now, cost, interval, cap, burst, tat)
   if tat > now then
     tat = tat - cost * interval
     if tat < now then
       tat = now
     end
-    store_ints(key, ttl, tat)
-    return { tat }
+    store1(key, ttl, tat)
   end
-  return st
+  return tat
 end

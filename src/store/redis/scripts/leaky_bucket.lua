@@ -3,29 +3,26 @@
 -- Parameters: p1 = unit (steps per unit), p2 = per (steps drained per µs), p3 = cap (burst ×
 -- unit). The arithmetic is the token bucket's, read as the level of a queue.
 
-local function lb_level(st, now, per, cap)
-  local level = st[1]
+-- The level at `now`: min(level, cap) less what drained since `last`, at least 0.
+local function lb_level(now, per, cap, level, last)
   if level > cap then
     level = cap -- a level stored under a larger capacity reads as a full queue
   end
-  local elapsed = now - st[2]
+  local elapsed = now - last
   if elapsed < 0 then
     elapsed = 0
   end
   level = level - elapsed * per
   if level < 0 then
-    level = 0
+    return 0
   end
   return level
 end
 
-local function lb_load(key)
-  local st, corrupt = load_ints(key, 2)
-  return st or { 0, 0 }, corrupt
-end
+local lb_load = load2
 
-local function lb_decide(st, now, cost, unit, per, cap)
-  local level = lb_level(st, now, per, cap)
+local function lb_decide(now, cost, unit, per, cap, level, last)
+  level = lb_level(now, per, cap, level, last)
   local limit = cap / unit
   if cost > limit then
     return false, idiv(cap - level, unit), cdiv(level, per), -1
@@ -37,27 +34,42 @@ local function lb_decide(st, now, cost, unit, per, cap)
   return false, idiv(cap - level, unit), cdiv(level, per), cdiv(after - cap, per)
 end
 
-local function lb_apply(key, st, now, cost, unit, per, cap, ttl)
-  local level = lb_level(st, now, per, cap) + cost * unit
+local function lb_apply(key, ttl, now, cost, unit, per, cap, level, last)
+  level = lb_level(now, per, cap, level, last) + cost * unit
   if level > cap then
     level = cap
   end
-  local last = st[2]
   if now > last then
     last = now
   end
-  store_ints(key, ttl, level, last)
+  store2(key, ttl, level, last)
 end
 
-local function lb_refund(key, st, now, cost, unit, per, cap, ttl)
-  local level = lb_level(st, now, per, cap) - cost * unit
+-- decide and, if allowed, apply, in one call: the single-limit fast path.
+local function lb_check(key, ttl, now, cost, unit, per, cap, level, last)
+  level = lb_level(now, per, cap, level, last)
+  if cost * unit > cap then
+    return false, idiv(cap - level, unit), cdiv(level, per), -1
+  end
+  local after = level + cost * unit
+  if after <= cap then
+    if now > last then
+      last = now
+    end
+    store2(key, ttl, after, last)
+    return true, idiv(cap - after, unit), cdiv(after, per), 0
+  end
+  return false, idiv(cap - level, unit), cdiv(level, per), cdiv(after - cap, per)
+end
+
+local function lb_refund(key, ttl, now, cost, unit, per, cap, level, last)
+  level = lb_level(now, per, cap, level, last) - cost * unit
   if level < 0 then
     level = 0
   end
-  local last = st[2]
   if now > last then
     last = now
   end
-  store_ints(key, ttl, level, last)
-  return { level, last }
+  store2(key, ttl, level, last)
+  return level, last
 end

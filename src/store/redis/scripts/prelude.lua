@@ -34,52 +34,77 @@ local function int(s)
 end
 
 -- State is stored as little-endian 64-bit integers (struct 'i8'): no decimal conversion on
--- the hot path, and every value an exact integer.
-local function unpack_ints(n, v)
-  if n == 1 then
-    return { (struct.unpack('<i8', v)) }
-  elseif n == 2 then
-    local a, b = struct.unpack('<i8i8', v)
-    return { a, b }
-  end
-  local a, b, c = struct.unpack('<i8i8i8', v)
-  return { a, b, c }
-end
+-- the hot path, and every value an exact integer. Loaders return `corrupt` first, then the
+-- state's integers (zeros for a missing key, which is a fresh key).
 
--- Reads a key holding `n` integers. Returns them as a table (nil when the key is missing) and
--- whether the key held anything else (another type, another length, a value outside
--- [0, 2^53)): such a key is deleted and treated as fresh, and the caller reports it.
-local function load_ints(key, n)
+-- The value at `key` if it is a string of `len` bytes (any positive multiple of 16 when `len`
+-- is 0); false if the key is missing; nil, after deleting the key, if it holds anything else.
+local function read_state(key, len)
   local v = redis.pcall('GET', key)
   if v == false then
-    return nil, false
+    return false
   end
-  if type(v) == 'string' and #v == 8 * n then
-    local st = unpack_ints(n, v)
-    local ok = true
-    for i = 1, n do
-      local x = st[i]
-      if x < 0 or x >= MAX_EXACT then
-        ok = false
-      end
-    end
-    if ok then
-      return st, false
-    end
+  if type(v) == 'string' and (#v == len or (len == 0 and #v > 0 and #v % 16 == 0)) then
+    return v
   end
   redis.call('DEL', key)
-  return nil, true
+  return nil
 end
 
--- Writes up to 3 integers with an expiry in milliseconds.
-local function store_ints(key, ttl, a, b, c)
-  local v
-  if b == nil then
-    v = struct.pack('<i8', a)
-  elseif c == nil then
-    v = struct.pack('<i8i8', a, b)
-  else
-    v = struct.pack('<i8i8i8', a, b, c)
+local function out_of_range(x)
+  return x < 0 or x >= MAX_EXACT
+end
+
+-- Deletes a key whose integers are out of range; returns true (corrupt) and zeros.
+local function reset_state(key)
+  redis.call('DEL', key)
+  return true, 0, 0, 0
+end
+
+local function load1(key)
+  local v = read_state(key, 8)
+  if not v then
+    return v == nil, 0
   end
-  redis.call('SET', key, v, 'PX', ttl)
+  local a = struct.unpack('<i8', v)
+  if a < 0 or a >= MAX_EXACT then
+    return reset_state(key)
+  end
+  return false, a
+end
+
+local function load2(key)
+  local v = read_state(key, 16)
+  if not v then
+    return v == nil, 0, 0
+  end
+  local a, b = struct.unpack('<i8i8', v)
+  if a < 0 or a >= MAX_EXACT or b < 0 or b >= MAX_EXACT then
+    return reset_state(key)
+  end
+  return false, a, b
+end
+
+local function load3(key)
+  local v = read_state(key, 24)
+  if not v then
+    return v == nil, 0, 0, 0
+  end
+  local a, b, c = struct.unpack('<i8i8i8', v)
+  if out_of_range(a) or out_of_range(b) or out_of_range(c) then
+    return reset_state(key)
+  end
+  return false, a, b, c
+end
+
+local function store1(key, ttl, a)
+  redis.call('SET', key, struct.pack('<i8', a), 'PX', ttl)
+end
+
+local function store2(key, ttl, a, b)
+  redis.call('SET', key, struct.pack('<i8i8', a, b), 'PX', ttl)
+end
+
+local function store3(key, ttl, a, b, c)
+  redis.call('SET', key, struct.pack('<i8i8i8', a, b, c), 'PX', ttl)
 end

@@ -5,35 +5,32 @@
 -- coalesced), which is why the sliding log suits low limits. Parameters: p1 = W (window
 -- length, µs), p2 = L.
 
+-- Returns corrupt and the state: { n, at = {...}, units = {...}, total }.
 local function sl_load(key)
-  local fresh = { n = 0, at = {}, units = {}, total = 0 }
-  local v = redis.pcall('GET', key)
-  if v == false then
-    return fresh, false
+  local v = read_state(key, 0)
+  local st = { n = 0, at = {}, units = {}, total = 0 }
+  if not v then
+    return v == nil, st
   end
-  if type(v) == 'string' and #v > 0 and #v % 16 == 0 then
-    local st = { n = 0, at = {}, units = {}, total = 0 }
-    local ok, pos = true, 1
-    while pos <= #v do
-      local at, units, nxt = struct.unpack('<i8i8', v, pos)
-      local n = st.n
-      if at < 0 or at >= MAX_EXACT or units < 1 or units >= MAX_EXACT
-        or (n > 0 and at <= st.at[n]) then
-        ok = false
-        break
-      end
-      st.n = n + 1
-      st.at[n + 1] = at
-      st.units[n + 1] = units
-      st.total = st.total + units
-      pos = nxt
+  local pos = 1
+  while pos <= #v do
+    local at, units, nxt = struct.unpack('<i8i8', v, pos)
+    local n = st.n
+    if out_of_range(at) or units < 1 or units >= MAX_EXACT or (n > 0 and at <= st.at[n]) then
+      redis.call('DEL', key)
+      return true, { n = 0, at = {}, units = {}, total = 0 }
     end
-    if ok and st.total < MAX_EXACT then
-      return st, false
-    end
+    st.n = n + 1
+    st.at[n + 1] = at
+    st.units[n + 1] = units
+    st.total = st.total + units
+    pos = nxt
   end
-  redis.call('DEL', key)
-  return fresh, true
+  if st.total >= MAX_EXACT then
+    redis.call('DEL', key)
+    return true, { n = 0, at = {}, units = {}, total = 0 }
+  end
+  return false, st
 end
 
 -- t, the number of entries that left the window by t, and the units of the live ones.
@@ -58,7 +55,7 @@ local function sl_leaves(at, now, period)
   return d
 end
 
-local function sl_decide(st, now, cost, period, limit)
+local function sl_decide(now, cost, period, limit, _, st)
   local t, expired, used = sl_view(st, now, period)
   local reset_now = 0
   if expired < st.n then
@@ -118,7 +115,7 @@ local function sl_store(key, st, ttl)
   redis.call('SET', key, table.concat(parts), 'PX', ttl)
 end
 
-local function sl_apply(key, st, now, cost, period, limit, _, ttl)
+local function sl_apply(key, ttl, now, cost, period, limit, _, st)
   local t, used = sl_prune(st, now, period)
   local room = limit - used
   if room < 0 then
@@ -140,7 +137,7 @@ local function sl_apply(key, st, now, cost, period, limit, _, ttl)
   sl_store(key, st, ttl)
 end
 
-local function sl_refund(key, st, now, cost, period, limit, _, ttl)
+local function sl_refund(key, ttl, now, cost, period, limit, _, st)
   sl_prune(st, now, period)
   local left = cost
   while left > 0 and st.n > 0 do

@@ -5,17 +5,17 @@
 -- Counts above L (left by a larger, earlier limit) read as L.
 
 -- The counts as seen from t = max(now, last): e µs into t's window, previous and current.
-local function sw_view(st, now, period, limit)
-  local t = st[1]
+local function sw_view(now, period, limit, last, sprev, scur)
+  local t = last
   if now > t then
     t = now
   end
-  local w, s = idiv(t, period), idiv(st[1], period)
+  local w, s = idiv(t, period), idiv(last, period)
   local prev, cur = 0, 0
   if w == s then
-    prev, cur = st[2], st[3]
+    prev, cur = sprev, scur
   elseif w == s + 1 then
-    prev = st[3]
+    prev = scur
   end
   if prev > limit then
     prev = limit
@@ -62,13 +62,10 @@ local function sw_wait(t, e, prev, cur, now, budget, period)
   return (t - now) + d
 end
 
-local function sw_load(key)
-  local st, corrupt = load_ints(key, 3)
-  return st or { 0, 0, 0 }, corrupt
-end
+local sw_load = load3
 
-local function sw_decide(st, now, cost, period, limit)
-  local t, e, prev, cur = sw_view(st, now, period, limit)
+local function sw_decide(now, cost, period, limit, _, last, sprev, scur)
+  local t, e, prev, cur = sw_view(now, period, limit, last, sprev, scur)
   local est = idiv(prev * (period - e), period) + cur
   local remaining_now = limit - est
   if remaining_now < 0 then
@@ -85,21 +82,21 @@ local function sw_decide(st, now, cost, period, limit)
     sw_wait(t, e, prev, cur, now, limit - cost, period)
 end
 
-local function sw_apply(key, st, now, cost, period, limit, _, ttl)
-  local t, _, prev, cur = sw_view(st, now, period, limit)
+local function sw_apply(key, ttl, now, cost, period, limit, _, last, sprev, scur)
+  local t, _, prev, cur = sw_view(now, period, limit, last, sprev, scur)
   cur = cur + cost
   if cur > limit then
     cur = limit
   end
-  store_ints(key, ttl, t, prev, cur)
+  store3(key, ttl, t, prev, cur)
 end
 
-local function sw_refund(key, st, now, cost, period, limit, _, ttl)
-  local t, _, prev, cur = sw_view(st, now, period, limit)
+local function sw_refund(key, ttl, now, cost, period, limit, _, last, sprev, scur)
+  local t, _, prev, cur = sw_view(now, period, limit, last, sprev, scur)
   cur = cur - cost
   if cur < 0 then
     cur = 0
   end
-  store_ints(key, ttl, t, prev, cur)
-  return { t, prev, cur }
+  store3(key, ttl, t, prev, cur)
+  return t, prev, cur
 end
