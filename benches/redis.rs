@@ -70,7 +70,10 @@ struct Result {
 type Sampler = Arc<dyn Fn() -> (f64, f64) + Send + Sync>;
 
 fn secs() -> Duration {
-    let s = std::env::var("BENCH_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(3.0);
+    let s = std::env::var("BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3.0);
     Duration::from_secs_f64(s)
 }
 
@@ -116,7 +119,11 @@ where
         all.extend(t.await.unwrap());
     }
     all.sort_unstable();
-    let pct = |p: f64| all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1))).copied().unwrap_or_default();
+    let pct = |p: f64| {
+        all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+    };
     let n = all.len().max(1) as f64;
     Result {
         per_sec: all.len() as f64 / elapsed.as_secs_f64(),
@@ -143,7 +150,12 @@ fn store(url: &str, batching: bool) -> RedisStore {
         .unwrap()
 }
 
-async fn bench_store(sample: &Sampler, url: &str, batching: bool, concurrency: usize) -> (Result, f64) {
+async fn bench_store(
+    sample: &Sampler,
+    url: &str,
+    batching: bool,
+    concurrency: usize,
+) -> (Result, f64) {
     let store = Arc::new(store(url, batching));
     let s = store.clone();
     let r = drive(sample, concurrency, move |k| {
@@ -202,8 +214,24 @@ fn redis_benchmark(server: &support::RedisServer, sha: &str, pipeline: u32) -> (
     let cpu0 = redis_cpu(server);
     let out = Command::new("redis-benchmark")
         .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-c", "50"])
-        .args(["-n", &n.to_string(), "-P", &pipeline.to_string(), "-r", &KEYS.to_string(), "--csv"])
-        .args(["EVALSHA", sha, "1", "rl:__rand_int__", "100000", "1000", "1"])
+        .args([
+            "-n",
+            &n.to_string(),
+            "-P",
+            &pipeline.to_string(),
+            "-r",
+            &KEYS.to_string(),
+            "--csv",
+        ])
+        .args([
+            "EVALSHA",
+            sha,
+            "1",
+            "rl:__rand_int__",
+            "100000",
+            "1000",
+            "1",
+        ])
         .output()
         .expect("run redis-benchmark (Debian package redis-tools / redis-server)");
     let text = String::from_utf8_lossy(&out.stdout);
@@ -222,9 +250,19 @@ fn redis_benchmark(server: &support::RedisServer, sha: &str, pipeline: u32) -> (
 /// CPU seconds this process has used so far (user + system), from /proc/self/stat.
 fn own_cpu() -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
     // After the command name: state is field 3, utime 14 and stime 15 (1-based, in ticks).
-    let ticks = |i: usize| fields.get(i - 3).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    let ticks = |i: usize| {
+        fields
+            .get(i - 3)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
     (ticks(14) + ticks(15)) / 100.0
 }
 
@@ -257,7 +295,10 @@ fn main() {
     // BENCH_RT=current runs the client on one thread (no cross-thread wake-ups).
     let current = std::env::var("BENCH_RT").as_deref() == Ok("current");
     let rt = if current {
-        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
     } else {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -270,14 +311,22 @@ fn main() {
         Arc::new(move || {
             let info: String = redis::cmd("INFO")
                 .arg("cpu")
-                .query(&mut redis::Client::open(url.as_str()).unwrap().get_connection().unwrap())
+                .query(
+                    &mut redis::Client::open(url.as_str())
+                        .unwrap()
+                        .get_connection()
+                        .unwrap(),
+                )
                 .unwrap();
             (cpu_of(&info), own_cpu())
         })
     };
     // For profiling one point: BENCH_ONLY=eval|direct|batched BENCH_C=64.
     if let Ok(only) = std::env::var("BENCH_ONLY") {
-        let c = std::env::var("BENCH_C").ok().and_then(|c| c.parse().ok()).unwrap_or(64);
+        let c = std::env::var("BENCH_C")
+            .ok()
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(64);
         let r = match only.as_str() {
             "eval" => rt.block_on(bench_eval(&sampler, &url, c)),
             "direct" => rt.block_on(bench_store(&sampler, &url, false, c)).0,
@@ -290,10 +339,16 @@ fn main() {
     let (p16, p16_cpu) = redis_benchmark(&server, &sha, 16);
     println!("(b) redis-benchmark, EVALSHA of the seeds' token bucket, 50 connections:");
     println!("      -P 1:  {p1:>8.0}/s (redis {p1_cpu:.2} µs CPU per request)");
-    println!("      -P 16: {p16:>8.0}/s (redis {p16_cpu:.2} µs CPU per request): the pipelined ceiling");
+    println!(
+        "      -P 16: {p16:>8.0}/s (redis {p16_cpu:.2} µs CPU per request): the pipelined ceiling"
+    );
     println!(
         "client runtime: {}",
-        if current { "tokio current_thread" } else { "tokio multi_thread, 2 workers" }
+        if current {
+            "tokio current_thread"
+        } else {
+            "tokio multi_thread, 2 workers"
+        }
     );
     let mut at_64 = None;
     for c in CONCURRENCY {
@@ -303,7 +358,10 @@ fn main() {
         println!("concurrency {c}:");
         println!("  (a) per-request EVAL  {}", show(eval));
         println!("  store, unbatched      {}", show(direct));
-        println!("  store, batched        {}  mean batch {mean:.1}", show(batched));
+        println!(
+            "  store, batched        {}  mean batch {mean:.1}",
+            show(batched)
+        );
         if c == 64 {
             at_64 = Some((direct, batched));
         }

@@ -69,7 +69,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let listener = tokio::net::TcpListener::bind(format!("127.0.0.1:{port}")).await?;
     let addr = listener.local_addr()?;
     println!("listening on http://{addr}");
-    println!("state in the Redis Cluster at {}; when it is unreachable: FAIL_MODE={mode}", nodes.join(", "));
+    println!(
+        "state in the Redis Cluster at {}; when it is unreachable: FAIL_MODE={mode}",
+        nodes.join(", ")
+    );
     println!(
         "try: for i in $(seq 6); do curl -si http://{addr}/ | grep -iE '^(HTTP|x-ratelimit|retry-after)'; done"
     );

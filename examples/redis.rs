@@ -64,7 +64,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut last = (0, 0, 0);
         loop {
             tick.tick().await;
-            let now = (stats.fail_open(), stats.fail_closed(), stats.local_fallback());
+            let now = (
+                stats.fail_open(),
+                stats.fail_closed(),
+                stats.local_fallback(),
+            );
             if now != last {
                 println!(
                     "redis unavailable: {} let through, {} refused, {} decided locally (breaker open: {})",

@@ -164,7 +164,11 @@ pub(crate) fn spawn_batcher(
 }
 
 async fn run_batch(conn: Conn, script: Arc<LuaScript>, jobs: Vec<Job>) {
-    let deadline = jobs.iter().map(|j| j.deadline).min().expect("a batch has jobs");
+    let deadline = jobs
+        .iter()
+        .map(|j| j.deadline)
+        .min()
+        .expect("a batch has jobs");
     let result = tokio::time::timeout_at(
         deadline,
         conn.eval(&script, Mode::Check, jobs.iter().map(|j| &j.group)),

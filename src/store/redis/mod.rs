@@ -4,10 +4,14 @@
 //! [`RedisBackend`], every instance decides against the same state in Redis, atomically:
 //!
 //! - **one Lua script per algorithm** (in `src/store/redis/scripts/`) mirrors the Rust transition
-//!   in [`algorithm`](crate::algorithm) exactly — the same integer formulas, in microseconds,
-//!   with no float state — and reads, decides and writes in one atomic step, run by `EVALSHA`
-//!   (re-sent with `EVAL` when the server answers `NOSCRIPT`, e.g. after a restart or
-//!   `SCRIPT FLUSH`);
+//!   in [`algorithm`](crate::algorithm) exactly — the same integer formulas, in microseconds
+//!   (Lua numbers are doubles, exact below 2^53, which [`Quota::validate`] guarantees; integer
+//!   division is corrected for rounding) — and reads, decides and writes in one atomic step. A
+//!   store's script is a shared prelude, the scripts of the algorithms it uses, its limits'
+//!   parameters as constants and a driver; it runs by `EVALSHA` (re-sent with `EVAL` when the
+//!   server answers `NOSCRIPT`, e.g. after a restart or `SCRIPT FLUSH`). State is stored as
+//!   little-endian 64-bit integers (Lua's `struct`), so no value ever passes through a decimal
+//!   or float conversion;
 //! - **time comes from Redis `TIME`**, so application clocks cannot mint tokens
 //!   ([`RedisBackend::clock`] passes an explicit time instead, for tests and simulations);
 //! - **idle keys expire**: every write sets `PEXPIRE` to the algorithm's
@@ -17,7 +21,10 @@
 //! - **one connection per store**: a multiplexed, auto-reconnecting
 //!   [`ConnectionManager`](redis::aio::ConnectionManager) for a node, the async Cluster
 //!   connection for a Cluster; never a connection per request. On a single node, concurrent
-//!   checks are coalesced into one script call ([`RedisBackend::batching`]).
+//!   checks are coalesced into one script call ([`RedisBackend::batching`]): while a script call
+//!   is on the wire, new checks queue, and the next call takes them all, each still decided on
+//!   its own and all-or-nothing, in arrival order. Under load this roughly halves Redis's CPU per
+//!   decision (measured in `benches/redis.rs`).
 //!
 //! # Several limits per request
 //!

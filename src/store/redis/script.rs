@@ -299,10 +299,15 @@ impl std::ops::Deref for Ints {
 /// The integers of a script reply: a string of little-endian 64-bit integers.
 pub(crate) fn reply_ints(value: Value) -> Result<Vec<i64>, StoreError> {
     let Value::BulkString(bytes) = value else {
-        return Err(invalid(format!("expected a string of integers, got {value:?}")));
+        return Err(invalid(format!(
+            "expected a string of integers, got {value:?}"
+        )));
     };
     if bytes.len() % 8 != 0 {
-        return Err(invalid(format!("{} bytes is not a whole number of integers", bytes.len())));
+        return Err(invalid(format!(
+            "{} bytes is not a whole number of integers",
+            bytes.len()
+        )));
     }
     Ok(bytes
         .chunks_exact(8)
@@ -358,7 +363,8 @@ mod tests {
         assert_eq!(tb.sha().len(), 40);
         let again = LuaScript::assemble(&[(AlgorithmKind::TokenBucket, p)]);
         assert_eq!(again.sha(), tb.sha(), "same configuration, same script");
-        let other = LuaScript::assemble(&[(AlgorithmKind::TokenBucket, ScriptParams { ttl_ms: 1, ..p })]);
+        let other =
+            LuaScript::assemble(&[(AlgorithmKind::TokenBucket, ScriptParams { ttl_ms: 1, ..p })]);
         assert_ne!(other.sha(), tb.sha());
     }
 

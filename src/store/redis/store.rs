@@ -261,7 +261,9 @@ impl Inner {
             };
             for c in checks {
                 let info = &self.limits[c.limit];
-                let enc = self.keys.encode(info.short, &info.name_enc, &c.key, &mut scratch);
+                let enc = self
+                    .keys
+                    .encode(info.short, &info.name_enc, &c.key, &mut scratch);
                 group.keys.push(enc.key);
                 group.limits.push(LimitArg {
                     limit: c.limit,
@@ -278,7 +280,9 @@ impl Inner {
         let mut tags: Vec<[u8; 16]> = Vec::with_capacity(1);
         for (i, c) in checks.iter().enumerate() {
             let info = &self.limits[c.limit];
-            let enc = self.keys.encode(info.short, &info.name_enc, &c.key, &mut scratch);
+            let enc = self
+                .keys
+                .encode(info.short, &info.name_enc, &c.key, &mut scratch);
             let g = match tags.iter().position(|t| *t == enc.tag) {
                 Some(g) => g,
                 None => {
@@ -448,7 +452,8 @@ impl Inner {
             self.timeout.max(self.connect_timeout)
         };
         let (group, result) = if let Some((max_batch, max_in_flight)) = self.batching {
-            self.send_batched(group, timeout, max_batch, max_in_flight).await
+            self.send_batched(group, timeout, max_batch, max_in_flight)
+                .await
         } else {
             let result = match tokio::time::timeout(timeout, self.send(&group)).await {
                 Ok(r) => r,
@@ -536,7 +541,10 @@ impl Inner {
             }
             Ok((group, Err(BatchError::Invalid(msg)))) => (
                 group,
-                Err(CallError::Store(StoreError::new(StoreErrorKind::InvalidResponse, msg))),
+                Err(CallError::Store(StoreError::new(
+                    StoreErrorKind::InvalidResponse,
+                    msg,
+                ))),
             ),
             // The group went with the job; the caller only needs it for a refund, which a single
             // node never makes.
@@ -687,16 +695,3 @@ fn kind_of(e: &redis::RedisError) -> StoreErrorKind {
     }
 }
 
-#[cfg(test)]
-mod size_probe {
-    #[test]
-    fn sizes() {
-        use super::*;
-        eprintln!("Fallback {}", std::mem::size_of::<Fallback>());
-        eprintln!("Ints {}", std::mem::size_of::<Ints>());
-        eprintln!("Group {}", std::mem::size_of::<Group>());
-        eprintln!("Decision {}", std::mem::size_of::<Decision>());
-        eprintln!("Decisions {}", std::mem::size_of::<Decisions>());
-        eprintln!("StoreError {}", std::mem::size_of::<StoreError>());
-    }
-}
