@@ -68,6 +68,17 @@ impl TokenBucket {
         })
     }
 
+    /// Microseconds to earn `steps` fixed-point steps: `ceil(steps / per)`, skipping the
+    /// division in the common case of a count that divides the period (`per == 1`).
+    #[inline]
+    fn micros_to_earn(&self, steps: u64) -> u64 {
+        if self.per == 1 {
+            steps
+        } else {
+            steps.div_ceil(self.per)
+        }
+    }
+
     #[inline]
     fn deficit_at(&self, state: &TokenBucketState, now: u64) -> u64 {
         let elapsed = now.saturating_sub(state.last);
@@ -94,26 +105,29 @@ impl Algorithm for TokenBucket {
     fn decide(&self, state: &TokenBucketState, now: u64, cost: u64) -> Decision {
         let limit = self.quota.burst_size();
         let deficit = self.deficit_at(state, now);
+        // Hot path first: the allowed branch computes only what it reports.
+        if cost <= limit {
+            let after = deficit + cost * self.unit;
+            if after <= self.cap {
+                return Decision::allowed_with(
+                    limit,
+                    (self.cap - after) / self.unit,
+                    Duration::from_micros(self.micros_to_earn(after)),
+                );
+            }
+        }
         let remaining_now = (self.cap - deficit) / self.unit;
-        let reset_now = Duration::from_micros(deficit.div_ceil(self.per));
+        let reset_now = Duration::from_micros(self.micros_to_earn(deficit));
         if cost > limit {
             return Decision::impossible(limit, remaining_now, reset_now);
         }
         let after = deficit + cost * self.unit;
-        if after <= self.cap {
-            Decision::allowed_with(
-                limit,
-                (self.cap - after) / self.unit,
-                Duration::from_micros(after.div_ceil(self.per)),
-            )
-        } else {
-            Decision::rejected(
-                limit,
-                remaining_now,
-                reset_now,
-                Duration::from_micros((after - self.cap).div_ceil(self.per)),
-            )
-        }
+        Decision::rejected(
+            limit,
+            remaining_now,
+            reset_now,
+            Duration::from_micros(self.micros_to_earn(after - self.cap)),
+        )
     }
 
     #[inline]

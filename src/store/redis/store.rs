@@ -694,4 +694,3 @@ fn kind_of(e: &redis::RedisError) -> StoreErrorKind {
         StoreErrorKind::Other
     }
 }
-
