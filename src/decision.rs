@@ -1,14 +1,14 @@
 //! [`Decision`]: what a limiter answers for one request against one limit.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 /// The name of a limit (`"burst"`, `"daily"`, `"global"`), as reported in headers and bodies.
 ///
-/// Names are interned once when a limit is configured, so a `PolicyName` is a `Copy` pointer and
-/// carrying it in every [`Decision`] costs nothing on the hot path. Memory used by interning is
+/// Names are interned once when a limit is configured, so a `PolicyName` is a `Copy` thin pointer
+/// (one word) and carrying it in every [`Decision`] costs nothing on the hot path. Memory used by interning is
 /// bounded by the number of *distinct* names a program configures.
 ///
 /// ```
@@ -19,15 +19,16 @@ use std::time::Duration;
 /// assert_eq!(name, PolicyName::new(String::from("burst")));
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PolicyName(&'static str);
+pub struct PolicyName(&'static &'static str);
 
 impl PolicyName {
     /// The name used when a limit was given none.
-    pub const DEFAULT: PolicyName = PolicyName("default");
+    pub const DEFAULT: PolicyName = PolicyName(&"default");
 
     /// Interns `name`.
     pub fn new(name: impl AsRef<str>) -> Self {
-        static NAMES: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+        static NAMES: OnceLock<Mutex<HashMap<&'static str, &'static &'static str>>> =
+            OnceLock::new();
         let name = name.as_ref();
         let mut names = NAMES
             .get_or_init(Default::default)
@@ -37,11 +38,13 @@ impl PolicyName {
             return PolicyName(existing);
         }
         let leaked: &'static str = Box::leak(name.to_owned().into_boxed_str());
-        names.insert(leaked);
-        PolicyName(leaked)
+        let thin: &'static &'static str = Box::leak(Box::new(leaked));
+        names.insert(leaked, thin);
+        PolicyName(thin)
     }
 
     /// The name as a string.
+    #[inline]
     pub fn as_str(&self) -> &'static str {
         self.0
     }
@@ -85,14 +88,27 @@ impl fmt::Display for PolicyName {
 /// assert_eq!(d.retry_after(), Some(Duration::from_millis(200)));
 /// assert_eq!(d.retry_after_secs_ceil(), Some(1));
 /// ```
+// Times are held as whole microseconds (the unit of all limiter arithmetic), `retry_after` with
+// `NEVER` for "impossible", so that a decision is 48 bytes: it is copied into the store's answer,
+// the request and the response extensions on every request.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Decision {
-    allowed: bool,
     limit: u64,
     remaining: u64,
-    reset: Duration,
-    retry_after: Option<Duration>,
+    reset_us: u64,
+    retry_after_us: u64,
     policy: PolicyName,
+    allowed: bool,
+}
+
+/// `retry_after_us` of a decision that can never succeed.
+const NEVER: u64 = u64::MAX;
+
+/// `d` in whole microseconds, rounded up, saturating just below [`NEVER`].
+#[inline]
+fn micros_ceil(d: Duration) -> u64 {
+    let us = d.as_micros() + u128::from(d.subsec_nanos() % 1_000 != 0);
+    u64::try_from(us).unwrap_or(NEVER - 1).min(NEVER - 1)
 }
 
 impl Decision {
@@ -102,8 +118,8 @@ impl Decision {
             allowed: true,
             limit,
             remaining: remaining.min(limit),
-            reset,
-            retry_after: Some(Duration::ZERO),
+            reset_us: micros_ceil(reset),
+            retry_after_us: 0,
             policy: PolicyName::DEFAULT,
         }
     }
@@ -114,8 +130,8 @@ impl Decision {
             allowed: false,
             limit,
             remaining: remaining.min(limit),
-            reset,
-            retry_after: Some(retry_after.max(Duration::from_micros(1))),
+            reset_us: micros_ceil(reset),
+            retry_after_us: micros_ceil(retry_after).max(1),
             policy: PolicyName::DEFAULT,
         }
     }
@@ -127,8 +143,8 @@ impl Decision {
             allowed: false,
             limit,
             remaining: remaining.min(limit),
-            reset,
-            retry_after: None,
+            reset_us: micros_ceil(reset),
+            retry_after_us: NEVER,
             policy: PolicyName::DEFAULT,
         }
     }
@@ -162,26 +178,26 @@ impl Decision {
     /// Time until the limit is fully restored (`remaining == limit`); zero when already full.
     #[inline]
     pub fn reset(&self) -> Duration {
-        self.reset
+        Duration::from_micros(self.reset_us)
     }
 
     /// `Some(ZERO)` when allowed; `Some(positive)` when rejected, the wait after which this
     /// request would be allowed; `None` when it can never be allowed (cost exceeds capacity).
     #[inline]
     pub fn retry_after(&self) -> Option<Duration> {
-        self.retry_after
+        (self.retry_after_us != NEVER).then(|| Duration::from_micros(self.retry_after_us))
     }
 
     /// Whether this rejection can never succeed by waiting (cost larger than capacity).
     #[inline]
     pub fn is_impossible(&self) -> bool {
-        self.retry_after.is_none()
+        self.retry_after_us == NEVER
     }
 
     /// The retry delay in whole seconds, rounded **up** and never 0 for a rejection, as
     /// `Retry-After` must be. `Some(0)` when allowed, `None` when impossible.
     pub fn retry_after_secs_ceil(&self) -> Option<u64> {
-        let d = self.retry_after?;
+        let d = self.retry_after()?;
         if self.allowed {
             return Some(0);
         }
@@ -200,7 +216,7 @@ impl Decision {
         // remaining_a / limit_a < remaining_b / limit_b, cross-multiplied in u128.
         let a = u128::from(self.remaining) * u128::from(other.limit.max(1));
         let b = u128::from(other.remaining) * u128::from(self.limit.max(1));
-        a < b || (a == b && self.reset > other.reset)
+        a < b || (a == b && self.reset_us > other.reset_us)
     }
 }
 
@@ -216,8 +232,8 @@ impl fmt::Debug for Decision {
             .field("allowed", &self.allowed)
             .field("limit", &self.limit)
             .field("remaining", &self.remaining)
-            .field("reset", &self.reset)
-            .field("retry_after", &self.retry_after)
+            .field("reset", &self.reset())
+            .field("retry_after", &self.retry_after())
             .finish()
     }
 }
@@ -247,6 +263,30 @@ mod tests {
         let b = Decision::allowed_with(1000, 500, Duration::from_secs(1)); // 50%
         assert!(a.is_tighter_than(&b));
         assert!(!b.is_tighter_than(&a));
+    }
+
+    #[test]
+    fn times_round_up_to_whole_microseconds() {
+        let d = Decision::rejected(
+            5,
+            0,
+            Duration::from_nanos(1_500),
+            Duration::from_nanos(2_001),
+        );
+        assert_eq!(d.reset(), Duration::from_micros(2));
+        assert_eq!(d.retry_after(), Some(Duration::from_micros(3)));
+        let d = Decision::allowed_with(5, 4, Duration::MAX);
+        assert_eq!(d.reset(), Duration::from_micros(u64::MAX - 1));
+        assert_eq!(d.retry_after(), Some(Duration::ZERO));
+        assert!(!d.is_impossible());
+        let d = Decision::rejected(5, 0, Duration::ZERO, Duration::MAX);
+        assert!(!d.is_impossible(), "a very long wait is still a wait");
+    }
+
+    #[test]
+    fn decisions_stay_small() {
+        assert_eq!(std::mem::size_of::<PolicyName>(), 8);
+        assert!(std::mem::size_of::<Decision>() <= 48);
     }
 
     #[test]

@@ -12,8 +12,9 @@
 //!    charged;
 //! 4. refuses with the [`Rejection`](crate::response::Rejection) (by default `429` with
 //!    `Retry-After` and an RFC 9457 problem+json body, or a gRPC `RESOURCE_EXHAUSTED`), or calls
-//!    the inner service with the [`Decision`](crate::Decision) and all
-//!    [`Decisions`](crate::store::Decisions) in the request extensions;
+//!    the inner service with the [`Decision`](crate::Decision) in the request extensions, and
+//!    all [`Decisions`](crate::store::Decisions) too when the layer holds several limits or
+//!    layers are nested (a single limit's `Decision` is the only one);
 //! 5. writes the rate-limit [headers](crate::headers) on every response it decided, allowed or
 //!    refused, and puts the reported `Decision` in the response extensions. When layers are
 //!    nested, the more pressing decision (a rejection, else the one closer to exhaustion) wins

@@ -28,8 +28,9 @@ use crate::store::{Checked, Decisions, LimitCheck, Store, MAX_LIMITS};
 /// Rate-limits requests to the inner service `S`. Created by [`RateLimitLayer`]; see the
 /// [module docs](crate::layer).
 ///
-/// Allowed requests reach `S` with the reported [`Decision`] and all [`Decisions`] in their
-/// extensions; responses get rate-limit headers and the reported [`Decision`] in their
+/// Allowed requests reach `S` with the reported [`Decision`] in their extensions, and all
+/// [`Decisions`] too when the layer holds more than one limit or layers are nested (with a
+/// single limit, the `Decision` is the only one); responses get rate-limit headers and the reported [`Decision`] in their
 /// extensions (for logging or metrics middleware further out). Refused requests never
 /// reach `S`: they are answered by the layer's [`Rejection`](crate::response::Rejection).
 pub struct RateLimit<S, St = MemoryStore> {
@@ -210,19 +211,30 @@ fn more_pressing(a: &Decision, b: &Decision) -> bool {
     }
 }
 
-/// Puts the reported decision and all decisions in `ext`, keeping a more pressing decision a
-/// nested layer put there and appending to its `Decisions`.
-fn merge_extensions(ext: &mut Extensions, decisions: Decisions, reported: &Decision) {
-    match ext.get_mut::<Decision>() {
+/// Puts the reported decision in `ext`, keeping a more pressing decision a nested layer put
+/// there, and all decisions when there may be more than one: when this layer holds several
+/// limits (`several`), or a nested layer already decided. A single-limit layer alone inserts
+/// only its `Decision`, which is then the one and only decision (this saves boxing the whole
+/// `Decisions` on the common path).
+fn merge_extensions(
+    ext: &mut Extensions,
+    decisions: &Decisions,
+    reported: &Decision,
+    several: bool,
+) {
+    let theirs = match ext.get_mut::<Decision>() {
         Some(existing) => {
+            let theirs = *existing;
             if more_pressing(reported, existing) {
                 *existing = *reported;
             }
+            Some(theirs)
         }
         None => {
             ext.insert(*reported);
+            None
         }
-    }
+    };
     match ext.get_mut::<Decisions>() {
         Some(existing) => {
             for d in decisions.as_slice() {
@@ -232,7 +244,21 @@ fn merge_extensions(ext: &mut Extensions, decisions: Decisions, reported: &Decis
             }
         }
         None => {
-            ext.insert(decisions);
+            let Some(theirs) = theirs else {
+                if several {
+                    ext.insert(*decisions);
+                }
+                return;
+            };
+            // A `Decision` without `Decisions`: a single-limit layer decided before us.
+            let mut all = Decisions::new();
+            all.push(theirs);
+            for d in decisions.as_slice() {
+                if all.len() < MAX_LIMITS {
+                    all.push(*d);
+                }
+            }
+            ext.insert(all);
         }
     }
 }
@@ -262,13 +288,27 @@ fn begin<ReqBody, St: Store>(
     shared: &Arc<Shared<St>>,
     req: Request<ReqBody>,
 ) -> Begin<ReqBody, St::Future> {
+    // Size the on-stack check buffer to the layer: one limit is the common case, and building
+    // (and dropping) eight `LimitCheck`s for it costs more than the check itself.
+    if shared.limits.len() == 1 {
+        begin_with::<1, _, _>(shared, req)
+    } else {
+        begin_with::<MAX_LIMITS, _, _>(shared, req)
+    }
+}
+
+/// [`begin`] with room for `N` checks (`N >= shared.limits.len()`).
+fn begin_with<const N: usize, ReqBody, St: Store>(
+    shared: &Arc<Shared<St>>,
+    req: Request<ReqBody>,
+) -> Begin<ReqBody, St::Future> {
     let view = RequestView::new(&req);
     if let Some(skip) = &shared.skip {
         if skip(&view) {
             return Begin::Proceed(req, None);
         }
     }
-    let mut checks: [LimitCheck<'_>; MAX_LIMITS] = std::array::from_fn(|_| LimitCheck {
+    let mut checks: [LimitCheck<'_>; N] = std::array::from_fn(|_| LimitCheck {
         limit: 0,
         key: Key::global(),
         cost: 0,
@@ -429,7 +469,8 @@ pub(crate) fn finish<ReqBody, St>(
                 .copied()
                 .unwrap_or_else(|| Decision::allowed_with(0, 0, Duration::ZERO));
             let outcome = Outcome::new(shared, plan, &decisions, reported);
-            merge_extensions(req.extensions_mut(), decisions, &reported);
+            let several = shared.limits.len() > 1;
+            merge_extensions(req.extensions_mut(), &decisions, &reported, several);
             Finish::Proceed(req, outcome)
         }
         Some(i) => {
