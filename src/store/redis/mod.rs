@@ -62,8 +62,8 @@
 //! Every limit must choose a [`FailurePolicy`] (building fails with
 //! a [`ConfigError`] otherwise):
 //!
-//! - `Open`: the limit allows; a `tracing` warning is logged and [`RedisStats::fail_open`]
-//!   counts it;
+//! - `Open`: the limit allows (reporting its full limit as remaining); a `tracing` warning is
+//!   logged and [`RedisStats::fail_open`] counts it;
 //! - `Closed { retry_after }`: the check fails with a [`StoreError`](crate::StoreError) carrying
 //!   `retry_after`, which the layer turns into `503` with `Retry-After` and a problem+json body;
 //! - `Local { share }`: a local in-memory limiter holding `share` of the quota (count and burst,
