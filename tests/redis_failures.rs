@@ -252,10 +252,8 @@ async fn paused_redis_the_timeout_holds_and_the_breaker_stops_paying_it() {
         assert!(*d >= TIMEOUT, "{d:?}");
     }
     for (d, _) in &seen[3..] {
-        assert!(
-            *d < Duration::from_millis(5),
-            "short-circuited request took {d:?}"
-        );
+        // Well under the timeout the first three paid (typically microseconds).
+        assert!(*d < TIMEOUT, "short-circuited request took {d:?}");
     }
     let stats = s.stats();
     assert_eq!(stats.timeouts() - timeouts, 3, "{stats:?}");
