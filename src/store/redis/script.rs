@@ -256,10 +256,11 @@ pub(crate) fn pack_args<'g>(
     });
     cmd.arg(groups.clone().count());
     for g in groups.clone() {
-        cmd.arg(g.len());
-        match g.now {
-            Some(now) => cmd.arg(now),
-            None => cmd.arg(""),
+        // See driver.lua: '' is one limit at the server's time.
+        match (g.len(), g.now) {
+            (1, None) => cmd.arg(""),
+            (n, None) => cmd.arg(n),
+            (n, Some(now)) => cmd.arg(format!("{n}@{now}")),
         };
     }
     for g in groups {

@@ -3,8 +3,9 @@
 -- KEYS[i]  the state key of limit i (all groups' limits, in order).
 -- ARGV[1]  'c' to check: decide every limit of a group, then charge all of them only if all
 --          allow (a rejected group writes nothing); or 'r' to refund what a check charged.
--- ARGV[2]  G, the number of groups. Then for each group: its number of limits and its time in
---          µs ('' reads the server's TIME once, shared by every such group).
+-- ARGV[2]  G, the number of groups. Then one header per group: '' for the common group of one
+--          limit at the server's time, else "n" (n limits) or "n@t" (at time t in µs). TIME is
+--          read once, shared by every group at the server's time.
 -- Then 2 arguments per limit, in KEYS order: the limit's index in this store's configuration
 -- and the cost. LIMIT (generated from the configuration) maps an index to the algorithm's
 -- functions (load, decide, apply, refund, and check, decide-then-apply in one call where the
@@ -18,7 +19,7 @@
 -- memory store does); a refund reports each limit after the refund, at cost 0.
 local refund = ARGV[1] == 'r'
 local ngroups = int(ARGV[2])
-local base = 3 + 2 * ngroups
+local base = 3 + ngroups
 local out, nout = {}, 0 -- packed pieces of the reply
 local server_now
 
@@ -40,8 +41,12 @@ end
 
 local first = 0
 for g = 1, ngroups do
-  local n = int(ARGV[1 + 2 * g])
-  local now = ARGV[2 + 2 * g]
+  local n, now = 1, ''
+  local header = ARGV[2 + g]
+  if header ~= '' then
+    n, now = string.match(header, '^(%d+)@?(%d*)$')
+    n = tonumber(n)
+  end
   if now ~= '' then
     now = tonumber(now)
   else
