@@ -375,6 +375,40 @@ fn main() {
             batched.p99
         );
     }
+    // The headline ratio, robust to a busy machine: alternate the ceiling and the batched store
+    // at concurrency 64 and keep the best of each.
+    let rounds: usize = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(3);
+    let (mut best_ceiling, mut best_batched, mut best_direct) = (
+        p16,
+        at_64.map_or(0.0, |a| a.1.per_sec),
+        at_64.map_or(0.0, |a| a.0.per_sec),
+    );
+    let mut best_p99 = at_64.map(|a| a.1);
+    for _ in 1..rounds {
+        best_ceiling = best_ceiling.max(redis_benchmark(&server, &sha, 16).0);
+        let (b, _) = rt.block_on(bench_store(&sampler, &url, true, 64));
+        if b.per_sec > best_batched {
+            best_batched = b.per_sec;
+            best_p99 = Some(b);
+        }
+        best_direct = best_direct.max(
+            rt.block_on(bench_store(&sampler, &url, false, 64))
+                .0
+                .per_sec,
+        );
+    }
+    if let Some(b) = best_p99 {
+        println!(
+            "best of {rounds} alternating rounds at concurrency 64: ceiling {best_ceiling:.0}/s; store unbatched {best_direct:.0}/s ({:.2}x), batched {best_batched:.0}/s ({:.2}x), batched p50 {:.2?} p99 {:.2?}",
+            best_direct / best_ceiling,
+            best_batched / best_ceiling,
+            b.p50,
+            b.p99
+        );
+    }
 }
 
 fn show(r: Result) -> String {
