@@ -289,3 +289,65 @@ impl OutputAsync for Command {
             .unwrap()
     }
 }
+
+/// The batcher's compact call carries the limit index and the cost: checks against a store's
+/// second limit with a cost of 3, from several instances at once, spend exactly its capacity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_checks_of_another_limit_and_cost_spend_exactly_the_capacity() {
+    let server = support::RedisServer::start();
+    let p = prefix("compact");
+    let specs = [
+        LimitSpec::new(
+            PolicyName::new("first"),
+            Quota::per_second(1),
+            AlgorithmKind::Gcra,
+        )
+        .on_store_error(FailurePolicy::Closed {
+            retry_after: Duration::from_secs(1),
+        }),
+        LimitSpec::new(
+            PolicyName::new("second"),
+            Quota::per_day(1).burst(90),
+            AlgorithmKind::TokenBucket,
+        )
+        .on_store_error(FailurePolicy::Closed {
+            retry_after: Duration::from_secs(1),
+        }),
+    ];
+    let stores: Vec<Arc<RedisStore>> = (0..4)
+        .map(|_| {
+            Arc::new(
+                RedisBackend::new(server.url())
+                    .prefix(p.clone())
+                    .timeout(Duration::from_secs(5))
+                    .build(&specs)
+                    .unwrap(),
+            )
+        })
+        .collect();
+    let mut tasks = Vec::new();
+    for store in &stores {
+        for _ in 0..25 {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                let checks = [tollgate::store::LimitCheck {
+                    limit: 1,
+                    key: tollgate::key::Key::string("k"),
+                    cost: 3,
+                }];
+                common::decide(&*store, &checks).await.unwrap().allowed()
+            }));
+        }
+    }
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += u64::from(t.await.unwrap());
+    }
+    assert_eq!(admitted, 30, "90 units at 3 each");
+    let batched: u64 = stores.iter().map(|s| s.stats().batched_calls()).sum();
+    let batches: u64 = stores.iter().map(|s| s.stats().batches()).sum();
+    assert!(
+        batches < batched,
+        "some calls were coalesced: {batches} batches for {batched} calls"
+    );
+}

@@ -169,9 +169,12 @@ async fn run_batch(conn: Conn, script: Arc<LuaScript>, jobs: Vec<Job>) {
         .map(|j| j.deadline)
         .min()
         .expect("a batch has jobs");
+    // The compact form when every job is one limit at the server's time (the usual case).
+    let compact = jobs.iter().all(|j| j.group.is_single_at_server_time());
+    let mode = if compact { Mode::Batch } else { Mode::Check };
     let result = tokio::time::timeout_at(
         deadline,
-        conn.eval(&script, Mode::Check, jobs.iter().map(|j| &j.group)),
+        conn.eval(&script, mode, jobs.iter().map(|j| &j.group)),
     )
     .await;
     let ints = match result {
@@ -179,29 +182,37 @@ async fn run_batch(conn: Conn, script: Arc<LuaScript>, jobs: Vec<Job>) {
         Ok(Err(e)) => Err(BatchError::Redis(Arc::new(e))),
         Err(_) => Err(BatchError::Timeout),
     };
-    match ints {
-        Ok(ints) => {
-            let mut at = 0;
-            for job in jobs {
-                let len = job.group.reply_len();
-                let part = ints
-                    .get(at..at + len)
-                    .and_then(Ints::from_slice)
-                    .ok_or_else(|| {
-                        BatchError::Invalid(format!(
-                            "batched reply has {} integers, expected at least {}",
-                            ints.len(),
-                            at + len
-                        ))
-                    });
-                at += len;
-                let _ = job.reply.send((job.group, part));
-            }
-        }
+    let ints = match ints {
+        Ok(ints) => ints,
         Err(e) => {
             for job in jobs {
                 let _ = job.reply.send((job.group, Err(e.clone())));
             }
+            return;
         }
+    };
+    let total = ints.len();
+    let mut at = usize::from(compact);
+    for job in jobs {
+        // A compact reply holds the time once; each group's answer starts with it.
+        let (len, part) = if compact {
+            let mut buf = [0i64; 6];
+            let part = ints.get(at..at + 5).map(|five| {
+                buf[0] = ints[0];
+                buf[1..].copy_from_slice(five);
+                Ints::from_slice(&buf)
+            });
+            (5, part.flatten())
+        } else {
+            let len = job.group.reply_len();
+            (len, ints.get(at..at + len).and_then(Ints::from_slice))
+        };
+        at += len;
+        let part = part.ok_or_else(|| {
+            BatchError::Invalid(format!(
+                "batched reply has {total} integers, expected at least {at}"
+            ))
+        });
+        let _ = job.reply.send((job.group, part));
     }
 }

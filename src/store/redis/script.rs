@@ -201,11 +201,13 @@ impl LuaScript {
     }
 }
 
-/// Check (decide and charge) or refund.
+/// Check (decide and charge), refund, or a batch of single-limit checks at server time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mode {
     Check,
     Refund,
+    /// Every group is one limit at the server's time: a compact call, see `driver.lua`.
+    Batch,
 }
 
 /// One limit of a call.
@@ -235,6 +237,11 @@ impl Group {
     pub(crate) fn reply_len(&self) -> usize {
         1 + 5 * self.limits.len()
     }
+
+    /// Whether the group can go in a [`Mode::Batch`] call.
+    pub(crate) fn is_single_at_server_time(&self) -> bool {
+        self.limits.len() == 1 && self.now.is_none()
+    }
 }
 
 /// Writes `numkeys`, the keys and the arguments of a call on `groups` after `EVALSHA sha`.
@@ -250,9 +257,19 @@ pub(crate) fn pack_args<'g>(
             cmd.arg(k.as_str());
         }
     }
+    if mode == Mode::Batch {
+        cmd.arg("b");
+        for l in groups.flat_map(|g| &g.limits) {
+            match l.limit {
+                0 => cmd.arg(l.cost),
+                i => cmd.arg(format!("{i}:{}", l.cost)),
+            };
+        }
+        return;
+    }
     cmd.arg(match mode {
-        Mode::Check => "c",
         Mode::Refund => "r",
+        _ => "c",
     });
     cmd.arg(groups.clone().count());
     for g in groups.clone() {
