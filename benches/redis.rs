@@ -141,9 +141,23 @@ fn store(url: &str, batching: bool) -> RedisStore {
         AlgorithmKind::TokenBucket,
     )
     .on_store_error(FailurePolicy::Open);
+    let env = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
     RedisBackend::new(url)
         .prefix("bench")
         .batching(batching)
+        .max_batch(env(
+            "BENCH_MAX_BATCH",
+            tollgate::store::redis::DEFAULT_MAX_BATCH,
+        ))
+        .max_in_flight(env(
+            "BENCH_IN_FLIGHT",
+            tollgate::store::redis::DEFAULT_MAX_IN_FLIGHT,
+        ))
         // Measure Redis, not the failure policy: a generous timeout.
         .timeout(Duration::from_secs(2))
         .build(&[spec])

@@ -152,7 +152,9 @@ pub const DEFAULT_BREAKER_THRESHOLD: u32 = 5;
 /// The default interval between probes while the circuit breaker is open.
 pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(200);
 /// The default largest number of requests coalesced into one script call.
-pub const DEFAULT_MAX_BATCH: usize = 128;
+pub const DEFAULT_MAX_BATCH: usize = 64;
+/// The default number of batched script calls on the wire at once.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 4;
 
 /// Configuration of a Redis (or Redis Cluster) store; see the [module docs](self).
 ///
@@ -179,6 +181,7 @@ pub struct RedisBackend {
     clock: Option<Arc<dyn Clock>>,
     batching: bool,
     max_batch: usize,
+    max_in_flight: usize,
     local: Option<LocalBuilder>,
     stats: RedisStats,
 }
@@ -237,6 +240,7 @@ impl RedisBackend {
             clock: None,
             batching: true,
             max_batch: DEFAULT_MAX_BATCH,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             local: None,
             stats: RedisStats::default(),
         }
@@ -302,9 +306,17 @@ impl RedisBackend {
         self
     }
 
-    /// The most requests coalesced into one script call (default 128).
+    /// The most requests coalesced into one script call (default 64). A batch runs as one
+    /// script, so this also bounds how long one call keeps Redis busy (about 4 µs per decision).
     pub fn max_batch(mut self, max: usize) -> Self {
         self.max_batch = max;
+        self
+    }
+
+    /// How many batched script calls may be on the wire at once (default 4). Requests arriving
+    /// while that many are in flight wait and form the next batch.
+    pub fn max_in_flight(mut self, max: usize) -> Self {
+        self.max_in_flight = max;
         self
     }
 
@@ -455,7 +467,7 @@ impl Backend for RedisBackend {
             breaker_threshold: self.breaker_threshold,
             probe_interval: self.probe_interval,
             clock: self.clock,
-            batching: (self.batching && !cluster).then_some((self.max_batch, 2)),
+            batching: (self.batching && !cluster).then_some((self.max_batch, self.max_in_flight)),
             local,
             stats: self.stats,
             conn: Default::default(),
