@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::Algorithm;
+use super::{Algorithm, TokenBucket, TokenBucketState};
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::quota::Quota;
@@ -57,10 +57,8 @@ use crate::quota::Quota;
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeakyBucket {
-    quota: Quota,
-    unit: u64,
-    per: u64,
-    cap: u64,
+    /// The same arithmetic: a queue's level is a token bucket's deficit.
+    bucket: TokenBucket,
 }
 
 /// Per-key state of a [`LeakyBucket`]: the queue's level (fixed-point) and the last update.
@@ -78,13 +76,8 @@ impl LeakyBucket {
     ///
     /// Returns a [`ConfigError`] when [`Quota::validate`] does.
     pub fn new(quota: Quota) -> Result<Self, ConfigError> {
-        quota.validate()?;
-        let fp = quota.fixed_point();
         Ok(Self {
-            quota,
-            unit: fp.unit,
-            per: fp.per_micro,
-            cap: quota.burst_size() * fp.unit,
+            bucket: TokenBucket::new(quota)?,
         })
     }
 
@@ -108,17 +101,25 @@ impl LeakyBucket {
     /// assert_eq!(bucket.queue_delay(&state, 200_000), Duration::from_millis(300));
     /// ```
     pub fn queue_delay(&self, state: &LeakyBucketState, now: u64) -> Duration {
-        Duration::from_micros(self.level_at(state, now).div_ceil(self.per))
+        let level = self.bucket.deficit_at(&as_bucket(state), now);
+        Duration::from_micros(self.bucket.micros_to_earn(level))
     }
+}
 
-    #[inline]
-    fn level_at(&self, state: &LeakyBucketState, now: u64) -> u64 {
-        let elapsed = now.saturating_sub(state.last);
-        // `min`: a level stored under a larger capacity reads as a full queue at `last`.
-        state
-            .level
-            .min(self.cap)
-            .saturating_sub(elapsed.saturating_mul(self.per))
+/// A queue's state read as the token bucket's: the level is the deficit.
+#[inline]
+fn as_bucket(state: &LeakyBucketState) -> TokenBucketState {
+    TokenBucketState {
+        deficit: state.level,
+        last: state.last,
+    }
+}
+
+#[inline]
+fn from_bucket(state: TokenBucketState) -> LeakyBucketState {
+    LeakyBucketState {
+        level: state.deficit,
+        last: state.last,
     }
 }
 
@@ -126,56 +127,33 @@ impl Algorithm for LeakyBucket {
     type State = LeakyBucketState;
 
     fn quota(&self) -> &Quota {
-        &self.quota
+        self.bucket.quota()
     }
 
     fn capacity(&self) -> u64 {
-        self.quota.burst_size()
+        self.bucket.capacity()
     }
 
     #[inline]
     fn decide(&self, state: &LeakyBucketState, now: u64, cost: u64) -> Decision {
-        let limit = self.quota.burst_size();
-        let level = self.level_at(state, now);
-        let remaining_now = (self.cap - level) / self.unit;
-        let reset_now = Duration::from_micros(level.div_ceil(self.per));
-        if cost > limit {
-            return Decision::impossible(limit, remaining_now, reset_now);
-        }
-        let after = level + cost * self.unit;
-        if after <= self.cap {
-            Decision::allowed_with(
-                limit,
-                (self.cap - after) / self.unit,
-                Duration::from_micros(after.div_ceil(self.per)),
-            )
-        } else {
-            Decision::rejected(
-                limit,
-                remaining_now,
-                reset_now,
-                Duration::from_micros((after - self.cap).div_ceil(self.per)),
-            )
-        }
+        self.bucket.decide(&as_bucket(state), now, cost)
     }
 
     #[inline]
     fn apply(&self, state: &mut LeakyBucketState, now: u64, cost: u64) {
-        let level = self.level_at(state, now);
-        state.level = level
-            .saturating_add(cost.saturating_mul(self.unit))
-            .min(self.cap);
-        state.last = state.last.max(now);
+        let mut bucket = as_bucket(state);
+        self.bucket.apply(&mut bucket, now, cost);
+        *state = from_bucket(bucket);
     }
 
     fn refund(&self, state: &mut LeakyBucketState, now: u64, cost: u64) {
-        let level = self.level_at(state, now);
-        state.level = level.saturating_sub(cost.saturating_mul(self.unit));
-        state.last = state.last.max(now);
+        let mut bucket = as_bucket(state);
+        self.bucket.refund(&mut bucket, now, cost);
+        *state = from_bucket(bucket);
     }
 
     fn idle_timeout_micros(&self) -> u64 {
-        self.cap.div_ceil(self.per)
+        self.bucket.idle_timeout_micros()
     }
 }
 

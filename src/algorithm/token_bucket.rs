@@ -71,7 +71,7 @@ impl TokenBucket {
     /// Microseconds to earn `steps` fixed-point steps: `ceil(steps / per)`, skipping the
     /// division in the common case of a count that divides the period (`per == 1`).
     #[inline]
-    fn micros_to_earn(&self, steps: u64) -> u64 {
+    pub(super) fn micros_to_earn(&self, steps: u64) -> u64 {
         if self.per == 1 {
             steps
         } else {
@@ -80,7 +80,7 @@ impl TokenBucket {
     }
 
     #[inline]
-    fn deficit_at(&self, state: &TokenBucketState, now: u64) -> u64 {
+    pub(super) fn deficit_at(&self, state: &TokenBucketState, now: u64) -> u64 {
         let elapsed = now.saturating_sub(state.last);
         // `min`: a deficit stored under a larger capacity reads as an empty bucket at `last`.
         state
