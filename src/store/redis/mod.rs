@@ -6,7 +6,8 @@
 //! - **one Lua script per algorithm** (in `src/store/redis/scripts/`) mirrors the Rust transition
 //!   in [`algorithm`](crate::algorithm) exactly — the same integer formulas, in microseconds
 //!   (Lua numbers are doubles, exact below 2^53, which [`Quota::validate`] guarantees; integer
-//!   division is corrected for rounding) — and reads, decides and writes in one atomic step. A
+//!   division is corrected for rounding; the leaky-bucket meter runs the token bucket's functions,
+//!   as its Rust transition wraps a token bucket) — and reads, decides and writes in one atomic step. A
 //!   store's script is a shared prelude, the scripts of the algorithms it uses, its limits'
 //!   parameters as constants and a driver; it runs by `EVALSHA` (re-sent with `EVAL` when the
 //!   server answers `NOSCRIPT`, e.g. after a restart or `SCRIPT FLUSH`). State is stored as

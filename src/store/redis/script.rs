@@ -23,7 +23,6 @@ const GCRA: &str = include_str!("scripts/gcra.lua");
 const FIXED_WINDOW: &str = include_str!("scripts/fixed_window.lua");
 const SLIDING_WINDOW: &str = include_str!("scripts/sliding_window.lua");
 const SLIDING_LOG: &str = include_str!("scripts/sliding_log.lua");
-const LEAKY_BUCKET: &str = include_str!("scripts/leaky_bucket.lua");
 
 /// How one algorithm maps onto its script.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,21 +31,26 @@ pub(crate) struct AlgorithmScript {
     pub(crate) code: u8,
     /// Short name used in key names.
     pub(crate) short: &'static str,
+    /// Prefix of the Lua functions that implement it (`{functions}_decide`, ...).
+    functions: &'static str,
     source: &'static str,
 }
 
 pub(crate) fn script_of(kind: AlgorithmKind) -> AlgorithmScript {
-    let (code, short, source) = match kind {
-        AlgorithmKind::TokenBucket => (1, "tb", TOKEN_BUCKET),
-        AlgorithmKind::Gcra => (2, "gcra", GCRA),
-        AlgorithmKind::FixedWindow => (3, "fw", FIXED_WINDOW),
-        AlgorithmKind::SlidingWindow => (4, "sw", SLIDING_WINDOW),
-        AlgorithmKind::SlidingLog => (5, "sl", SLIDING_LOG),
-        AlgorithmKind::LeakyBucket => (6, "lb", LEAKY_BUCKET),
+    let (code, short, functions, source) = match kind {
+        AlgorithmKind::TokenBucket => (1, "tb", "tb", TOKEN_BUCKET),
+        AlgorithmKind::Gcra => (2, "gcra", "gcra", GCRA),
+        AlgorithmKind::FixedWindow => (3, "fw", "fw", FIXED_WINDOW),
+        AlgorithmKind::SlidingWindow => (4, "sw", "sw", SLIDING_WINDOW),
+        AlgorithmKind::SlidingLog => (5, "sl", "sl", SLIDING_LOG),
+        // The leaky-bucket meter is the token bucket's arithmetic read as a queue's level
+        // (src/algorithm/leaky_bucket.rs wraps a TokenBucket): same functions, own key names.
+        AlgorithmKind::LeakyBucket => (6, "lb", "tb", TOKEN_BUCKET),
     };
     AlgorithmScript {
         code,
         short,
+        functions,
         source,
     }
 }
@@ -155,8 +159,8 @@ impl LuaScript {
     pub(crate) fn assemble(limits: &[(AlgorithmKind, ScriptParams)]) -> Self {
         use std::fmt::Write;
         let mut used: Vec<AlgorithmScript> = limits.iter().map(|(k, _)| script_of(*k)).collect();
-        used.sort_by_key(|s| s.code);
-        used.dedup();
+        used.sort_by_key(|s| s.functions);
+        used.dedup_by_key(|s| s.functions);
         let mut code = String::with_capacity(8 * 1024);
         code.push_str(PRELUDE);
         for s in &used {
@@ -169,7 +173,7 @@ impl LuaScript {
              local function LIMIT(i)\n",
         );
         for (i, (k, p)) in limits.iter().enumerate() {
-            let a = script_of(*k).short;
+            let a = script_of(*k).functions;
             let check = if matches!(
                 k,
                 AlgorithmKind::TokenBucket | AlgorithmKind::Gcra | AlgorithmKind::LeakyBucket
