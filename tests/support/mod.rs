@@ -104,6 +104,9 @@ impl RedisServer {
             self.dir.join("redis.log").display().to_string(),
             "--protected-mode".into(),
             "no".into(),
+            // DEBUG SLEEP simulates a slow server in the fault tests.
+            "--enable-debug-command".into(),
+            "yes".into(),
         ];
         args.extend(self.extra.iter().cloned());
         let quoted: Vec<String> = args

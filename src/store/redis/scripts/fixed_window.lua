@@ -41,14 +41,16 @@ local function fw_apply(key, ttl, now, cost, period, limit, _, window, count)
   store2(key, ttl, w, used)
 end
 
+-- Gives back units charged at `now` only while the stored window is still the one they were
+-- charged to: once the window has moved on, its count is another window's and stays as it is
+-- (a refund never frees units of a window it did not charge).
 local function fw_refund(key, ttl, now, cost, period, limit, _, window, count)
-  local w = fw_window(now, period, limit, window, count)
-  if w == window then
+  if window == idiv(now, period) then
     count = count - cost
     if count < 0 then
       count = 0
     end
-    store2(key, ttl, w, count)
+    store2(key, ttl, window, count)
   end
   return window, count
 end

@@ -91,12 +91,25 @@ local function sw_apply(key, ttl, now, cost, period, limit, _, last, sprev, scur
   store3(key, ttl, t, prev, cur)
 end
 
+-- Gives back units charged at `now` to the counter of the window they were charged to: the
+-- current count while `last` is still in that window, the previous count once `last` has moved
+-- one window on (the units now weigh as the previous window's), nothing later. A refund never
+-- frees units of a window it did not charge.
 local function sw_refund(key, ttl, now, cost, period, limit, _, last, sprev, scur)
-  local t, _, prev, cur = sw_view(now, period, limit, last, sprev, scur)
-  cur = cur - cost
-  if cur < 0 then
-    cur = 0
+  local charged, s = idiv(now, period), idiv(last, period)
+  if s == charged then
+    scur = scur - cost
+    if scur < 0 then
+      scur = 0
+    end
+  elseif s == charged + 1 then
+    sprev = sprev - cost
+    if sprev < 0 then
+      sprev = 0
+    end
+  else
+    return last, sprev, scur
   end
-  store3(key, ttl, t, prev, cur)
-  return t, prev, cur
+  store3(key, ttl, last, sprev, scur)
+  return last, sprev, scur
 end
