@@ -1,18 +1,22 @@
-//! The connection (one multiplexed connection per store, or the Cluster connection), script calls
-//! with `EVALSHA` and a reload on `NOSCRIPT`, and the batcher that coalesces concurrent calls.
+//! The connection (one multiplexed connection per store and tokio runtime, or the Cluster
+//! connection), script calls with `EVALSHA` and a reload on `NOSCRIPT`, the batcher that
+//! coalesces concurrent calls, and the Cluster's slot map.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::script::{pack_args, reply_ints, Group, Ints, LuaScript, Mode};
 use super::stats::RedisStats;
+use crate::error::{StoreError, StoreErrorKind};
 
 /// Where the store connects, validated at build time.
 #[derive(Debug, Clone)]
@@ -58,6 +62,23 @@ impl Conn {
                     client.get_pending_async_connection_with_config(config),
                 ))
             }
+        }
+    }
+
+    /// `PING` to the node at `addr` (`host:port`; for a Cluster, routed to that node), or to the
+    /// node when `addr` is `None`.
+    pub(crate) async fn ping(&self, addr: Option<&str>) -> Result<Value, RedisError> {
+        let cmd = redis::cmd("PING");
+        match (self, addr.and_then(|a| a.rsplit_once(':'))) {
+            (Conn::Cluster(c), Some((host, port))) => {
+                let port = port.parse().unwrap_or(0);
+                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: host.to_owned(),
+                    port,
+                });
+                c.clone().route_command(cmd, route).await?.extract_error()
+            }
+            _ => self.query(&cmd).await,
         }
     }
 
@@ -113,7 +134,7 @@ pub(crate) enum BatchError {
 
 /// Coalesces concurrent calls into one script run: while `max_in_flight` batches are on the
 /// wire, new calls queue; the next batch takes everything queued (up to `max_batch`).
-pub(crate) fn spawn_batcher(
+fn spawn_batcher(
     conn: Conn,
     script: Arc<LuaScript>,
     stats: RedisStats,
@@ -157,6 +178,9 @@ pub(crate) fn spawn_batcher(
                     stats.record_batch(jobs.len());
                     in_flight.push(run_batch(conn.clone(), script.clone(), jobs));
                 }
+                // Unreachable with max_in_flight >= 1 (checked at build time); if it ever is,
+                // the task ends and the next request restarts it (see `Links::get`).
+                else => break,
             }
         }
     });
@@ -214,5 +238,248 @@ async fn run_batch(conn: Conn, script: Arc<LuaScript>, jobs: Vec<Job>) {
             ))
         });
         let _ = job.reply.send((job.group, part));
+    }
+}
+
+/// The most runtimes a store keeps a connection for at once (the oldest is dropped beyond).
+const MAX_RUNTIMES: usize = 8;
+
+/// A connection, and its batcher, for one tokio runtime. Both live on that runtime: its tasks
+/// run the connection and the batcher, and are gone when it shuts down.
+struct Link {
+    runtime: tokio::runtime::Id,
+    /// Alive while the runtime runs: held by a sentinel task on it.
+    alive: Weak<()>,
+    /// Ends the sentinel task when the link is dropped.
+    _stop: oneshot::Sender<()>,
+    conn: Conn,
+    batcher: Option<mpsc::UnboundedSender<Job>>,
+}
+
+/// What a call needs: the connection of the current runtime and its batcher.
+pub(crate) struct Handle {
+    pub(crate) conn: Conn,
+    pub(crate) batcher: Option<mpsc::UnboundedSender<Job>>,
+}
+
+/// The store's connections, one per tokio runtime it is used from. A store built (or first used)
+/// in one runtime and then used in another gets a connection of its own there, instead of
+/// calling into tasks of a runtime that is gone or not running; a batcher that stopped (it
+/// panicked) is restarted.
+#[derive(Default)]
+pub(crate) struct Links {
+    links: Mutex<Vec<Link>>,
+    connected_once: AtomicBool,
+}
+
+/// How a store connects.
+pub(crate) struct LinkConfig<'a> {
+    pub(crate) target: &'a Target,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) batching: Option<(usize, usize)>,
+    pub(crate) script: &'a Arc<LuaScript>,
+    pub(crate) stats: &'a RedisStats,
+}
+
+impl Links {
+    /// The connection (and batcher) for the current tokio runtime; the bool is true when it was
+    /// just set up.
+    pub(crate) fn get(&self, cfg: &LinkConfig<'_>) -> Result<(Handle, bool), StoreError> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            StoreError::new(
+                StoreErrorKind::Other,
+                "a Redis store must be used inside a tokio runtime",
+            )
+        })?;
+        let id = runtime.id();
+        let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(link) = links.iter_mut().find(|l| l.runtime == id) {
+            if let (Some(batcher), Some((max_batch, max_in_flight))) = (&link.batcher, cfg.batching)
+            {
+                if batcher.is_closed() {
+                    cfg.stats.add_batcher_restart();
+                    tracing::error!(
+                        "the redis batching task stopped; restarting it (its requests were decided by their failure policies)"
+                    );
+                    link.batcher = Some(spawn_batcher(
+                        link.conn.clone(),
+                        cfg.script.clone(),
+                        cfg.stats.clone(),
+                        max_batch,
+                        max_in_flight,
+                    ));
+                }
+            }
+            return Ok((
+                Handle {
+                    conn: link.conn.clone(),
+                    batcher: link.batcher.clone(),
+                },
+                false,
+            ));
+        }
+        // Runtimes that shut down took their connections with them.
+        links.retain(|l| l.alive.strong_count() > 0);
+        if links.len() >= MAX_RUNTIMES {
+            links.remove(0);
+        }
+        let conn = Conn::open(cfg.target, cfg.connect_timeout).map_err(|e| {
+            StoreError::new(
+                StoreErrorKind::Unavailable,
+                format!("redis connection: {e}"),
+            )
+        })?;
+        let token = Arc::new(());
+        let alive = Arc::downgrade(&token);
+        let (stop, stopped) = oneshot::channel::<()>();
+        runtime.spawn(async move {
+            let _token = token;
+            let _ = stopped.await;
+        });
+        let batcher = cfg.batching.map(|(max_batch, max_in_flight)| {
+            spawn_batcher(
+                conn.clone(),
+                cfg.script.clone(),
+                cfg.stats.clone(),
+                max_batch,
+                max_in_flight,
+            )
+        });
+        if self.connected_once.swap(true, Ordering::Relaxed) {
+            cfg.stats.add_reconnect();
+            tracing::info!(
+                runtimes = links.len() + 1,
+                "redis store used from another tokio runtime; connecting there"
+            );
+        }
+        let handle = Handle {
+            conn: conn.clone(),
+            batcher: batcher.clone(),
+        };
+        links.push(Link {
+            runtime: id,
+            alive,
+            _stop: stop,
+            conn,
+            batcher,
+        });
+        Ok((handle, true))
+    }
+}
+
+/// The Cluster's slot map as `CLUSTER SLOTS` reports it: (first slot, last slot, master
+/// `host:port`), sorted by first slot.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct SlotMap {
+    ranges: Vec<(u16, u16, String)>,
+}
+
+impl SlotMap {
+    /// Reads the map from the Cluster.
+    pub(crate) async fn fetch(conn: &Conn) -> Result<Self, StoreError> {
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SLOTS");
+        let value = conn.query(&cmd).await.map_err(|e| {
+            StoreError::new(StoreErrorKind::Unavailable, format!("CLUSTER SLOTS: {e}"))
+        })?;
+        Self::parse(&value).ok_or_else(|| {
+            StoreError::new(
+                StoreErrorKind::InvalidResponse,
+                "CLUSTER SLOTS: unexpected reply",
+            )
+        })
+    }
+
+    fn parse(value: &Value) -> Option<Self> {
+        let Value::Array(entries) = value else {
+            return None;
+        };
+        let mut ranges = Vec::with_capacity(entries.len());
+        for e in entries {
+            let Value::Array(e) = e else { return None };
+            let (Some(Value::Int(a)), Some(Value::Int(b)), Some(Value::Array(master))) =
+                (e.first(), e.get(1), e.get(2))
+            else {
+                return None;
+            };
+            let host = match master.first()? {
+                Value::BulkString(h) => String::from_utf8_lossy(h).into_owned(),
+                Value::SimpleString(h) => h.clone(),
+                _ => return None,
+            };
+            let Some(Value::Int(port)) = master.get(1) else {
+                return None;
+            };
+            ranges.push((
+                u16::try_from(*a).ok()?,
+                u16::try_from(*b).ok()?,
+                format!("{host}:{port}"),
+            ));
+        }
+        ranges.sort_unstable();
+        Some(Self { ranges })
+    }
+
+    /// Whether the master at `addr` serves any slot.
+    pub(crate) fn serves(&self, addr: &str) -> bool {
+        self.ranges.iter().any(|r| r.2 == addr)
+    }
+
+    /// The master serving `slot`, if known.
+    pub(crate) fn node(&self, slot: u16) -> Option<&str> {
+        let i = self.ranges.partition_point(|r| r.0 <= slot).checked_sub(1)?;
+        let (a, b, addr) = &self.ranges[i];
+        (*a <= slot && slot <= *b).then_some(addr.as_str())
+    }
+}
+
+/// The Cluster hash slot of a key whose hash tag is `tag` (CRC16-XMODEM mod 16384, as Redis).
+pub(crate) fn slot_of_tag(tag: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in tag {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc & 16383
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_match_redis() {
+        // Values from `CLUSTER KEYSLOT`.
+        assert_eq!(slot_of_tag(b"foo"), 12182);
+        assert_eq!(slot_of_tag(b"123456789"), 12739);
+        assert_eq!(slot_of_tag(b""), 0);
+    }
+
+    #[test]
+    fn slot_map_lookup() {
+        let m = SlotMap::parse(&Value::Array(vec![
+            Value::Array(vec![
+                Value::Int(5461),
+                Value::Int(10922),
+                Value::Array(vec![Value::BulkString(b"10.0.0.2".to_vec()), Value::Int(7001)]),
+            ]),
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(5460),
+                Value::Array(vec![Value::BulkString(b"10.0.0.1".to_vec()), Value::Int(7000)]),
+            ]),
+        ]))
+        .unwrap();
+        assert_eq!(m.node(0), Some("10.0.0.1:7000"));
+        assert_eq!(m.node(5460), Some("10.0.0.1:7000"));
+        assert_eq!(m.node(5461), Some("10.0.0.2:7001"));
+        assert_eq!(m.node(10923), None);
+        assert!(SlotMap::parse(&Value::Okay).is_none());
     }
 }

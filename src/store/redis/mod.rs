@@ -128,14 +128,17 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::algorithm::AlgorithmKind;
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::quota::Quota;
 use crate::store::memory::MemoryBackend;
 use crate::store::{Backend, FailurePolicy, LimitSpec, MAX_LIMITS};
 
+mod breaker;
 mod conn;
 mod keys;
+mod memory_policy;
 mod script;
 mod stats;
 mod store;
@@ -156,6 +159,24 @@ pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(200);
 pub const DEFAULT_MAX_BATCH: usize = 64;
 /// The default number of batched script calls on the wire at once.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 4;
+/// The default time a connection may take to be established.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+/// The longest accepted [`RedisBackend::timeout`], [`RedisBackend::connect_timeout`] and
+/// [`RedisBackend::probe_interval`]: a rate limiter that waits longer than this for Redis is
+/// better served by its failure policy.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
+/// The largest accepted [`RedisBackend::max_batch`] (a batch runs as one script and keeps Redis
+/// busy for about 4 µs per request).
+pub const MAX_BATCH: usize = 1024;
+/// The largest accepted [`RedisBackend::max_in_flight`].
+pub const MAX_IN_FLIGHT: usize = 64;
+/// The largest accepted [`RedisBackend::breaker_threshold`].
+pub const MAX_BREAKER_THRESHOLD: u32 = 1_000_000;
+/// The largest count a [sliding log](crate::algorithm::SlidingLog) may have on Redis: its key
+/// holds one 16-byte entry per admission in the window, so a key is at most 16 KB and an
+/// admission rewrites at most that much. Use the sliding window counter (16 bytes whatever the
+/// count) for larger limits.
+pub const MAX_SLIDING_LOG: u64 = 1_000;
 
 /// Configuration of a Redis (or Redis Cluster) store; see the [module docs](self).
 ///
@@ -235,7 +256,7 @@ impl RedisBackend {
             prefix: "tollgate".to_owned(),
             hash_secret: Vec::new(),
             timeout: DEFAULT_TIMEOUT,
-            connect_timeout: Duration::from_millis(500),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             breaker_threshold: DEFAULT_BREAKER_THRESHOLD,
             probe_interval: DEFAULT_PROBE_INTERVAL,
             clock: None,
@@ -373,30 +394,7 @@ impl Backend for RedisBackend {
                 }
             };
         let keys = keys::KeyEncoder::new(&self.prefix, &self.hash_secret)?;
-        if self.timeout.is_zero() {
-            return Err(ConfigError::new(
-                "redis.timeout",
-                "the timeout must be positive, e.g. Duration::from_millis(5)",
-            ));
-        }
-        if self.breaker_threshold == 0 {
-            return Err(ConfigError::new(
-                "redis.breaker_threshold",
-                "the breaker threshold must be at least 1 consecutive failure",
-            ));
-        }
-        if self.probe_interval.is_zero() {
-            return Err(ConfigError::new(
-                "redis.probe_interval",
-                "the probe interval must be positive, e.g. Duration::from_millis(200)",
-            ));
-        }
-        if self.max_batch == 0 {
-            return Err(ConfigError::new(
-                "redis.max_batch",
-                "the batch size must be at least 1",
-            ));
-        }
+        self.validate()?;
         if limits.is_empty() || limits.len() > MAX_LIMITS {
             return Err(ConfigError::new(
                 "limits",
@@ -436,7 +434,18 @@ impl Backend for RedisBackend {
                 _ => LimitSpec::new(name, *spec.quota(), spec.algorithm()),
             };
             local_specs.push(local_spec);
-            infos.push(script::limit_info(spec, keys::encode_name(name.as_str())?)?);
+            let info = script::limit_info(spec, keys::encode_name(name.as_str())?)?;
+            if spec.algorithm() == AlgorithmKind::SlidingLog && info.limit > MAX_SLIDING_LOG {
+                return Err(ConfigError::new(
+                    "quota.count",
+                    format!(
+                        "limit {:?}: a sliding log on Redis keeps one entry per admission, so its count must be at most {MAX_SLIDING_LOG} (got {}); use AlgorithmKind::SlidingWindow for larger limits",
+                        name.as_str(),
+                        info.limit
+                    ),
+                ));
+            }
+            infos.push(info);
             policies.push(policy);
         }
         let local = if any_local {
@@ -471,10 +480,75 @@ impl Backend for RedisBackend {
             batching: (self.batching && !cluster).then_some((self.max_batch, self.max_in_flight)),
             local,
             stats: self.stats,
-            conn: Default::default(),
-            batcher: Default::default(),
+            links: Default::default(),
+            breakers: Default::default(),
+            slots: Default::default(),
+            slots_asked: Default::default(),
+            born: std::time::Instant::now(),
             connected: Default::default(),
         }))
+    }
+}
+
+impl RedisBackend {
+    /// Checks every knob: a value that would switch limiting off, hang, or overflow is a
+    /// [`ConfigError`] naming the field and what to use instead.
+    fn validate(&self) -> Result<(), ConfigError> {
+        let duration = |field: &'static str, d: Duration, example: &str| {
+            if d.is_zero() || d > MAX_TIMEOUT {
+                Err(ConfigError::new(
+                    field,
+                    format!(
+                        "{d:?} is out of range: use a positive duration of at most {MAX_TIMEOUT:?}, e.g. {example}"
+                    ),
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        duration(
+            "redis.timeout",
+            self.timeout,
+            "Duration::from_millis(5) (the default)",
+        )?;
+        duration(
+            "redis.connect_timeout",
+            self.connect_timeout,
+            "Duration::from_millis(500) (the default)",
+        )?;
+        duration(
+            "redis.probe_interval",
+            self.probe_interval,
+            "Duration::from_millis(200) (the default)",
+        )?;
+        if self.breaker_threshold == 0 || self.breaker_threshold > MAX_BREAKER_THRESHOLD {
+            return Err(ConfigError::new(
+                "redis.breaker_threshold",
+                format!(
+                    "{} is out of range: the breaker opens after 1 to {MAX_BREAKER_THRESHOLD} consecutive failures; the default is {DEFAULT_BREAKER_THRESHOLD}",
+                    self.breaker_threshold
+                ),
+            ));
+        }
+        if self.max_batch == 0 || self.max_batch > MAX_BATCH {
+            return Err(ConfigError::new(
+                "redis.max_batch",
+                format!(
+                    "{} is out of range: a batch holds 1 to {MAX_BATCH} requests; the default is {DEFAULT_MAX_BATCH} (use .batching(false) to send each request alone)",
+                    self.max_batch
+                ),
+            ));
+        }
+        if self.max_in_flight == 0 || self.max_in_flight > MAX_IN_FLIGHT {
+            return Err(ConfigError::new(
+                "redis.max_in_flight",
+                format!(
+                    "{} is out of range: 1 to {MAX_IN_FLIGHT} batches may be on the wire at once (0 would send nothing); the default is {DEFAULT_MAX_IN_FLIGHT}",
+                    self.max_in_flight
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -550,6 +624,65 @@ mod tests {
         for (backend, field) in cases {
             assert_eq!(backend.build(&ok).unwrap_err().field(), field);
         }
+    }
+
+    #[test]
+    fn every_knob_that_could_switch_limiting_off_or_overflow_is_refused() {
+        let ok = [spec("a").on_store_error(FailurePolicy::Open)];
+        let node = || RedisBackend::new("redis://h");
+        let cases = [
+            (node().max_in_flight(0), "redis.max_in_flight"),
+            (node().max_in_flight(MAX_IN_FLIGHT + 1), "redis.max_in_flight"),
+            (node().max_batch(MAX_BATCH + 1), "redis.max_batch"),
+            (node().timeout(Duration::MAX), "redis.timeout"),
+            (node().connect_timeout(Duration::MAX), "redis.connect_timeout"),
+            (node().connect_timeout(Duration::ZERO), "redis.connect_timeout"),
+            (node().probe_interval(Duration::MAX), "redis.probe_interval"),
+            (node().probe_interval(Duration::ZERO), "redis.probe_interval"),
+            (node().breaker_threshold(u32::MAX), "redis.breaker_threshold"),
+        ];
+        for (backend, field) in cases {
+            let err = backend.build(&ok).unwrap_err();
+            assert_eq!(err.field(), field, "{err}");
+            assert!(
+                err.message().contains("default"),
+                "the message says what to use instead: {err}"
+            );
+        }
+        // The bounds themselves are accepted.
+        node()
+            .max_in_flight(MAX_IN_FLIGHT)
+            .max_batch(MAX_BATCH)
+            .timeout(MAX_TIMEOUT)
+            .connect_timeout(MAX_TIMEOUT)
+            .probe_interval(MAX_TIMEOUT)
+            .breaker_threshold(MAX_BREAKER_THRESHOLD)
+            .build(&ok)
+            .unwrap();
+    }
+
+    #[test]
+    fn a_sliding_log_above_the_redis_bound_is_refused() {
+        let log = |n: u64| {
+            [LimitSpec::new(
+                PolicyName::new("log"),
+                Quota::per_hour(n),
+                AlgorithmKind::SlidingLog,
+            )
+            .on_store_error(FailurePolicy::Open)]
+        };
+        RedisBackend::new("redis://h")
+            .build(&log(MAX_SLIDING_LOG))
+            .unwrap();
+        let err = RedisBackend::new("redis://h")
+            .build(&log(MAX_SLIDING_LOG + 1))
+            .unwrap_err();
+        assert_eq!(err.field(), "quota.count");
+        assert!(err.message().contains("SlidingWindow"), "{err}");
+    }
+
+    #[test]
+    fn duplicate_names_and_bad_shares_are_config_errors() {
         let dup = [
             spec("a").on_store_error(FailurePolicy::Open),
             spec("a").on_store_error(FailurePolicy::Open),

@@ -1,7 +1,7 @@
 //! Counters and the circuit breaker.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
 
 /// Live counters of a Redis store: how often Redis could not decide and what the failure
 /// policies did about it.
@@ -37,9 +37,10 @@ struct Counters {
     refund_failures: AtomicU64,
     batches: AtomicU64,
     batched_calls: AtomicU64,
-    consecutive_failures: AtomicU32,
-    breaker_open: AtomicBool,
-    probing: AtomicBool,
+    batcher_restarts: AtomicU64,
+    reconnects: AtomicU64,
+    open_breakers: AtomicU32,
+    maxmemory_policy: OnceLock<String>,
 }
 
 impl std::fmt::Debug for RedisStats {
@@ -54,6 +55,7 @@ impl std::fmt::Debug for RedisStats {
             .field("breaker_open", &self.breaker_open())
             .field("corrupt_resets", &self.corrupt_resets())
             .field("refunds", &self.refunds())
+            .field("maxmemory_policy", &self.maxmemory_policy())
             .finish_non_exhaustive()
     }
 }
@@ -84,14 +86,44 @@ impl RedisStats {
         self.inner.timeouts.load(Relaxed)
     }
 
-    /// How many times the circuit breaker opened.
+    /// How many times a circuit breaker opened (there is one per node: the node of a single-node
+    /// store, or each Cluster master).
     pub fn breaker_trips(&self) -> u64 {
         self.inner.breaker_trips.load(Relaxed)
     }
 
-    /// Whether the circuit breaker is open now (requests skip Redis until a probe succeeds).
+    /// Whether any circuit breaker is open now (requests to its node skip Redis until a probe
+    /// of that node succeeds).
     pub fn breaker_open(&self) -> bool {
-        self.inner.breaker_open.load(Relaxed)
+        self.open_breakers() > 0
+    }
+
+    /// How many nodes' circuit breakers are open now (at most 1 for a single node; in a
+    /// Cluster, one per unreachable master: keys on the other masters are still decided by
+    /// Redis).
+    pub fn open_breakers(&self) -> u32 {
+        self.inner.open_breakers.load(Relaxed)
+    }
+
+    /// How many times the batching task was found stopped (it panicked, or its runtime shut
+    /// down) and was restarted. Requests it held were decided by their failure policies.
+    pub fn batcher_restarts(&self) -> u64 {
+        self.inner.batcher_restarts.load(Relaxed)
+    }
+
+    /// How many connections were set up because the store was used from a tokio runtime
+    /// that had none yet, or whose connection had died with its runtime. The first is not
+    /// counted.
+    pub fn reconnects(&self) -> u64 {
+        self.inner.reconnects.load(Relaxed)
+    }
+
+    /// The server's `maxmemory-policy`, as read with `CONFIG GET` when the store connected
+    /// (`None` until then, or if the server refused `CONFIG`). Anything but `noeviction` lets
+    /// Redis evict limiter keys, which gives their clients a fresh budget: see the
+    /// [module docs](super#memory-and-eviction).
+    pub fn maxmemory_policy(&self) -> Option<&str> {
+        self.inner.maxmemory_policy.get().map(String::as_str)
     }
 
     /// Requests decided by the failure policy without trying Redis, because the breaker was open.
@@ -152,64 +184,32 @@ impl RedisStats {
         self.inner.batched_calls.fetch_add(calls as u64, Relaxed);
     }
 
-    /// A call succeeded: the breaker's failure streak ends.
-    pub(crate) fn on_success(&self) {
-        if self.inner.consecutive_failures.load(Relaxed) != 0 {
-            self.inner.consecutive_failures.store(0, Relaxed);
-        }
-    }
-
-    /// A call failed. Returns true when this failure opened the breaker (the caller starts the
-    /// probe).
-    pub(crate) fn on_failure(&self, timeout: bool, threshold: u32) -> bool {
+    /// A call failed.
+    pub(crate) fn on_failure(&self, timeout: bool) {
         self.inner.errors.fetch_add(1, Relaxed);
         if timeout {
             self.inner.timeouts.fetch_add(1, Relaxed);
         }
-        let streak = self.inner.consecutive_failures.fetch_add(1, Relaxed) + 1;
-        if streak >= threshold && !self.inner.breaker_open.swap(true, Relaxed) {
-            self.inner.breaker_trips.fetch_add(1, Relaxed);
-            return true;
-        }
-        false
     }
 
-    /// Closes the breaker after a successful probe.
-    pub(crate) fn close_breaker(&self) {
-        self.inner.consecutive_failures.store(0, Relaxed);
-        self.inner.breaker_open.store(false, Relaxed);
+    pub(crate) fn breaker_opened(&self) {
+        self.inner.breaker_trips.fetch_add(1, Relaxed);
+        self.inner.open_breakers.fetch_add(1, Relaxed);
     }
 
-    /// Claims the single probe task; false if one is already running.
-    pub(crate) fn start_probing(&self) -> bool {
-        !self.inner.probing.swap(true, Relaxed)
+    pub(crate) fn breaker_closed(&self) {
+        self.inner.open_breakers.fetch_sub(1, Relaxed);
     }
 
-    pub(crate) fn stop_probing(&self) {
-        self.inner.probing.store(false, Relaxed);
+    pub(crate) fn add_batcher_restart(&self) {
+        self.inner.batcher_restarts.fetch_add(1, Relaxed);
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+    pub(crate) fn add_reconnect(&self) {
+        self.inner.reconnects.fetch_add(1, Relaxed);
+    }
 
-    #[test]
-    fn breaker_opens_after_the_threshold_and_closes_on_demand() {
-        let s = RedisStats::default();
-        assert!(!s.on_failure(false, 3));
-        s.on_success();
-        assert!(!s.on_failure(true, 3));
-        assert!(!s.on_failure(false, 3));
-        assert!(s.on_failure(false, 3), "third consecutive failure opens");
-        assert!(s.breaker_open());
-        assert!(!s.on_failure(false, 3), "already open: no second trip");
-        assert_eq!((s.errors(), s.timeouts(), s.breaker_trips()), (5, 1, 1));
-        s.close_breaker();
-        assert!(!s.breaker_open());
-        assert!(s.start_probing());
-        assert!(!s.start_probing());
-        s.stop_probing();
-        assert!(s.start_probing());
+    pub(crate) fn set_maxmemory_policy(&self, policy: String) {
+        let _ = self.inner.maxmemory_policy.set(policy);
     }
 }

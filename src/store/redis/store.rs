@@ -2,14 +2,15 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::conn::{spawn_batcher, BatchError, Conn, Job, Target};
+use super::breaker::{Breaker, Breakers};
+use super::conn::{slot_of_tag, BatchError, Handle, Job, LinkConfig, Links, SlotMap, Target};
 use super::keys::KeyEncoder;
 use super::script::{decision, reply_ints, Group, Ints, LimitArg, LimitInfo, LuaScript, Mode};
 use super::stats::RedisStats;
@@ -46,8 +47,17 @@ pub(crate) struct Inner {
     pub(crate) batching: Option<(usize, usize)>,
     pub(crate) local: Option<Box<dyn LocalStore>>,
     pub(crate) stats: RedisStats,
-    pub(crate) conn: OnceLock<Conn>,
-    pub(crate) batcher: OnceLock<mpsc::UnboundedSender<Job>>,
+    /// The connection (and batcher) of each tokio runtime the store is used from.
+    pub(crate) links: Links,
+    /// One circuit breaker per node.
+    pub(crate) breakers: Breakers,
+    /// The Cluster's slot map (empty for a single node, or until read), which picks a group's
+    /// breaker.
+    pub(crate) slots: RwLock<Arc<SlotMap>>,
+    /// When the slot map was last asked for (ms since the store was built), to ask at most once
+    /// per probe interval.
+    pub(crate) slots_asked: AtomicU64,
+    pub(crate) born: std::time::Instant,
     /// Set once Redis has answered; until then calls may take `connect_timeout`.
     pub(crate) connected: AtomicBool,
 }
@@ -75,23 +85,7 @@ impl RedisStore {
         // Built inside a runtime (the usual case): connect and load the script now, so the first
         // request does not pay for it within its tight timeout.
         if tokio::runtime::Handle::try_current().is_ok() {
-            let weak = Arc::downgrade(&store.inner);
-            tokio::spawn(async move {
-                let Some(inner) = weak.upgrade() else {
-                    return;
-                };
-                let Ok(conn) = inner.conn() else {
-                    return;
-                };
-                let mut load = redis::cmd("SCRIPT");
-                load.arg("LOAD").arg(inner.script.code());
-                match conn.query(&load).await {
-                    Ok(_) => inner.connected.store(true, Ordering::Relaxed),
-                    Err(e) => {
-                        tracing::debug!(error = %e, "redis warm-up failed; the first request will retry");
-                    }
-                }
-            });
+            let _ = store.inner.handle();
         }
         store
     }
@@ -166,8 +160,10 @@ impl Store for RedisStore {
             error: None,
             applied: Vec::new(),
         };
-        if inner.stats.breaker_open() {
+        let node = inner.breakers.default_breaker();
+        if !inner.cluster && node.is_open() {
             inner.stats.add_short_circuited();
+            inner.spawn_probe(node, None);
             tracing::debug!("redis circuit breaker open; deciding by failure policy");
             return Checked::Ready(inner.degrade(fallback, checks));
         }
@@ -201,6 +197,9 @@ impl<C: Clock> LocalStore for MemoryStore<C> {
 /// Which groups a request's checks fall in.
 struct Plan {
     groups: Vec<Group>,
+    /// For each group, the breaker of its node and the node's address (`None`: the single node,
+    /// or a Cluster node not known yet).
+    nodes: Vec<(Arc<Breaker>, Option<String>)>,
     /// For each group, the check index of each of its limits; empty on a single node, where the
     /// only group holds every check in order.
     positions: Vec<Vec<usize>>,
@@ -236,18 +235,79 @@ struct Fallback {
 }
 
 impl Inner {
-    fn conn(&self) -> Result<&Conn, StoreError> {
-        if let Some(c) = self.conn.get() {
-            return Ok(c);
+    fn link_config(&self) -> LinkConfig<'_> {
+        LinkConfig {
+            target: &self.target,
+            connect_timeout: self.connect_timeout,
+            batching: self.batching,
+            script: &self.script,
+            stats: &self.stats,
         }
-        let c = Conn::open(&self.target, self.connect_timeout).map_err(|e| {
-            StoreError::new(
-                StoreErrorKind::Unavailable,
-                format!("redis connection: {e}"),
-            )
-        })?;
-        let _ = self.conn.set(c);
-        Ok(self.conn.get().expect("set above"))
+    }
+
+    /// The connection of the current runtime. A new one is warmed up in the background: the
+    /// script is loaded, `maxmemory-policy` checked and (Cluster) the slot map read.
+    fn handle(self: &Arc<Self>) -> Result<Handle, StoreError> {
+        let (handle, fresh) = self.links.get(&self.link_config())?;
+        if fresh {
+            self.connected.store(false, Ordering::Relaxed);
+            let weak = Arc::downgrade(self);
+            let conn = handle.conn.clone();
+            tokio::spawn(async move {
+                let mut load = redis::cmd("SCRIPT");
+                load.arg("LOAD");
+                if let Some(inner) = weak.upgrade() {
+                    load.arg(inner.script.code());
+                } else {
+                    return;
+                }
+                match conn.query(&load).await {
+                    Ok(_) => {
+                        if let Some(inner) = weak.upgrade() {
+                            inner.connected.store(true, Ordering::Relaxed);
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "redis warm-up failed; the first request will retry");
+                        return;
+                    }
+                }
+                super::memory_policy::check(&conn, &weak).await;
+                if let Some(inner) = weak.upgrade() {
+                    if inner.cluster {
+                        inner.refresh_slots(&conn).await;
+                    }
+                }
+            });
+        }
+        Ok(handle)
+    }
+
+    /// Reads the Cluster's slot map again (at most once per probe interval).
+    async fn refresh_slots(&self, conn: &super::conn::Conn) {
+        let now = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let last = self.slots_asked.load(Ordering::Relaxed);
+        let every = u64::try_from(self.probe_interval.as_millis()).unwrap_or(u64::MAX);
+        if last != 0 && now.saturating_sub(last) < every {
+            return;
+        }
+        self.slots_asked.store(now.max(1), Ordering::Relaxed);
+        match tokio::time::timeout(self.connect_timeout, SlotMap::fetch(conn)).await {
+            Ok(Ok(map)) => {
+                *self.slots.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(map);
+            }
+            Ok(Err(e)) => tracing::debug!(error = %e, "could not read the cluster slot map"),
+            Err(_) => tracing::debug!("reading the cluster slot map timed out"),
+        }
+    }
+
+    /// The breaker (and address) of the node serving `tag`'s slot.
+    fn node_of(&self, tag: &[u8]) -> (Arc<Breaker>, Option<String>) {
+        let slots = self.slots.read().unwrap_or_else(|e| e.into_inner()).clone();
+        match slots.node(slot_of_tag(tag)) {
+            Some(addr) => (self.breakers.node(addr), Some(addr.to_owned())),
+            None => (self.breakers.default_breaker().clone(), None),
+        }
     }
 
     fn plan(&self, checks: &[LimitCheck<'_>], now: Option<u64>) -> Plan {
@@ -272,10 +332,12 @@ impl Inner {
             }
             return Plan {
                 groups: vec![group],
+                nodes: vec![(self.breakers.default_breaker().clone(), None)],
                 positions: Vec::new(),
             };
         }
         let mut groups: Vec<Group> = Vec::with_capacity(1);
+        let mut nodes = Vec::with_capacity(1);
         let mut positions: Vec<Vec<usize>> = Vec::with_capacity(1);
         let mut tags: Vec<[u8; 16]> = Vec::with_capacity(1);
         for (i, c) in checks.iter().enumerate() {
@@ -287,6 +349,7 @@ impl Inner {
                 Some(g) => g,
                 None => {
                     tags.push(enc.tag);
+                    nodes.push(self.node_of(&enc.tag));
                     groups.push(Group {
                         now,
                         ..Group::default()
@@ -302,7 +365,11 @@ impl Inner {
             });
             positions[g].push(i);
         }
-        Plan { groups, positions }
+        Plan {
+            groups,
+            nodes,
+            positions,
+        }
     }
 
     async fn run(
@@ -312,7 +379,7 @@ impl Inner {
         local: Vec<LimitCheck<'static>>,
     ) -> Result<Decisions, StoreError> {
         let several = plan.groups.len() > 1;
-        let results = self.call_groups(plan.groups).await;
+        let results = self.call_groups(plan.groups, plan.nodes).await;
         for (g, (group, result)) in results.into_iter().enumerate() {
             let positions = match plan.positions.get(g) {
                 Some(p) => &p[..],
@@ -358,7 +425,7 @@ impl Inner {
             let mut group = a.group.clone();
             group.now = Some(a.now);
             async move {
-                let conn = self.conn().ok()?;
+                let conn = self.handle().ok()?.conn;
                 let value = tokio::time::timeout(
                     self.timeout,
                     conn.eval(&self.script, Mode::Refund, std::iter::once(&group)),
@@ -433,50 +500,79 @@ impl Inner {
     }
 
     /// Sends every group (one script call each; batched on a single node) within the timeout.
+    /// A group whose node's breaker is open is not sent: it fails at once.
     async fn call_groups(
         self: &Arc<Self>,
         mut groups: Vec<Group>,
+        mut nodes: Vec<(Arc<Breaker>, Option<String>)>,
     ) -> Vec<(Group, Result<Ints, StoreError>)> {
         if groups.len() == 1 {
             let group = groups.pop().expect("one group");
-            return vec![self.call_one(group).await];
+            let node = nodes.pop().expect("one node per group");
+            return vec![self.call_one(group, node).await];
         }
-        futures_util::future::join_all(groups.into_iter().map(|g| self.call_one(g))).await
+        futures_util::future::join_all(
+            groups
+                .into_iter()
+                .zip(nodes)
+                .map(|(g, node)| self.call_one(g, node)),
+        )
+        .await
     }
 
-    async fn call_one(self: &Arc<Self>, group: Group) -> (Group, Result<Ints, StoreError>) {
+    async fn call_one(
+        self: &Arc<Self>,
+        group: Group,
+        (breaker, addr): (Arc<Breaker>, Option<String>),
+    ) -> (Group, Result<Ints, StoreError>) {
+        if breaker.is_open() {
+            self.stats.add_short_circuited();
+            self.spawn_probe(&breaker, addr);
+            let err = StoreError::new(
+                StoreErrorKind::Unavailable,
+                "circuit breaker open for this redis node",
+            );
+            return (group, Err(err));
+        }
         // Until Redis has answered once, a call may also wait for the connection to be set up.
         let timeout = if self.connected.load(Ordering::Relaxed) {
             self.timeout
         } else {
             self.timeout.max(self.connect_timeout)
         };
-        let (group, result) = if let Some((max_batch, max_in_flight)) = self.batching {
-            self.send_batched(group, timeout, max_batch, max_in_flight)
-                .await
-        } else {
-            let result = match tokio::time::timeout(timeout, self.send(&group)).await {
-                Ok(r) => r,
-                Err(_) => Err(CallError::Timeout),
-            };
-            (group, result)
+        let (group, result) = match self.handle() {
+            Err(e) => (group, Err(CallError::Store(e))),
+            Ok(handle) => match handle.batcher {
+                Some(batcher) => self.send_batched(&batcher, group, timeout).await,
+                None => {
+                    let result =
+                        match tokio::time::timeout(timeout, self.send(&handle.conn, &group)).await
+                        {
+                            Ok(r) => r,
+                            Err(_) => Err(CallError::Timeout),
+                        };
+                    (group, result)
+                }
+            },
         };
         let result = match result {
             Ok(ints) => {
-                self.stats.on_success();
+                breaker.on_success();
                 self.connected.store(true, Ordering::Relaxed);
                 Ok(ints)
             }
             Err(e) => {
                 let timed_out = matches!(e, CallError::Timeout);
                 let err = e.into_store_error(timeout);
-                tracing::warn!(error = %err, "redis rate-limit call failed");
-                if self.stats.on_failure(timed_out, self.breaker_threshold) {
+                tracing::warn!(error = %err, node = addr.as_deref().unwrap_or(""), "redis rate-limit call failed");
+                self.stats.on_failure(timed_out);
+                if breaker.on_failure(self.breaker_threshold, &self.stats) {
                     tracing::warn!(
                         threshold = self.breaker_threshold,
+                        node = addr.as_deref().unwrap_or(""),
                         "redis circuit breaker opened; deciding by failure policy until a probe succeeds"
                     );
-                    self.spawn_probe();
+                    self.spawn_probe(&breaker, addr);
                 }
                 Err(err)
             }
@@ -485,8 +581,7 @@ impl Inner {
     }
 
     /// One script call for one group, on the shared connection.
-    async fn send(&self, group: &Group) -> Result<Ints, CallError> {
-        let conn = self.conn().map_err(CallError::Store)?;
+    async fn send(&self, conn: &super::conn::Conn, group: &Group) -> Result<Ints, CallError> {
         let value = conn
             .eval(&self.script, Mode::Check, std::iter::once(group))
             .await
@@ -504,28 +599,15 @@ impl Inner {
     /// batcher skips the group unless it was already sent.
     async fn send_batched(
         &self,
+        batcher: &mpsc::UnboundedSender<Job>,
         group: Group,
         timeout: Duration,
-        max_batch: usize,
-        max_in_flight: usize,
     ) -> (Group, Result<Ints, CallError>) {
-        let conn = match self.conn() {
-            Ok(c) => c,
-            Err(e) => return (group, Err(CallError::Store(e))),
-        };
-        let batcher = self.batcher.get_or_init(|| {
-            spawn_batcher(
-                conn.clone(),
-                self.script.clone(),
-                self.stats.clone(),
-                max_batch,
-                max_in_flight,
-            )
-        });
         let (tx, rx) = oneshot::channel();
         let job = Job {
             group,
-            deadline: tokio::time::Instant::now() + timeout,
+            // The timeout is at most MAX_TIMEOUT (checked at build time); checked anyway.
+            deadline: deadline_after(timeout),
             reply: tx,
         };
         if let Err(mpsc::error::SendError(job)) = batcher.send(job) {
@@ -628,34 +710,57 @@ impl Inner {
         Ok(collect(&fb))
     }
 
-    fn spawn_probe(self: &Arc<Self>) {
-        if !self.stats.start_probing() {
+    /// Starts the probe of `breaker`'s node, unless one is running.
+    fn spawn_probe(self: &Arc<Self>, breaker: &Arc<Breaker>, addr: Option<String>) {
+        let Some(token) = breaker.claim_probe() else {
             return;
-        }
+        };
         let weak = Arc::downgrade(self);
+        let breaker = breaker.clone();
         let interval = self.probe_interval;
         tokio::spawn(async move {
+            let _token = token;
             loop {
                 tokio::time::sleep(interval).await;
                 let Some(inner) = weak.upgrade() else {
                     return;
                 };
-                let ok = match inner.conn() {
-                    Ok(conn) => matches!(
-                        tokio::time::timeout(inner.timeout, conn.query(&redis::cmd("PING"))).await,
-                        Ok(Ok(_))
-                    ),
-                    Err(_) => false,
+                let Ok(handle) = inner.handle() else {
+                    continue;
                 };
+                if let Some(addr) = &addr {
+                    // A Cluster master: if it no longer serves any slot (failed over), nothing
+                    // is sent to it any more and its breaker can close.
+                    inner.refresh_slots(&handle.conn).await;
+                    let map = inner.slots.read().unwrap_or_else(|e| e.into_inner()).clone();
+                    if !map.serves(addr) {
+                        breaker.close(&inner.stats);
+                        tracing::info!(node = %addr, "redis node no longer serves slots; its circuit breaker closed");
+                        return;
+                    }
+                }
+                let ok = matches!(
+                    tokio::time::timeout(inner.timeout, handle.conn.ping(addr.as_deref())).await,
+                    Ok(Ok(_))
+                );
                 if ok {
-                    inner.stats.stop_probing();
-                    inner.stats.close_breaker();
-                    tracing::info!("redis answered a probe; circuit breaker closed");
+                    breaker.close(&inner.stats);
+                    tracing::info!(
+                        node = addr.as_deref().unwrap_or(""),
+                        "redis answered a probe; circuit breaker closed"
+                    );
                     return;
                 }
             }
         });
     }
+}
+
+/// `now + timeout`, saturating far in the future instead of overflowing.
+fn deadline_after(timeout: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(timeout)
+        .unwrap_or_else(|| now + super::MAX_TIMEOUT)
 }
 
 fn collect(fb: &Fallback) -> Decisions {

@@ -1,0 +1,133 @@
+//! Circuit breakers: one per Redis node a store talks to (the node itself, or each Cluster
+//! master), so a dead master only short-circuits the keys it serves.
+//!
+//! A breaker opens after `threshold` consecutive failed calls to its node. While open, calls to
+//! that node are decided by the failure policies without being sent, and one probe task pings
+//! that node until it answers. The probe is tracked by a token it holds: if the probe dies
+//! without closing the breaker (its runtime was shut down), the token is gone and the next
+//! request starts a new probe, so a breaker can never stay open for ever.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, Weak};
+
+use super::stats::RedisStats;
+
+/// The breaker of one node.
+#[derive(Debug, Default)]
+pub(crate) struct Breaker {
+    failures: AtomicU32,
+    open: AtomicBool,
+    /// The running probe's token; dead when no probe runs.
+    probe: Mutex<Weak<()>>,
+}
+
+impl Breaker {
+    pub(crate) fn is_open(&self) -> bool {
+        self.open.load(Relaxed)
+    }
+
+    /// A call succeeded: the failure streak ends.
+    pub(crate) fn on_success(&self) {
+        if self.failures.load(Relaxed) != 0 {
+            self.failures.store(0, Relaxed);
+        }
+    }
+
+    /// A call failed. Returns true when this failure opened the breaker.
+    pub(crate) fn on_failure(&self, threshold: u32, stats: &RedisStats) -> bool {
+        let streak = self.failures.fetch_add(1, Relaxed).saturating_add(1);
+        if streak >= threshold && !self.open.swap(true, Relaxed) {
+            stats.breaker_opened();
+            return true;
+        }
+        false
+    }
+
+    /// Closes the breaker after a successful probe.
+    pub(crate) fn close(&self, stats: &RedisStats) {
+        self.failures.store(0, Relaxed);
+        if self.open.swap(false, Relaxed) {
+            stats.breaker_closed();
+        }
+    }
+
+    /// Claims the probe: a token for the new probe task to hold, or `None` if a live probe
+    /// already runs.
+    pub(crate) fn claim_probe(&self) -> Option<Arc<()>> {
+        let mut probe = self.probe.lock().unwrap_or_else(|e| e.into_inner());
+        if probe.upgrade().is_some() {
+            return None;
+        }
+        let token = Arc::new(());
+        *probe = Arc::downgrade(&token);
+        Some(token)
+    }
+}
+
+/// The breakers of a store's nodes, by node address (`host:port`; `""` for a single node or a
+/// Cluster node not known yet). Breakers outlive topology changes: an address keeps its breaker.
+#[derive(Debug, Default)]
+pub(crate) struct Breakers {
+    by_node: Mutex<HashMap<String, Arc<Breaker>>>,
+    /// The breaker for a single node, and for Cluster calls whose node is not known.
+    default: Arc<Breaker>,
+}
+
+impl Breakers {
+    pub(crate) fn default_breaker(&self) -> &Arc<Breaker> {
+        &self.default
+    }
+
+    /// The breaker of the node at `addr`.
+    pub(crate) fn node(&self, addr: &str) -> Arc<Breaker> {
+        let mut map = self.by_node.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = map.get(addr) {
+            return b.clone();
+        }
+        let b = Arc::new(Breaker::default());
+        map.insert(addr.to_owned(), b.clone());
+        b
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opens_after_the_threshold_and_closes_on_demand() {
+        let stats = RedisStats::default();
+        let b = Breaker::default();
+        assert!(!b.on_failure(3, &stats));
+        b.on_success();
+        assert!(!b.on_failure(3, &stats));
+        assert!(!b.on_failure(3, &stats));
+        assert!(b.on_failure(3, &stats), "third consecutive failure opens");
+        assert!(b.is_open() && stats.breaker_open());
+        assert!(!b.on_failure(3, &stats), "already open: no second trip");
+        assert_eq!(stats.breaker_trips(), 1);
+        b.close(&stats);
+        assert!(!b.is_open() && !stats.breaker_open());
+    }
+
+    #[test]
+    fn a_dead_probe_can_be_replaced() {
+        let b = Breaker::default();
+        let token = b.claim_probe().expect("first probe");
+        assert!(b.claim_probe().is_none(), "one probe at a time");
+        drop(token); // the probe task died (e.g. its runtime shut down)
+        assert!(b.claim_probe().is_some(), "a new probe may start");
+    }
+
+    #[test]
+    fn breakers_are_per_node() {
+        let stats = RedisStats::default();
+        let breakers = Breakers::default();
+        let a = breakers.node("127.0.0.1:7000");
+        assert!(a.on_failure(1, &stats));
+        assert!(breakers.node("127.0.0.1:7000").is_open());
+        assert!(!breakers.node("127.0.0.1:7001").is_open());
+        assert!(!breakers.default_breaker().is_open());
+    }
+}
