@@ -427,7 +427,10 @@ impl SlotMap {
 
     /// The master serving `slot`, if known.
     pub(crate) fn node(&self, slot: u16) -> Option<&str> {
-        let i = self.ranges.partition_point(|r| r.0 <= slot).checked_sub(1)?;
+        let i = self
+            .ranges
+            .partition_point(|r| r.0 <= slot)
+            .checked_sub(1)?;
         let (a, b, addr) = &self.ranges[i];
         (*a <= slot && slot <= *b).then_some(addr.as_str())
     }
@@ -467,12 +470,18 @@ mod tests {
             Value::Array(vec![
                 Value::Int(5461),
                 Value::Int(10922),
-                Value::Array(vec![Value::BulkString(b"10.0.0.2".to_vec()), Value::Int(7001)]),
+                Value::Array(vec![
+                    Value::BulkString(b"10.0.0.2".to_vec()),
+                    Value::Int(7001),
+                ]),
             ]),
             Value::Array(vec![
                 Value::Int(0),
                 Value::Int(5460),
-                Value::Array(vec![Value::BulkString(b"10.0.0.1".to_vec()), Value::Int(7000)]),
+                Value::Array(vec![
+                    Value::BulkString(b"10.0.0.1".to_vec()),
+                    Value::Int(7000),
+                ]),
             ]),
         ]))
         .unwrap();

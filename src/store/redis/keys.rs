@@ -1,24 +1,31 @@
 //! Redis key names: a namespace prefix, a hash tag derived from the client key, and the client key
-//! encoded so it cannot escape the namespace, pick the hash slot, or grow without bound.
+//! itself as a keyed hash, so client keys (API keys, tokens, user ids) never appear in Redis in
+//! clear, cannot escape the namespace or pick the hash slot, and cannot grow without bound.
 //!
 //! ```text
 //! {prefix}:{TAG}:{alg}:{limit}:{key}
-//! tollgate:{4be1c3a0d2f59e17}:tb:burst:e.ip:203.0.113.7
+//! tollgate:{4be1c3a0d2f59e17}:tb:burst:h.9f2c41d07a5be3e8c06d2b7f14a9e051
+//! tollgate:{0c6b9e2d71f8a403}:tb:burst:e.ip:203.0.113.7      (readable_keys(true), IPs only)
 //! ```
 //!
 //! - `TAG` is 16 hex digits of HMAC-SHA-256(secret, value), where `value` is the client key
 //!   *without* its method/route scope. Every limit of one client therefore lands in one hash slot
 //!   (and one script call); the slot depends only on the HMAC, never on bytes the client sent.
-//!   With a secret shared by all instances (see `RedisBackend::hash_secret`), a client cannot even
-//!   search offline for keys that land in a chosen slot.
-//! - `key` is the canonical key (`Key::write_canonical`) percent-encoded (`e.` + bytes outside
-//!   `[A-Za-z0-9._:/@-]` as `%XX`) when that stays within [`MAX_ENCODED_KEY`] bytes, or `h.` + 32
-//!   hex digits of HMAC-SHA-256(secret, canonical) otherwise. So the prefix and tag are the only
-//!   braces in a Redis key, keys hold no whitespace, control or non-ASCII bytes, and no client
-//!   can store more than about 200 bytes of key name per limit.
+//! - `key` is `h.` + 32 hex digits (128 bits) of HMAC-SHA-256(secret, canonical key), where the
+//!   canonical key (`Key::write_canonical`) includes the route scope. With the secret shared by
+//!   every instance (`RedisBackend::hash_secret`) the name is stable across instances and cannot
+//!   be reversed by anyone who reads Redis but not the secret. Without a secret the HMAC is keyed
+//!   with the empty string: still no key in clear, but anyone can hash guesses, which reverses
+//!   low-entropy keys (IP addresses, small user ids) by brute force.
+//! - Two kinds of keys are written readably, percent-encoded (`e.` + bytes outside
+//!   `[A-Za-z0-9._:/@-]` as `%XX`), when that stays within [`MAX_ENCODED_KEY`] bytes: the
+//!   global key always (it names no client), and IP keys when the operator opts in with
+//!   `RedisBackend::readable_keys(true)`. So the prefix and tag are the only braces in a Redis
+//!   key, keys hold no whitespace, control or non-ASCII bytes, and no client can store more than
+//!   about 200 bytes of key name per limit.
 //!
 //! SHA-256 is used (not the SHA-1 the `redis` crate already links for script hashes) because a
-//! long key maps to a stored key by its digest alone: a collision between two clients' keys would
+//! key maps to a stored key by its digest alone: a collision between two clients' keys would
 //! merge their budgets, and SHA-256 keeps collisions out of reach even for keys crafted in pairs.
 
 use sha2::{Digest, Sha256};
@@ -37,6 +44,7 @@ pub(crate) const MAX_NAME: usize = 64;
 #[derive(Clone)]
 pub(crate) struct KeyEncoder {
     prefix: String,
+    readable_ips: bool,
     inner: Sha256,
     outer: Sha256,
 }
@@ -57,8 +65,13 @@ pub(crate) struct EncodedKey {
 }
 
 impl KeyEncoder {
-    /// An encoder for `prefix`, keyed with `secret` (empty: a public, deterministic hash).
-    pub(crate) fn new(prefix: &str, secret: &[u8]) -> Result<Self, ConfigError> {
+    /// An encoder for `prefix`, keyed with `secret` (empty: a public, deterministic hash), that
+    /// writes IP keys readably if `readable_ips`.
+    pub(crate) fn new(
+        prefix: &str,
+        secret: &[u8],
+        readable_ips: bool,
+    ) -> Result<Self, ConfigError> {
         validate_prefix(prefix)?;
         // HMAC-SHA-256 (RFC 2104) with the ipad/opad states precomputed once.
         let mut block = [0u8; 64];
@@ -73,6 +86,7 @@ impl KeyEncoder {
         outer.update(block.map(|b| b ^ 0x5c));
         Ok(Self {
             prefix: prefix.to_owned(),
+            readable_ips,
             inner,
             outer,
         })
@@ -114,7 +128,12 @@ impl KeyEncoder {
         out.push(':');
         out.push_str(name_enc);
         out.push(':');
-        if escaped_len(scratch) <= MAX_ENCODED_KEY {
+        let readable = match key.value() {
+            KeyValue::Global => true,
+            KeyValue::Ip(_) => self.readable_ips,
+            KeyValue::Int(_) | KeyValue::Bytes(_) => false,
+        };
+        if readable && escaped_len(scratch) <= MAX_ENCODED_KEY {
             out.push_str("e.");
             escape_into(scratch, &mut out);
         } else {
@@ -216,7 +235,7 @@ mod tests {
     fn hmac_matches_rfc_4231_case_2() {
         // Key "Jefe", data "what do ya want for nothing?", minus our domain byte: check the raw
         // construction by hashing with an empty domain via a direct computation.
-        let e = KeyEncoder::new("t", b"Jefe").unwrap();
+        let e = KeyEncoder::new("t", b"Jefe", false).unwrap();
         let mut inner = e.inner.clone();
         inner.update(b"what do ya want for nothing?");
         let mut outer = e.outer.clone();
@@ -231,18 +250,56 @@ mod tests {
     }
 
     #[test]
-    fn short_keys_are_escaped_and_readable() {
-        let e = KeyEncoder::new("tollgate", b"").unwrap();
+    fn client_keys_never_appear_in_clear() {
+        let e = KeyEncoder::new("tollgate", b"", false).unwrap();
+        let ip = Key::ip(IpAddr::V4(Ipv4Addr::new(203, 0, 113, 7)));
+        for key in [
+            Key::string("sk_live_51HqLyjSecret"),
+            Key::int(4242),
+            ip.clone(),
+            Key::string("sk_live_51HqLyjSecret").scoped("GET", "/v1/charges"),
+        ] {
+            let k = enc(&e, &key);
+            assert!(!k.key.contains("sk_live"), "{}", k.key);
+            assert!(!k.key.contains("4242"), "{}", k.key);
+            assert!(!k.key.contains("203.0.113.7"), "{}", k.key);
+            assert!(k.key.contains(":tb:burst:h."), "{}", k.key);
+            assert_eq!(
+                k.key.len(),
+                "tollgate:{0123456789abcdef}:tb:burst:h.".len() + 32
+            );
+        }
+        assert!(enc(&e, &Key::global()).key.ends_with(":tb:burst:e.global"));
+    }
+
+    #[test]
+    fn ips_are_readable_only_when_opted_in() {
+        let e = KeyEncoder::new("tollgate", b"", true).unwrap();
         let k = enc(&e, &Key::ip(IpAddr::V4(Ipv4Addr::new(203, 0, 113, 7))));
         assert!(k.key.starts_with("tollgate:{"), "{}", k.key);
         assert!(k.key.ends_with(":tb:burst:e.ip:203.0.113.7"), "{}", k.key);
+        // Opting in never makes other keys readable.
         let k = enc(&e, &Key::string("a{b}\n c%"));
-        assert!(k.key.ends_with(":e.b:a%7Bb%7D%0A%20c%25"), "{}", k.key);
+        assert!(k.key.contains(":h."), "{}", k.key);
+    }
+
+    #[test]
+    fn keys_are_stable_for_a_secret_and_differ_across_secrets() {
+        let a = KeyEncoder::new("tollgate", b"shared", false).unwrap();
+        let b = KeyEncoder::new("tollgate", b"shared", false).unwrap();
+        let c = KeyEncoder::new("tollgate", b"other", false).unwrap();
+        let key = Key::string("alice");
+        assert_eq!(
+            enc(&a, &key),
+            enc(&b, &key),
+            "every instance names it alike"
+        );
+        assert_ne!(enc(&a, &key).key, enc(&c, &key).key);
     }
 
     #[test]
     fn hostile_bytes_never_add_braces_or_control_characters() {
-        let e = KeyEncoder::new("tollgate", b"s3cret").unwrap();
+        let e = KeyEncoder::new("tollgate", b"s3cret", false).unwrap();
         let hostile: [&[u8]; 5] = [
             b"{x}",
             b"}{",
@@ -263,7 +320,7 @@ mod tests {
 
     #[test]
     fn long_keys_are_hashed_and_bounded() {
-        let e = KeyEncoder::new("tollgate", b"").unwrap();
+        let e = KeyEncoder::new("tollgate", b"", false).unwrap();
         let big = vec![b'x'; 1 << 20];
         let k = enc(&e, &Key::bytes(&big[..]));
         assert!(k.key.len() < 120, "{}", k.key.len());
@@ -278,7 +335,7 @@ mod tests {
 
     #[test]
     fn encoding_is_injective_across_forms() {
-        let e = KeyEncoder::new("tollgate", b"").unwrap();
+        let e = KeyEncoder::new("tollgate", b"", false).unwrap();
         let a = enc(&e, &Key::string("%41"));
         let b = enc(&e, &Key::string("A"));
         assert_ne!(a.key, b.key);
@@ -289,7 +346,7 @@ mod tests {
 
     #[test]
     fn a_clients_scoped_keys_share_the_tag() {
-        let e = KeyEncoder::new("tollgate", b"").unwrap();
+        let e = KeyEncoder::new("tollgate", b"", false).unwrap();
         let plain = enc(&e, &Key::string("alice"));
         let scoped = enc(&e, &Key::string("alice").scoped("GET", "/search"));
         assert_eq!(plain.tag, scoped.tag);
@@ -299,8 +356,8 @@ mod tests {
 
     #[test]
     fn the_secret_changes_tags_and_digests() {
-        let a = KeyEncoder::new("tollgate", b"one").unwrap();
-        let b = KeyEncoder::new("tollgate", b"two").unwrap();
+        let a = KeyEncoder::new("tollgate", b"one", false).unwrap();
+        let b = KeyEncoder::new("tollgate", b"two", false).unwrap();
         let key = Key::string("alice");
         assert_ne!(enc(&a, &key).tag, enc(&b, &key).tag);
     }
@@ -308,7 +365,7 @@ mod tests {
     #[test]
     fn bad_prefixes_and_names_are_config_errors() {
         for p in ["", "a{b", "a b", "x}", &"p".repeat(65)] {
-            let err = KeyEncoder::new(p, b"").unwrap_err();
+            let err = KeyEncoder::new(p, b"", false).unwrap_err();
             assert_eq!(err.field(), "redis.prefix");
         }
         assert_eq!(encode_name("daily quota").unwrap(), "daily%20quota");

@@ -62,7 +62,13 @@ mod tests {
 
     #[test]
     fn policies_that_evict_expiring_keys_are_flagged() {
-        for p in ["allkeys-lru", "allkeys-lfu", "allkeys-random", "volatile-lru", "volatile-ttl"] {
+        for p in [
+            "allkeys-lru",
+            "allkeys-lfu",
+            "allkeys-random",
+            "volatile-lru",
+            "volatile-ttl",
+        ] {
             assert!(evicts_limiter_keys(p), "{p}");
         }
         assert!(!evicts_limiter_keys("noeviction"));

@@ -196,6 +196,7 @@ pub struct RedisBackend {
     target: TargetSpec,
     prefix: String,
     hash_secret: Vec<u8>,
+    readable_keys: bool,
     timeout: Duration,
     connect_timeout: Duration,
     breaker_threshold: u32,
@@ -255,6 +256,7 @@ impl RedisBackend {
             target,
             prefix: "tollgate".to_owned(),
             hash_secret: Vec::new(),
+            readable_keys: false,
             timeout: DEFAULT_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             breaker_threshold: DEFAULT_BREAKER_THRESHOLD,
@@ -275,11 +277,26 @@ impl RedisBackend {
         self
     }
 
-    /// A secret shared by every instance, mixed into the hash that picks a client's hash slot and
-    /// names long keys. Without one the mapping is public (still never chosen by the client's
-    /// raw bytes, but searchable offline). Changing it moves every client to fresh keys.
+    /// A secret shared by every instance: the key of the HMAC that names each client's Redis
+    /// keys and picks its hash slot (see [Keys](self#keys)). Set it in production. Without one the
+    /// HMAC is keyed with the empty string: client keys still never appear in clear, but anyone
+    /// who can read Redis can hash guesses (which reverses IP addresses and small ids by brute
+    /// force) and search offline for keys that land in a chosen slot. Every instance must use the
+    /// same secret; changing it moves every client to fresh keys (a fresh budget, once).
     pub fn hash_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
         self.hash_secret = secret.as_ref().to_vec();
+        self
+    }
+
+    /// Whether IP-address keys are written readably in Redis key names (default `false`: every
+    /// client key is an HMAC). An opt-in for operators who inspect Redis by IP and may store
+    /// client addresses; other keys (API keys, tokens, user ids: [`Key::bytes`] and
+    /// [`Key::int`]) are never readable, as nothing tells a secret from a name.
+    ///
+    /// [`Key::bytes`]: crate::key::Key::bytes
+    /// [`Key::int`]: crate::key::Key::int
+    pub fn readable_keys(mut self, readable: bool) -> Self {
+        self.readable_keys = readable;
         self
     }
 
@@ -393,7 +410,7 @@ impl Backend for RedisBackend {
                     (Target::Cluster(Box::new(client)), true)
                 }
             };
-        let keys = keys::KeyEncoder::new(&self.prefix, &self.hash_secret)?;
+        let keys = keys::KeyEncoder::new(&self.prefix, &self.hash_secret, self.readable_keys)?;
         self.validate()?;
         if limits.is_empty() || limits.len() > MAX_LIMITS {
             return Err(ConfigError::new(
@@ -632,14 +649,29 @@ mod tests {
         let node = || RedisBackend::new("redis://h");
         let cases = [
             (node().max_in_flight(0), "redis.max_in_flight"),
-            (node().max_in_flight(MAX_IN_FLIGHT + 1), "redis.max_in_flight"),
+            (
+                node().max_in_flight(MAX_IN_FLIGHT + 1),
+                "redis.max_in_flight",
+            ),
             (node().max_batch(MAX_BATCH + 1), "redis.max_batch"),
             (node().timeout(Duration::MAX), "redis.timeout"),
-            (node().connect_timeout(Duration::MAX), "redis.connect_timeout"),
-            (node().connect_timeout(Duration::ZERO), "redis.connect_timeout"),
+            (
+                node().connect_timeout(Duration::MAX),
+                "redis.connect_timeout",
+            ),
+            (
+                node().connect_timeout(Duration::ZERO),
+                "redis.connect_timeout",
+            ),
             (node().probe_interval(Duration::MAX), "redis.probe_interval"),
-            (node().probe_interval(Duration::ZERO), "redis.probe_interval"),
-            (node().breaker_threshold(u32::MAX), "redis.breaker_threshold"),
+            (
+                node().probe_interval(Duration::ZERO),
+                "redis.probe_interval",
+            ),
+            (
+                node().breaker_threshold(u32::MAX),
+                "redis.breaker_threshold",
+            ),
         ];
         for (backend, field) in cases {
             let err = backend.build(&ok).unwrap_err();

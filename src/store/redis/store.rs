@@ -540,21 +540,23 @@ impl Inner {
         } else {
             self.timeout.max(self.connect_timeout)
         };
-        let (group, result) = match self.handle() {
-            Err(e) => (group, Err(CallError::Store(e))),
-            Ok(handle) => match handle.batcher {
-                Some(batcher) => self.send_batched(&batcher, group, timeout).await,
-                None => {
-                    let result =
-                        match tokio::time::timeout(timeout, self.send(&handle.conn, &group)).await
-                        {
-                            Ok(r) => r,
-                            Err(_) => Err(CallError::Timeout),
-                        };
-                    (group, result)
-                }
-            },
-        };
+        let (group, result) =
+            match self.handle() {
+                Err(e) => (group, Err(CallError::Store(e))),
+                Ok(handle) => match handle.batcher {
+                    Some(batcher) => self.send_batched(&batcher, group, timeout).await,
+                    None => {
+                        let result =
+                            match tokio::time::timeout(timeout, self.send(&handle.conn, &group))
+                                .await
+                            {
+                                Ok(r) => r,
+                                Err(_) => Err(CallError::Timeout),
+                            };
+                        (group, result)
+                    }
+                },
+            };
         let result = match result {
             Ok(ints) => {
                 breaker.on_success();
@@ -732,7 +734,11 @@ impl Inner {
                     // A Cluster master: if it no longer serves any slot (failed over), nothing
                     // is sent to it any more and its breaker can close.
                     inner.refresh_slots(&handle.conn).await;
-                    let map = inner.slots.read().unwrap_or_else(|e| e.into_inner()).clone();
+                    let map = inner
+                        .slots
+                        .read()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .clone();
                     if !map.serves(addr) {
                         breaker.close(&inner.stats);
                         tracing::info!(node = %addr, "redis node no longer serves slots; its circuit breaker closed");
