@@ -1,62 +1,84 @@
 -- tollgate: sliding window log, the mirror of src/algorithm/sliding_log.rs.
--- State: one string. A 16-byte header (total, magic): the units of every stored entry and
--- SL_MAGIC; then the admissions still inside the window, oldest first, as (at, units) pairs of
--- 64-bit integers, 16 bytes each (strictly increasing `at`, µs; `units` >= 1). A key holds at most
--- L entries (admissions in the same µs are coalesced), and the Redis store refuses L above
--- MAX_REDIS_SLIDING_LOG, so a key is at most 16 × (L + 1) bytes. Parameters: p1 = W (window
--- length, µs), p2 = L.
+-- State: one string. A 24-byte header (total, magic, start): the units of the entries from
+-- `start` on, SL_MAGIC, and the index of the first entry not yet dropped; then entries, oldest
+-- first, as (at, units) pairs of 64-bit integers, 16 bytes each (strictly increasing `at`, µs;
+-- `units` >= 1). Entries before `start` have left the window and wait for compaction.
+-- Parameters: p1 = W (window length, µs), p2 = L.
 --
--- Entries are read where they lie in the string (struct.unpack at an offset), never unpacked
--- as a whole: a decision reads the header, the newest entry, the entries that left the window
--- and, when rejecting, the oldest live entries until enough units would be freed. A rejected
--- request therefore costs O(cost) entries, not O(log); an admission also rewrites the string
--- (one copy, no per-entry work).
+-- The log is never read as a whole on a decision: entries are read where they lie with
+-- GETRANGE, SL_CHUNK at a time, from `start` (the entries leaving the window, then, when
+-- rejecting, the oldest live entries until enough units would be freed) and the newest entry.
+-- An admission appends (APPEND) or adds to the newest entry (SETRANGE) and rewrites the header;
+-- dropped entries are compacted away once there are more of them than live ones (and at least
+-- 64), so the copy is amortised. So a rejected request costs O(cost) entries, an admission
+-- O(1) amortised, and a key holds at most L live entries (admissions in the same µs are
+-- coalesced) plus at most max(64, L) dropped ones: at most 24 + 16 × (2L + 64) bytes, with L
+-- at most MAX_SLIDING_LOG on Redis. A refund (rare: Cluster requests rejected by another slot)
+-- rewrites the live entries.
 local SL_MAGIC = 1936483175
+local SL_HEAD = 24
+local SL_CHUNK = 32
 
-local function sl_empty()
-  return { v = '', n = 0, total = 0 }
+local function sl_empty(key)
+  return { key = key, n = 0, start = 0, total = 0, lo = 0, hi = 0, buf = '' }
 end
 
--- Entry i (1-based) of the state: at, units.
+-- Entry i (0-based, start <= i < n): at, units. Reads SL_CHUNK entries from i when i is not
+-- in the chunk already read.
 local function sl_entry(st, i)
-  return struct.unpack('<i8i8', st.v, 16 * i + 1)
+  if i < st.lo or i >= st.hi then
+    local from = SL_HEAD + 16 * i
+    st.buf = redis.call('GETRANGE', st.key, from, from + 16 * SL_CHUNK - 1)
+    st.lo, st.hi = i, i + idiv(#st.buf, 16)
+  end
+  return struct.unpack('<i8i8', st.buf, 16 * (i - st.lo) + 1)
 end
 
--- Returns corrupt and the state: { v = the stored string, n = entries, total = units }.
+local function sl_corrupt(key)
+  redis.call('DEL', key)
+  return true, sl_empty(key)
+end
+
+-- Returns corrupt and the state: { key, n = entries stored, start, total, and the chunk read }.
 local function sl_load(key)
-  local v = read_state(key, 0)
-  if not v then
-    return v == nil, sl_empty()
+  local len = redis.pcall('STRLEN', key)
+  if type(len) ~= 'number' then
+    return sl_corrupt(key) -- not a string
   end
-  local total, magic = struct.unpack('<i8i8', v)
-  local st = { v = v, n = #v / 16 - 1, total = total }
-  local ok = magic == SL_MAGIC and st.n >= 1 and total >= st.n and total < MAX_EXACT
-  if ok then
-    local first, units = sl_entry(st, 1)
-    local last, lunits = sl_entry(st, st.n)
-    ok = not out_of_range(first) and not out_of_range(last) and first <= last
-      and units >= 1 and lunits >= 1
+  if len == 0 then
+    return false, sl_empty(key)
   end
-  if not ok then
-    redis.call('DEL', key)
-    return true, sl_empty()
+  if len < SL_HEAD + 16 or (len - SL_HEAD) % 16 ~= 0 then
+    return sl_corrupt(key)
+  end
+  local total, magic, start = struct.unpack('<i8i8i8', redis.call('GETRANGE', key, 0, SL_HEAD - 1))
+  local st = sl_empty(key)
+  st.n, st.start, st.total = (len - SL_HEAD) / 16, start, total
+  if magic ~= SL_MAGIC or start < 0 or start >= st.n or out_of_range(total)
+    or total < st.n - start then
+    return sl_corrupt(key)
+  end
+  local last, lunits = sl_entry(st, st.n - 1)
+  local first, units = sl_entry(st, start)
+  if out_of_range(first) or out_of_range(last) or first > last or units < 1 or lunits < 1 then
+    return sl_corrupt(key)
   end
   return false, st
 end
 
--- t = max(now, newest at), the number of entries that left the window by t, the units of the
--- live ones, and the newest entry's time.
+-- t = max(now, newest at), the number of entries from `start` that left the window by t, the
+-- units of the live ones, and the newest entry's time.
 local function sl_view(st, now, period)
   local t, newest = now, 0
-  if st.n > 0 then
-    newest = sl_entry(st, st.n)
+  if st.n > st.start then
+    newest = sl_entry(st, st.n - 1)
     if newest > t then
       t = newest
     end
   end
   local expired, gone = 0, 0
-  while expired < st.n do
-    local at, units = sl_entry(st, expired + 1)
+  while st.start + expired < st.n do
+    local at, units = sl_entry(st, st.start + expired)
     if at + period > t then
       break
     end
@@ -81,7 +103,7 @@ end
 local function sl_decide(now, cost, period, limit, _, st)
   local t, expired, used, newest = sl_view(st, now, period)
   local reset_now = 0
-  if expired < st.n then
+  if st.start + expired < st.n then
     reset_now = sl_leaves(newest, now, period)
   end
   local remaining_now = limit - used
@@ -102,7 +124,7 @@ local function sl_decide(now, cost, period, limit, _, st)
   -- Free `after - L` units: wait for the oldest live entries to leave (at most `excess` of them,
   -- each holds at least one unit).
   local excess, freed, retry = after - limit, 0, reset_now
-  for i = expired + 1, st.n do
+  for i = st.start + expired, st.n - 1 do
     local at, units = sl_entry(st, i)
     freed = freed + units
     if freed >= excess then
@@ -113,15 +135,8 @@ local function sl_decide(now, cost, period, limit, _, st)
   return false, remaining_now, reset_now, retry
 end
 
--- Writes `body` (entries) with its header, or deletes the key when there are none.
-local function sl_store(key, ttl, body, total)
-  if #body == 0 then
-    redis.call('DEL', key)
-    return sl_empty()
-  end
-  local v = struct.pack('<i8i8', total, SL_MAGIC) .. body
-  redis.call('SET', key, v, 'PX', ttl)
-  return { v = v, n = #body / 16, total = total }
+local function sl_header(total, start)
+  return struct.pack('<i8i8i8', total, SL_MAGIC, start)
 end
 
 local function sl_apply(key, ttl, now, cost, period, limit, _, st)
@@ -133,17 +148,32 @@ local function sl_apply(key, ttl, now, cost, period, limit, _, st)
   if cost > room then
     cost = room
   end
-  -- The live entries, without the header and the entries that left the window.
-  local body = string.sub(st.v, 16 * (expired + 1) + 1)
+  local start, n = st.start + expired, st.n
   if cost > 0 then
-    if #body > 0 and newest == t then
-      local _, units = sl_entry(st, st.n)
-      body = string.sub(body, 1, #body - 16) .. struct.pack('<i8i8', t, units + cost)
+    if n == 0 then
+      redis.call('SET', key, sl_header(cost, 0) .. struct.pack('<i8i8', t, cost), 'PX', ttl)
+      return
+    end
+    if n > start and newest == t then
+      local _, units = sl_entry(st, n - 1)
+      redis.call('SETRANGE', key, SL_HEAD + 16 * (n - 1), struct.pack('<i8i8', t, units + cost))
     else
-      body = body .. struct.pack('<i8i8', t, cost)
+      redis.call('APPEND', key, struct.pack('<i8i8', t, cost))
+      n = n + 1
     end
   end
-  sl_store(key, ttl, body, used + cost)
+  if start >= n then
+    redis.call('DEL', key)
+    return
+  end
+  local total = used + cost
+  if start >= 64 and start > n - start then
+    local live = redis.call('GETRANGE', key, SL_HEAD + 16 * start, -1)
+    redis.call('SET', key, sl_header(total, 0) .. live, 'PX', ttl)
+    return
+  end
+  redis.call('SETRANGE', key, 0, sl_header(total, start))
+  redis.call('PEXPIRE', key, ttl)
 end
 
 -- Gives back up to `cost` units charged at `now` from the entry they were added to, the entry
@@ -152,8 +182,9 @@ end
 -- the entry has left the window, nothing is given back: a refund can only ever give back less.
 local function sl_refund(key, ttl, now, cost, period, limit, _, st)
   local _, expired, used = sl_view(st, now, period)
+  local start = st.start + expired
   -- Binary search for the first live entry with at >= now (entries are strictly increasing).
-  local lo, hi = expired + 1, st.n + 1
+  local lo, hi = start, st.n
   while lo < hi do
     local mid = lo + idiv(hi - lo, 2)
     if sl_entry(st, mid) >= now then
@@ -162,7 +193,7 @@ local function sl_refund(key, ttl, now, cost, period, limit, _, st)
       lo = mid + 1
     end
   end
-  if lo > st.n or cost == 0 or sl_entry(st, lo) ~= now then
+  if lo >= st.n or cost == 0 or sl_entry(st, lo) ~= now then
     return st
   end
   local at, units = sl_entry(st, lo)
@@ -170,15 +201,28 @@ local function sl_refund(key, ttl, now, cost, period, limit, _, st)
   if take > cost then
     take = cost
   end
-  local before = string.sub(st.v, 16 * (expired + 1) + 1, 16 * lo)
-  local after = string.sub(st.v, 16 * (lo + 1) + 1)
+  local before = redis.call('GETRANGE', key, SL_HEAD + 16 * start, SL_HEAD + 16 * lo - 1)
+  if lo == start then
+    before = ''
+  end
+  local after = ''
+  if lo + 1 < st.n then
+    after = redis.call('GETRANGE', key, SL_HEAD + 16 * (lo + 1), -1)
+  end
   local entry = ''
   if units > take then
     entry = struct.pack('<i8i8', at, units - take)
   end
+  local body = before .. entry .. after
   local total = used - take
   if total < 0 then
     total = 0
   end
-  return sl_store(key, ttl, before .. entry .. after, total)
+  if #body == 0 then
+    redis.call('DEL', key)
+    return sl_empty(key)
+  end
+  redis.call('SET', key, sl_header(total, 0) .. body, 'PX', ttl)
+  local _, fresh = sl_load(key)
+  return fresh
 end
