@@ -46,17 +46,48 @@
 //!   round trip) other requests see those units as spent, so a concurrent request may be refused
 //!   that a single node would have admitted: the error only ever goes that way, and no limit is
 //!   ever over-admitted. If the refund cannot be delivered (Redis fails in between), the units
-//!   stay spent until they refill, counted in [`RedisStats::refund_failures`].
+//!   stay spent until they refill, counted in [`RedisStats::refund_failures`]. A refund gives
+//!   back only what its reservation charged to the same window (fixed and sliding window) or
+//!   log entry (sliding log): when the window has moved on in between, it gives back nothing
+//!   rather than units of the new window.
 //!
 //! # Keys
 //!
-//! `{prefix}:{TAG}:{algorithm}:{limit}:{client key}`, for example
-//! `tollgate:{4be1c3a0d2f59e17}:tb:burst:e.ip:203.0.113.7`. The prefix defaults to `tollgate`
-//! ([`RedisBackend::prefix`]). The client key is percent-encoded, so `{`, `}`, newlines and
-//! binary bytes cannot escape the namespace or choose the hash slot (the tag is an HMAC of the
-//! key, not bytes the client sent), and keys longer than 128 encoded bytes are replaced by a
-//! SHA-256 HMAC, so no client can store large keys. Set a shared [`RedisBackend::hash_secret`] to
-//! stop anyone from searching offline for client keys that land in a chosen slot.
+//! `{prefix}:{TAG}:{algorithm}:{limit}:h.{HMAC}`, for example
+//! `tollgate:{4be1c3a0d2f59e17}:tb:burst:h.9f2c41d07a5be3e8c06d2b7f14a9e051`. The prefix defaults
+//! to `tollgate` ([`RedisBackend::prefix`]). Client keys (API keys, tokens, user ids, IPs) never
+//! appear in Redis key names or in the logs in clear: the last part is 128 bits of
+//! HMAC-SHA-256 of the client key (with its route scope), and the tag an HMAC of the client key
+//! alone, so every limit of one client shares one hash slot that the client cannot choose. The
+//! HMAC is keyed with [`RedisBackend::hash_secret`]: set the same secret on every instance, and
+//! nobody who reads Redis without it can reverse a key or search for keys that land in a chosen
+//! slot. Without a secret the HMAC is keyed with the empty string: still no key in clear, but
+//! low-entropy keys (IPv4 addresses, small ids) can be recovered by hashing every candidate.
+//!
+//! The global key is written readably (`e.global`), and IP keys are when the operator opts in
+//! with [`RedisBackend::readable_keys`] (`e.ip:203.0.113.7`), percent-encoded so no `{`, `}`,
+//! space or control byte can escape the namespace. Every key name is under 256 bytes.
+//!
+//! # Memory and eviction
+//!
+//! A limiter key is small and bounded: 8 to 24 bytes of state for every algorithm but the
+//! sliding log, which keeps one 16-byte entry per admission in its window and is therefore
+//! refused above [`MAX_SLIDING_LOG`] per window on Redis (at most 24 + 16 × (2 × count + 64)
+//! bytes per key, counting entries that left the window and await compaction). Every key
+//! expires once its state equals a fresh key's.
+//!
+//! What Redis does when it reaches `maxmemory` decides whether a flood of distinct keys can
+//! reset a budget:
+//!
+//! - `noeviction` (Redis's default; recommended): nothing is evicted. Redis refuses scripts that
+//!   write, so a request that would be admitted fails and is decided by the limit's
+//!   [`FailurePolicy`] (`Closed`: refused with 503; `Open`: allowed and counted in
+//!   [`RedisStats::fail_open`]; `Local`: the local limiter), while a request that is rejected
+//!   writes nothing and is still rejected by Redis. An exhausted client never regains budget.
+//! - any `allkeys-*` or `volatile-*` policy: Redis may evict limiter keys (they all carry an
+//!   expiry), and an evicted key is a fresh budget. When it connects, the store reads the policy
+//!   with `CONFIG GET maxmemory-policy`, logs a warning for these policies and reports it in
+//!   [`RedisStats::maxmemory_policy`]. A server that refuses `CONFIG` leaves it `None`.
 //!
 //! # When Redis cannot decide
 //!
@@ -70,16 +101,29 @@
 //! - `Local { share }`: a local in-memory limiter holding `share` of the quota (count and burst,
 //!   rounded down, at least 1) decides.
 //!
-//! Each call has a tight timeout ([`RedisBackend::timeout`], default 5 ms). After
-//! [`RedisBackend::breaker_threshold`] consecutive failures the circuit breaker opens: requests
-//! are decided by their policies at once, without paying the timeout, while a background task
-//! pings Redis every [`RedisBackend::probe_interval`]; the first answer within the timeout closes
-//! the breaker. Recovery needs no restart. A call that timed out may still have been applied by
+//! Each call has a tight timeout ([`RedisBackend::timeout`], default 5 ms). There is one
+//! circuit breaker per node (the node of a single-node store; each master of a Cluster, found
+//! with `CLUSTER SLOTS`). After [`RedisBackend::breaker_threshold`] consecutive failed calls to a
+//! node its breaker opens: requests whose keys live there are decided by their policies at once,
+//! without paying the timeout, while a background task pings that node every
+//! [`RedisBackend::probe_interval`]; the first answer within the timeout closes the breaker.
+//! Keys on the other masters of a Cluster keep being decided by Redis. Recovery needs no restart.
+//!
+//! Every setting is checked when the store is built: a value that would switch limiting off,
+//! hang or overflow (a zero or `Duration::MAX` timeout, `max_in_flight(0)`, ...) is a
+//! [`ConfigError`] naming the field and the value to use instead.
+//!
+//! A store works from any tokio runtime: it keeps one connection (and batching task) per runtime
+//! it is used from, so a store built or first used in one runtime keeps deciding in another, or
+//! after the first one was dropped ([`RedisStats::reconnects`]). A batching task found stopped is
+//! restarted ([`RedisStats::batcher_restarts`]); the requests it held were decided by their
+//! failure policies. A call that timed out may still have been applied by
 //! Redis (it was sent), so during a slowdown a few requests can be charged without being admitted.
 //!
 //! Unreadable state at a limiter key — a value of the wrong type (`WRONGTYPE`), garbage, numbers
 //! out of range — never panics and never fails the request: the script deletes the key and treats
-//! it as fresh (a full bucket), logs a warning and counts it in [`RedisStats::corrupt_resets`].
+//! it as fresh (a full bucket), logs a warning (naming the key by its hashed name only) and counts
+//! it in [`RedisStats::corrupt_resets`].
 //! A key only becomes unreadable if something else writes to the limiter's namespace, and
 //! resetting heals it, where refusing would leave a key without expiry broken forever.
 //!

@@ -714,13 +714,17 @@ impl Inner {
 
     /// Starts the probe of `breaker`'s node, unless one is running.
     fn spawn_probe(self: &Arc<Self>, breaker: &Arc<Breaker>, addr: Option<String>) {
+        // Outside a runtime (a check made from plain code) the next check in one starts it.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
         let Some(token) = breaker.claim_probe() else {
             return;
         };
         let weak = Arc::downgrade(self);
         let breaker = breaker.clone();
         let interval = self.probe_interval;
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             let _token = token;
             loop {
                 tokio::time::sleep(interval).await;
