@@ -457,6 +457,43 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_stopped_batcher_is_restarted_and_counted() {
+        let target = Target::Node(redis::Client::open("redis://127.0.0.1:1").unwrap());
+        let script = Arc::new(LuaScript::assemble(&[]));
+        let stats = RedisStats::default();
+        // max_in_flight 0 (refused by the builder) makes the task end at once: a stand-in for a
+        // batcher that panicked.
+        let cfg = LinkConfig {
+            target: &target,
+            connect_timeout: Duration::from_millis(10),
+            batching: Some((64, 0)),
+            script: &script,
+            stats: &stats,
+        };
+        let links = Links::default();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (first, fresh) = links.get(&cfg).unwrap();
+            assert!(fresh);
+            let batcher = first.batcher.expect("batching on");
+            for _ in 0..100 {
+                if batcher.is_closed() {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+            assert!(batcher.is_closed(), "the task ended");
+            let (again, fresh) = links.get(&cfg).unwrap();
+            assert!(!fresh, "same runtime, same connection");
+            assert_eq!(stats.batcher_restarts(), 1);
+            assert!(!again.batcher.unwrap().is_closed(), "a new task took over");
+        });
+    }
+
+    #[test]
     fn slots_match_redis() {
         // Values from `CLUSTER KEYSLOT`.
         assert_eq!(slot_of_tag(b"foo"), 12182);
