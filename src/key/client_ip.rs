@@ -65,8 +65,11 @@ impl ForwardedHeader {
 ///    it (or the peer). Everyone whose chain breaks behind the same proxy therefore shares one key,
 ///    the safe direction: nobody can pick a fresh key by sending garbage.
 ///
-/// Addresses are grouped like [`PeerIp`](super::PeerIp) does: IPv4-mapped IPv6 counts as IPv4
-/// (for the trust check too), and IPv6 keys are grouped by `/64` unless
+/// The peer is read like [`PeerIp`](super::PeerIp) does (axum's `ConnectInfo`, tonic's
+/// `TcpConnectInfo` with the `tonic` feature, or a `SocketAddr` extension). Addresses are
+/// grouped like `PeerIp` does: IPv6 addresses embedding an IPv4 host (IPv4-mapped, IPv4-compatible,
+/// NAT64 `64:ff9b::/96`) count as IPv4 (for the trust check too), and IPv6 keys are grouped by
+/// `/64` unless
 /// [`ClientIp::ipv6_prefix`] says otherwise. Extraction never panics and never allocates,
 /// whatever the headers hold.
 ///
@@ -266,7 +269,7 @@ impl ClientIp {
 
 impl KeyExtractor for ClientIp {
     fn extract<'r>(&self, req: &RequestView<'r>) -> Result<Key<'r>, KeyError> {
-        let peer = peer_ip(req.extensions())?;
+        let peer = peer_ip(req)?;
         let client = if self.is_trusted(peer) {
             self.client_behind(peer, req.headers())
         } else {

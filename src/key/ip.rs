@@ -5,10 +5,9 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 
-use http::Extensions;
-
 use super::KeyError;
 use crate::error::ConfigError;
+use crate::request::RequestView;
 
 /// The IPv6 prefix length addresses are grouped by unless configured: one host (a home router, a
 /// cloud VM) is routinely handed a whole `/64`, so counting single IPv6 addresses would let it
@@ -30,12 +29,37 @@ pub(crate) fn check_ipv6_prefix(field: &'static str, prefix: u8) -> Result<u8, C
     }
 }
 
-/// An IPv4-mapped IPv6 address (`::ffff:192.0.2.1`, what a dual-stack socket reports for an IPv4
-/// client) as the IPv4 address it is; anything else unchanged.
+/// The well-known NAT64 prefix `64:ff9b::/96` (RFC 6052), as the top 96 bits of a `u128`.
+const NAT64_WELL_KNOWN: u128 = 0x0064_ff9b_u128 << 96;
+
+/// The IPv4 address an IPv6 address carries in its last 32 bits, for the prefixes that
+/// mean "this is an IPv4 host":
+///
+/// - IPv4-mapped `::ffff:0:0/96` (`::ffff:192.0.2.1`, what a dual-stack socket reports);
+/// - IPv4-compatible `::/96` (`::192.0.2.1`, deprecated but still parsed), except `::` and `::1`;
+/// - the well-known NAT64 prefix `64:ff9b::/96` (`64:ff9b::192.0.2.1`, RFC 6052), so that in
+///   an IPv6-only network behind a NAT64 each IPv4 client keeps its own key instead of all of
+///   them sharing the `64:ff9b::/64` group.
+///
+/// The local-use NAT64 prefix `64:ff9b:1::/48` (RFC 8215) is not mapped: its operator chooses
+/// the prefix length, which decides where the IPv4 bits sit, so they cannot be read reliably.
+fn embedded_ipv4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
+    let bits = u128::from(v6);
+    let v4 = Ipv4Addr::from(bits as u32);
+    match bits >> 32 {
+        0xffff => Some(v4),
+        0 if bits > 1 => Some(v4),
+        prefix if prefix << 32 == NAT64_WELL_KNOWN => Some(v4),
+        _ => None,
+    }
+}
+
+/// An IPv6 address that embeds an IPv4 host (see [`embedded_ipv4`]: mapped, compatible and
+/// well-known NAT64) as that IPv4 address; anything else unchanged.
 #[inline]
 pub(crate) fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+        IpAddr::V6(v6) => match embedded_ipv4(v6) {
             Some(v4) => IpAddr::V4(v4),
             None => IpAddr::V6(v6),
         },
@@ -71,27 +95,75 @@ fn mask32(prefix: u8) -> u32 {
     }
 }
 
-/// The TCP peer address of a request: axum's `ConnectInfo<SocketAddr>` (feature `axum`) or a
-/// plain `SocketAddr` extension, as a [`canonical`] address.
-pub(crate) fn peer_ip(extensions: &Extensions) -> Result<IpAddr, KeyError> {
+/// The TCP peer address of a request, as a [`canonical`] address, from the first of:
+///
+/// - axum's `ConnectInfo<SocketAddr>` (feature `axum`);
+/// - tonic's `TcpConnectInfo` (feature `tonic`), which tonic's `Server` records for TCP
+///   connections;
+/// - a plain `SocketAddr` extension (what a hyper server inserts itself).
+///
+/// Without any, a [misconfiguration](KeyError::is_misconfiguration) whose reason names the fix
+/// for the framework the request came through.
+pub(crate) fn peer_ip(req: &RequestView<'_>) -> Result<IpAddr, KeyError> {
+    let extensions = req.extensions();
     #[cfg(feature = "axum")]
     if let Some(info) = extensions.get::<axum::extract::ConnectInfo<SocketAddr>>() {
         return Ok(canonical(info.0.ip()));
     }
+    #[cfg(feature = "tonic")]
+    if let Some(addr) = extensions
+        .get::<tonic::transport::server::TcpConnectInfo>()
+        .and_then(tonic::transport::server::TcpConnectInfo::remote_addr)
+    {
+        return Ok(canonical(addr.ip()));
+    }
     match extensions.get::<SocketAddr>() {
         Some(addr) => Ok(canonical(addr.ip())),
-        None => Err(KeyError::misconfigured(NO_PEER)),
+        None => Err(KeyError::misconfigured(no_peer_reason(req))),
     }
 }
 
+/// Why there is no peer address, and the fix for the framework `req` came through: a gRPC
+/// request was served by tonic (or another gRPC server), a request with axum's `MatchedPath` by
+/// axum; otherwise every framework's fix is listed.
+fn no_peer_reason(req: &RequestView<'_>) -> &'static str {
+    if crate::response::is_grpc(req) {
+        return NO_PEER_GRPC;
+    }
+    #[cfg(feature = "axum")]
+    if req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .is_some()
+    {
+        return NO_PEER_AXUM;
+    }
+    NO_PEER_ANY
+}
+
+#[cfg(feature = "tonic")]
+const NO_PEER_GRPC: &str = "no peer address in the gRPC request: tonic records it (as \
+    `TcpConnectInfo`) only when its own `Server` accepts plain TCP connections; over TLS, a Unix \
+    socket or a custom `serve_with_incoming` stream, insert the client's `SocketAddr` into the \
+    request extensions";
+#[cfg(not(feature = "tonic"))]
+const NO_PEER_GRPC: &str = "no peer address in the gRPC request: with a tonic server, enable \
+    tollgate's `tonic` feature so the peer is read from tonic's `TcpConnectInfo`; otherwise \
+    insert the client's `SocketAddr` into the request extensions";
+
 #[cfg(feature = "axum")]
-const NO_PEER: &str = "no peer address in the request: serve the axum app with \
-    `into_make_service_with_connect_info::<SocketAddr>()`, or insert the connection's \
-    `SocketAddr` into the request extensions";
+const NO_PEER_AXUM: &str = "no peer address in the request: serve the axum app with \
+    `into_make_service_with_connect_info::<SocketAddr>()`";
+
+#[cfg(feature = "axum")]
+const NO_PEER_ANY: &str = "no peer address in the request: with axum, serve the app with \
+    `into_make_service_with_connect_info::<SocketAddr>()`; with tonic, enable tollgate's `tonic` \
+    feature; with plain hyper, insert the connection's `SocketAddr` into the request extensions";
 #[cfg(not(feature = "axum"))]
-const NO_PEER: &str = "no peer address in the request: insert the connection's `SocketAddr` \
-    into the request extensions (with axum, enable tollgate's `axum` feature to read \
-    `ConnectInfo<SocketAddr>`)";
+const NO_PEER_ANY: &str = "no peer address in the request: with axum, enable tollgate's `axum` \
+    feature and serve the app with `into_make_service_with_connect_info::<SocketAddr>()`; with \
+    tonic, enable tollgate's `tonic` feature; with plain hyper, insert the connection's \
+    `SocketAddr` into the request extensions";
 
 /// A range of addresses, `10.0.0.0/8` or `2001:db8::/32`, used to say which proxies are trusted.
 ///
@@ -103,8 +175,9 @@ const NO_PEER: &str = "no peer address in the request: insert the connection's `
 /// - a prefix length of `0` (every address) is an error: trusting every peer would let any client
 ///   choose its own key by sending a forwarding header.
 ///
-/// IPv4-mapped IPv6 ranges (`::ffff:10.0.0.0/104`) are stored as the IPv4 range they denote,
-/// since addresses are compared in their canonical form.
+/// Ranges of IPv6 addresses that embed IPv4 hosts (IPv4-mapped `::ffff:10.0.0.0/104`, NAT64
+/// `64:ff9b::10.0.0.0/104`, IPv4-compatible `::10.0.0.0/104`) are stored as the IPv4 range they
+/// denote, since addresses are compared in their canonical form, where such addresses are IPv4.
 ///
 /// ```
 /// use std::net::IpAddr;
@@ -210,10 +283,10 @@ impl Cidr {
                 ),
             ));
         }
-        // An IPv4-mapped range compares against canonical (IPv4) addresses.
+        // A range of IPv4-embedding addresses compares against canonical (IPv4) addresses.
         if let IpAddr::V6(v6) = network {
             if prefix >= 96 {
-                if let Some(v4) = v6.to_ipv4_mapped() {
+                if let Some(v4) = embedded_ipv4(v6) {
                     return Self {
                         addr: IpAddr::V4(v4),
                         prefix: prefix - 96,
@@ -266,12 +339,44 @@ mod tests {
     }
 
     #[test]
-    fn canonical_unmaps_ipv4_mapped_only() {
-        assert_eq!(canonical(ip("::ffff:192.0.2.1")), ip("192.0.2.1"));
-        // The deprecated IPv4-compatible form and loopback stay IPv6.
+    fn canonical_unmaps_ipv4_embedding_prefixes() {
+        // IPv4-mapped, IPv4-compatible and well-known NAT64 addresses are their IPv4 host.
+        for embedded in [
+            "::ffff:192.0.2.1",
+            "::192.0.2.1",
+            "64:ff9b::192.0.2.1",
+            "64:ff9b::c000:201",
+        ] {
+            assert_eq!(canonical(ip(embedded)), ip("192.0.2.1"), "{embedded}");
+        }
+        assert_eq!(canonical(ip("::2")), ip("0.0.0.2"));
+        // The unspecified and loopback addresses are not IPv4 hosts.
+        assert_eq!(canonical(ip("::")), ip("::"));
         assert_eq!(canonical(ip("::1")), ip("::1"));
-        assert_eq!(canonical(ip("::192.0.2.1")), ip("::192.0.2.1"));
-        assert_eq!(canonical(ip("2001:db8::1")), ip("2001:db8::1"));
+        // Neighbours of the prefixes, and the local-use NAT64 prefix, stay IPv6.
+        for v6 in [
+            "2001:db8::1",
+            "64:ff9b:1::192.0.2.1",
+            "64:ff9b:0:0:1::c000:201",
+            "::fffe:c000:201",
+            "::1:c000:201",
+            "65:ff9b::c000:201",
+        ] {
+            assert_eq!(canonical(ip(v6)), ip(v6), "{v6}");
+        }
+    }
+
+    #[test]
+    fn nat64_clients_are_not_merged_by_ipv6_grouping() {
+        // Before the fix every IPv4 client behind a NAT64 shared the key 64:ff9b::/64.
+        let a = group(canonical(ip("64:ff9b::203.0.113.9")), 64);
+        let b = group(canonical(ip("64:ff9b::198.51.100.4")), 64);
+        assert_ne!(a, b);
+        assert_eq!(a, ip("203.0.113.9"));
+        let c = group(canonical(ip("::203.0.113.9")), 64);
+        let d = group(canonical(ip("::198.51.100.4")), 64);
+        assert_ne!(c, d);
+        assert_eq!(c, a);
     }
 
     #[test]
@@ -306,7 +411,9 @@ mod tests {
         assert!(net.contains(ip("::ffff:10.1.1.1")));
         assert!(!net.contains(ip("11.0.0.0")));
         assert!(!net.contains(ip("9.255.255.255")));
-        assert!(!net.contains(ip("::a00:1")));
+        // IPv4-compatible ::10.0.0.1 is the IPv4 host 10.0.0.1.
+        assert!(net.contains(ip("::a00:1")));
+        assert!(!net.contains(ip("2001:db8::a00:1")));
 
         let host: Cidr = "192.0.2.7".parse().unwrap();
         assert_eq!(host.prefix_len(), 32);
@@ -334,6 +441,63 @@ mod tests {
         assert!(net.contains(ip("10.9.9.9")));
         assert!(net.contains(ip("::ffff:10.9.9.9")));
         assert!("::ffff:0.0.0.0/96".parse::<Cidr>().is_err());
+
+        let nat64: Cidr = "64:ff9b::10.0.0.0/104".parse().unwrap();
+        assert_eq!(nat64.to_string(), "10.0.0.0/8");
+        assert!(nat64.contains(ip("64:ff9b::10.1.2.3")));
+        assert!("64:ff9b::/96".parse::<Cidr>().is_err());
+        let lo: Cidr = "::1/128".parse().unwrap();
+        assert_eq!(lo.to_string(), "::1/128");
+    }
+
+    fn no_peer(req: &http::Request<()>) -> KeyError {
+        peer_ip(&RequestView::new(req)).unwrap_err()
+    }
+
+    #[test]
+    fn missing_peer_names_the_fix_for_the_framework() {
+        let grpc = http::Request::post("/grpc.health.v1.Health/Check")
+            .header("content-type", "application/grpc")
+            .body(())
+            .unwrap();
+        let err = no_peer(&grpc);
+        assert!(err.is_misconfiguration());
+        assert!(err.reason().contains("tonic"), "{err}");
+        assert!(!err.reason().contains("axum"), "{err}");
+
+        let plain = http::Request::get("/").body(()).unwrap();
+        let err = no_peer(&plain);
+        for fix in [
+            "into_make_service_with_connect_info",
+            "`tonic` feature",
+            "SocketAddr",
+        ] {
+            assert!(err.reason().contains(fix), "{fix}: {err}");
+        }
+    }
+
+    #[cfg(feature = "tonic")]
+    #[test]
+    fn reads_tonic_tcp_connect_info() {
+        use tonic::transport::server::{Connected, TcpConnectInfo};
+        // tonic builds TcpConnectInfo from the accepted stream; do the same with a real one.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .unwrap();
+        let info: TcpConnectInfo = rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let (_client, accepted) =
+                tokio::join!(tokio::net::TcpStream::connect(addr), listener.accept());
+            accepted.unwrap().0.connect_info()
+        });
+        let mut req = http::Request::post("/p.S/M")
+            .header("content-type", "application/grpc")
+            .body(())
+            .unwrap();
+        req.extensions_mut().insert(info);
+        assert_eq!(peer_ip(&RequestView::new(&req)).unwrap(), ip("127.0.0.1"));
     }
 
     #[test]

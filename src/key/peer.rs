@@ -10,16 +10,27 @@ use crate::request::RequestView;
 /// Behind a proxy or load balancer every request comes from the proxy, so all clients would share
 /// one key; use [`ClientIp`](super::ClientIp) there.
 ///
-/// The address is read from axum's `ConnectInfo<SocketAddr>` (with the `axum` feature; serve the
-/// app with `into_make_service_with_connect_info::<SocketAddr>()`) or from a plain
-/// [`SocketAddr`](std::net::SocketAddr) request extension, which a plain hyper server inserts
-/// from the address `accept()` returned (`req.extensions_mut().insert(peer)` in its service).
-/// Without either, extraction fails with a [misconfiguration](KeyError::is_misconfiguration).
+/// The address is read from the first of:
+///
+/// - axum's `ConnectInfo<SocketAddr>` (with the `axum` feature; serve the app with
+///   `into_make_service_with_connect_info::<SocketAddr>()`);
+/// - tonic's `TcpConnectInfo` (with the `tonic` feature), which tonic's `Server` records for
+///   every TCP connection, so `Server::builder().layer(layer)` needs nothing else;
+/// - a plain [`SocketAddr`](std::net::SocketAddr) request extension, which a plain hyper server
+///   inserts from the address `accept()` returned (`req.extensions_mut().insert(peer)` in its
+///   service), and which any other server (tonic over TLS or a Unix socket) can insert too.
+///
+/// Without any, extraction fails with a [misconfiguration](KeyError::is_misconfiguration) whose
+/// reason names the fix for the framework in use (axum, tonic or hyper).
 ///
 /// - IPv4 addresses are keys as they are.
 /// - IPv6 addresses are grouped by their first 64 bits, since one host is routinely given a whole
 ///   `/64` and could otherwise rotate through 2^64 keys. [`PeerIp::ipv6_prefix`] changes that.
-/// - IPv4-mapped IPv6 addresses (`::ffff:192.0.2.1`, from dual-stack sockets) count as IPv4.
+/// - IPv6 addresses that embed an IPv4 host count as that IPv4 address, so each IPv4 client keeps
+///   its own key instead of sharing a `/64`: IPv4-mapped `::ffff:0:0/96` (`::ffff:192.0.2.1`,
+///   from dual-stack sockets), IPv4-compatible `::/96` (`::192.0.2.1`; not `::` or `::1`) and
+///   the well-known NAT64 prefix `64:ff9b::/96` (`64:ff9b::192.0.2.1`). The local-use NAT64
+///   prefix `64:ff9b:1::/48` is left as IPv6: its operator picks where the IPv4 bits sit.
 ///
 /// ```
 /// use std::net::SocketAddr;
@@ -35,6 +46,7 @@ use crate::request::RequestView;
 /// let by_peer = PeerIp::new();
 /// assert_eq!(key_for(&by_peer, "203.0.113.9:443"), "ip:203.0.113.9");
 /// assert_eq!(key_for(&by_peer, "[::ffff:203.0.113.9]:443"), "ip:203.0.113.9");
+/// assert_eq!(key_for(&by_peer, "[64:ff9b::203.0.113.9]:443"), "ip:203.0.113.9"); // NAT64
 /// assert_eq!(key_for(&by_peer, "[2001:db8:1:2:3:4:5:6]:443"), "ip:2001:db8:1:2::");
 ///
 /// let by_56 = PeerIp::new().ipv6_prefix(56).unwrap();
@@ -75,7 +87,7 @@ impl Default for PeerIp {
 impl KeyExtractor for PeerIp {
     #[inline]
     fn extract<'r>(&self, req: &RequestView<'r>) -> Result<Key<'r>, KeyError> {
-        let ip = peer_ip(req.extensions())?;
+        let ip = peer_ip(req)?;
         Ok(Key::ip(group(ip, self.ipv6_prefix)))
     }
 }
@@ -114,6 +126,17 @@ mod tests {
     fn ipv4_mapped_counts_as_ipv4() {
         let key = extract(&PeerIp::new(), Some("[::ffff:192.0.2.1]:1234")).unwrap();
         assert_eq!(key, ip_key("192.0.2.1"));
+    }
+
+    #[test]
+    fn nat64_and_compatible_peers_keep_their_ipv4_keys() {
+        let p = PeerIp::new();
+        let a = extract(&p, Some("[64:ff9b::203.0.113.9]:1")).unwrap();
+        let b = extract(&p, Some("[64:ff9b::198.51.100.4]:1")).unwrap();
+        assert_ne!(a, b, "two IPv4 clients behind a NAT64 must not share a key");
+        assert_eq!(a, ip_key("203.0.113.9"));
+        let c = extract(&p, Some("[::198.51.100.4]:1")).unwrap();
+        assert_eq!(c, b);
     }
 
     #[test]

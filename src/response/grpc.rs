@@ -13,6 +13,9 @@ pub const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 pub const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 /// `grpc-retry-pushback-ms`: how long a client with a retry policy should wait, in milliseconds.
 pub const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+/// `grpc-status-details-bin`: a base64 (unpadded) protobuf `google.rpc.Status` carrying the
+/// error details of Google's error model, sent on rejections with the `tonic` feature.
+pub const GRPC_STATUS_DETAILS_BIN: HeaderName = HeaderName::from_static("grpc-status-details-bin");
 
 const APPLICATION_GRPC: HeaderValue = HeaderValue::from_static("application/grpc");
 

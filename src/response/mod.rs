@@ -87,12 +87,15 @@
 
 mod body;
 mod grpc;
+#[cfg(feature = "tonic")]
+mod grpc_details;
 mod problem;
 mod rejection;
 
 pub use body::RejectionBody;
 pub use grpc::{
     grpc_trailers_only, is_grpc, GrpcCode, GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS,
+    GRPC_STATUS_DETAILS_BIN,
 };
 pub use problem::{ProblemDetails, APPLICATION_PROBLEM_JSON};
 pub use rejection::{DefaultRejection, RejectReason, Rejected, Rejection};

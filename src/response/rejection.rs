@@ -184,8 +184,17 @@ impl<'a> Rejected<'a> {
 ///
 /// gRPC requests (`content-type: application/grpc*`) get HTTP `200` with
 /// `content-type: application/grpc`, `grpc-status` ([`GrpcCode::from_http`] of the status above:
-/// `8 RESOURCE_EXHAUSTED` for a rate limit), a percent-encoded `grpc-message`, and
-/// `grpc-retry-pushback-ms` when waiting helps.
+/// `8 RESOURCE_EXHAUSTED` for a rate limit, `14 UNAVAILABLE` when the store fails closed), a
+/// percent-encoded `grpc-message`, and `grpc-retry-pushback-ms` when waiting helps. With the
+/// `tonic` feature they also carry `grpc-status-details-bin`, Google's error model that
+/// `tonic-types`' `StatusExt` (and other gRPC libraries) decode: a `google.rpc.Status` with the
+/// same code and message and
+///
+/// - `google.rpc.RetryInfo` whenever waiting helps: `retry_delay` is the `Retry-After`, in whole
+///   seconds rounded up, never 0;
+/// - `google.rpc.QuotaFailure` whenever a limit refused: one violation whose `subject` is the
+///   limit's name and whose `description` is its quota in words (`"1 per second, bursts of up
+///   to 5"`). The client's key never appears.
 ///
 /// ```
 /// use tollgate::response::DefaultRejection;
@@ -322,12 +331,38 @@ impl DefaultRejection {
     }
 }
 
+#[cfg(feature = "tonic")]
+impl DefaultRejection {
+    /// `RetryInfo` whenever waiting helps (a rate limit, a store that suggests a delay), and a
+    /// `QuotaFailure` naming the limit whenever a limit refused.
+    fn grpc_details<'a>(rejected: &Rejected<'a>) -> super::grpc_details::StatusDetails<'a> {
+        let quota = match rejected.reason {
+            RejectReason::RateLimited { decision, quota }
+            | RejectReason::CostExceedsCapacity {
+                decision, quota, ..
+            } => Some((decision.policy().as_str(), quota)),
+            RejectReason::MissingKey { .. } | RejectReason::StoreUnavailable { .. } => None,
+        };
+        super::grpc_details::StatusDetails {
+            retry_after_secs: rejected.retry_after_secs(),
+            quota,
+        }
+    }
+}
+
 impl Rejection for DefaultRejection {
     fn reject(&self, rejected: &Rejected<'_>) -> Response<RejectionBody> {
         let retry_after = rejected.retry_after_secs();
         if self.grpc && is_grpc(rejected.request()) {
             let code = GrpcCode::from_http(rejected.status());
-            let mut response = grpc_trailers_only(code, &Self::grpc_message(rejected));
+            let message = Self::grpc_message(rejected);
+            let mut response = grpc_trailers_only(code, &message);
+            #[cfg(feature = "tonic")]
+            if let Some(details) = Self::grpc_details(rejected).header_value(code, &message) {
+                response
+                    .headers_mut()
+                    .insert(super::GRPC_STATUS_DETAILS_BIN, details);
+            }
             if let Some(secs) = retry_after {
                 let millis = match rejected.decision().and_then(Decision::retry_after) {
                     Some(d) => u64::try_from(d.as_millis().max(1)).unwrap_or(u64::MAX),
@@ -473,5 +508,88 @@ mod tests {
         // Detection can be turned off.
         let response = DefaultRejection::new().grpc(false).reject(&rejected);
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    }
+
+    #[cfg(feature = "tonic")]
+    fn grpc_status(response: &Response<RejectionBody>) -> tonic::Status {
+        tonic::Status::from_header_map(response.headers()).unwrap()
+    }
+
+    #[cfg(feature = "tonic")]
+    #[test]
+    fn grpc_rejections_carry_googles_error_model() {
+        use tonic_types::StatusExt;
+
+        let req = http::Request::post("/pkg.Svc/M")
+            .header(CONTENT_TYPE, "application/grpc")
+            .body(())
+            .unwrap();
+        let decisions = Decisions::new();
+        let view = RequestView::new(&req);
+        let q = Quota::per_second(1).burst(5);
+
+        // Rate limited: RESOURCE_EXHAUSTED, RetryInfo rounded up to 1 s, QuotaFailure.
+        let d = Decision::rejected(5, 0, Duration::from_secs(5), Duration::from_millis(100))
+            .with_policy(PolicyName::new("per-ip"));
+        let reason = RejectReason::RateLimited {
+            decision: &d,
+            quota: &q,
+        };
+        let response = DefaultRejection::new().reject(&Rejected::new(view, reason, &decisions));
+        assert_eq!(response.headers()[GRPC_RETRY_PUSHBACK_MS], "100");
+        let status = grpc_status(&response);
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        let details = status.get_error_details();
+        assert_eq!(
+            details.retry_info().unwrap().retry_delay,
+            Some(Duration::from_secs(1))
+        );
+        let violations = &details.quota_failure().unwrap().violations;
+        assert_eq!(violations.len(), 1);
+        assert_eq!(violations[0].subject, "per-ip");
+        assert_eq!(violations[0].description, "1 per second, bursts of up to 5");
+
+        // A store failing closed: UNAVAILABLE with RetryInfo, no QuotaFailure.
+        let err = StoreError::new(StoreErrorKind::Timeout, "redis timed out")
+            .with_retry_after(Duration::from_millis(1500));
+        let reason = RejectReason::StoreUnavailable { error: &err };
+        let response = DefaultRejection::new().reject(&Rejected::new(view, reason, &decisions));
+        let status = grpc_status(&response);
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        let details = status.get_error_details();
+        assert_eq!(
+            details.retry_info().unwrap().retry_delay,
+            Some(Duration::from_secs(2))
+        );
+        assert!(details.quota_failure().is_none());
+
+        // A cost that never fits: QuotaFailure, but no RetryInfo (waiting never helps).
+        let impossible =
+            Decision::impossible(5, 5, Duration::ZERO).with_policy(PolicyName::new("per-ip"));
+        let reason = RejectReason::CostExceedsCapacity {
+            decision: &impossible,
+            quota: &q,
+            cost: 9,
+        };
+        let response = DefaultRejection::new().reject(&Rejected::new(view, reason, &decisions));
+        let details = grpc_status(&response).get_error_details();
+        assert!(details.retry_info().is_none());
+        assert_eq!(
+            details.quota_failure().unwrap().violations[0].subject,
+            "per-ip"
+        );
+
+        // A missing key has nothing to add.
+        let key_err = KeyError::new("missing x-api-key header");
+        let reason = RejectReason::MissingKey {
+            policy: PolicyName::new("per-key"),
+            error: &key_err,
+            status: StatusCode::BAD_REQUEST,
+        };
+        let response = DefaultRejection::new().reject(&Rejected::new(view, reason, &decisions));
+        assert!(!response
+            .headers()
+            .contains_key(super::super::GRPC_STATUS_DETAILS_BIN));
+        assert_eq!(grpc_status(&response).code(), tonic::Code::InvalidArgument);
     }
 }
