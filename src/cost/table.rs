@@ -43,6 +43,23 @@ use crate::request::RequestView;
 /// assert_eq!(costs.max_cost(), Some(10));
 /// ```
 ///
+/// By gRPC method: the route of a gRPC call is its method path, `/package.Service/Method`
+/// (a layer on a tonic `Server` runs before tonic's router, so the URI path is what it sees):
+///
+/// ```
+/// use tollgate::cost::{Cost, CostTable};
+/// use tollgate::RequestView;
+///
+/// let costs = CostTable::new(1).route("/shop.Catalog/Export", 20).route("/shop.Catalog/Search", 5);
+/// let call = |method: &str| {
+///     let req = http::Request::post(method).header("content-type", "application/grpc").body(()).unwrap();
+///     costs.cost(&RequestView::new(&req))
+/// };
+/// assert_eq!(call("/shop.Catalog/Export"), 20);
+/// assert_eq!(call("/shop.Catalog/Search"), 5);
+/// assert_eq!(call("/shop.Catalog/Get"), 1);
+/// ```
+///
 /// By method only, e.g. writes cost more than reads:
 ///
 /// ```

@@ -13,6 +13,11 @@ use crate::request::RequestView;
 /// validity, so put this limit behind the layer that authenticates the key, or clients can make
 /// up a fresh key per request.
 ///
+/// It reads **gRPC metadata** as well: ASCII metadata entries are HTTP/2 headers, so
+/// `HeaderKey::new("x-api-key")` keys a tonic call by its `x-api-key` metadata
+/// (`request.metadata_mut().insert("x-api-key", ..)` on the client). Binary entries (`-bin`
+/// names) are keyed by their base64 text as sent.
+///
 /// No key, each with a clear [`KeyError`]:
 /// - the header is missing, or empty;
 /// - it occurs more than once (which one counts would be ambiguous);

@@ -7,9 +7,10 @@
 //! |---|---|---|
 //! | [`PeerIp`] | the TCP peer's address (IPv6 grouped by `/64`) | clients connect directly |
 //! | [`ClientIp`] | the client's address reported by **trusted** proxies | behind a load balancer |
-//! | [`HeaderKey`] | a header's value (`x-api-key`) | API keys checked before the limiter |
+//! | [`HeaderKey`] | a header's value (`x-api-key`), gRPC metadata too | API keys checked before the limiter |
 //! | [`Principal`] | a typed value an auth layer put in the extensions | per user / tenant |
 //! | [`RouteKey`] | another key, per method and matched route | per-endpoint budgets |
+//! | [`GrpcMethod`] | another key, per gRPC method (`/package.Service/Method`) | per-RPC budgets |
 //! | [`GlobalKey`] | one key for all | a ceiling protecting a backend |
 //! | [`FirstOf`], [`KeyExtractor::or`] | the first extractor that has a key | users, else IPs |
 //! | a `fn`, or a closure in [`key_fn`] | anything | see [`KeyExtractor`] |
@@ -134,6 +135,7 @@ mod extractor;
 mod first_of;
 mod forwarded;
 mod global;
+mod grpc_method;
 mod header;
 mod ip;
 mod peer;
@@ -146,6 +148,7 @@ pub use error::KeyError;
 pub use extractor::{key_fn, KeyExtractor};
 pub use first_of::FirstOf;
 pub use global::GlobalKey;
+pub use grpc_method::GrpcMethod;
 pub use header::HeaderKey;
 pub use ip::Cidr;
 pub use peer::PeerIp;
