@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --example grpc
-//! grpcurl -plaintext -v 127.0.0.1:50051 grpc.health.v1.Health/Check   # six times quickly
+//! cargo run --example grpc_client   # in another terminal: six Check calls
 //! ```
 //!
 //! The first five calls answer `SERVING` with `x-ratelimit-limit: 5` and `x-ratelimit-remaining`
@@ -32,9 +32,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let port = std::env::var("PORT").unwrap_or_else(|_| "50051".into());
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
     println!("listening on {addr} (gRPC, grpc.health.v1.Health)");
-    println!(
-        "try: for i in $(seq 6); do grpcurl -plaintext -v {addr} grpc.health.v1.Health/Check; done"
-    );
+    println!("try: PORT={port} cargo run --example grpc_client");
     Server::builder()
         .layer(rate_limit)
         .add_service(health)

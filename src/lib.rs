@@ -99,6 +99,7 @@
 //! |---|---|
 //! | `axum` | [`PeerIp`](key::PeerIp) reads axum's `ConnectInfo`; route keys and cost tables read `MatchedPath` |
 //! | `redis` | the Redis store, single node or Cluster |
+//! | `tonic` | [`PeerIp`](key::PeerIp) and [`ClientIp`](key::ClientIp) read tonic's `TcpConnectInfo`; gRPC rejections carry `grpc-status-details-bin` (`RetryInfo`, `QuotaFailure`) |
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 #![forbid(unsafe_code)]
 #![warn(
