@@ -187,4 +187,34 @@ mod tests {
         let key = PeerIp::new().extract(&RequestView::new(&req)).unwrap();
         assert_eq!(key, ip_key("198.51.100.3"));
     }
+
+    #[cfg(feature = "axum")]
+    #[tokio::test]
+    async fn missing_peer_in_axum_names_connect_info() {
+        use axum::{body::Body, extract::Request, routing::get, Router};
+        use tower::ServiceExt;
+
+        // Served without into_make_service_with_connect_info: the router's MatchedPath shows
+        // that the app is axum, so the reason gives axum's fix alone.
+        let app = Router::new().route(
+            "/",
+            get(|req: Request| async move {
+                PeerIp::new()
+                    .extract(&RequestView::new(&req))
+                    .unwrap_err()
+                    .to_string()
+            }),
+        );
+        let res = app
+            .oneshot(http::Request::get("/").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let body = axum::body::to_bytes(res.into_body(), 4096).await.unwrap();
+        let reason = String::from_utf8(body.to_vec()).unwrap();
+        assert!(
+            reason.contains("into_make_service_with_connect_info"),
+            "{reason}"
+        );
+        assert!(!reason.contains("tonic"), "{reason}");
+    }
 }
