@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tollgate::clock::ManualClock;
 use tollgate::cost::CostTable;
-use tollgate::key::{GlobalKey, GrpcMethod, HeaderKey, PeerIp};
+use tollgate::key::{ClientIp, GlobalKey, GrpcMethod, HeaderKey, PeerIp};
 use tollgate::layer::MissingKey;
 use tollgate::store::{MemoryBackend, Store};
 use tollgate::{Limit, Quota, RateLimitLayer};
@@ -333,4 +333,33 @@ async fn several_limits_are_all_or_nothing() {
     let status = check(&mut client, Some("b")).await.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted);
     assert_eq!(details(&status).0, "global");
+}
+
+#[tokio::test]
+async fn client_ip_behind_a_trusted_proxy_reads_the_tonic_peer() {
+    // The test client plays a proxy at 127.0.0.1 that forwards for two clients.
+    let layer = RateLimitLayer::new(
+        Limit::new("per-client", Quota::per_hour(1))
+            .key(ClientIp::trusting(["127.0.0.1"]).unwrap()),
+    )
+    .unwrap();
+    let (addr, _reporter) = serve(layer).await;
+    let mut client = client(addr).await;
+    let forwarded_for = |ip: &str| {
+        let mut req = check_request(None);
+        req.metadata_mut()
+            .insert("x-forwarded-for", ip.parse().unwrap());
+        req
+    };
+
+    for ip in ["203.0.113.9", "198.51.100.4"] {
+        client.check(forwarded_for(ip)).await.unwrap();
+    }
+    let status = client
+        .check(forwarded_for("203.0.113.9"))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    // Without a forwarding header the proxy itself is the client, with its own budget.
+    client.check(check_request(None)).await.unwrap();
 }
