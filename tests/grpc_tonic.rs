@@ -363,3 +363,47 @@ async fn client_ip_behind_a_trusted_proxy_reads_the_tonic_peer() {
     // Without a forwarding header the proxy itself is the client, with its own budget.
     client.check(check_request(None)).await.unwrap();
 }
+
+/// Over a Unix socket tonic records no `TcpConnectInfo`: the per-IP limit cannot identify the
+/// client, and says so (`INTERNAL`, the reason with tonic's fix in the server's warning).
+#[cfg(unix)]
+#[tokio::test]
+async fn a_unix_socket_server_without_a_peer_is_internal_not_unlimited() {
+    use hyper_util::rt::TokioIo;
+    use tokio::net::{UnixListener, UnixStream};
+    use tokio_stream::wrappers::UnixListenerStream;
+
+    let dir = std::env::temp_dir().join(format!("tollgate-grpc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("uds.sock");
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path).unwrap();
+    let layer =
+        RateLimitLayer::new(Limit::new("per-ip", Quota::per_hour(100)).key(PeerIp::new())).unwrap();
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    tokio::spawn(
+        Server::builder()
+            .layer(layer)
+            .add_service(health)
+            .serve_with_incoming(UnixListenerStream::new(listener)),
+    );
+
+    let connect_path = path.clone();
+    let channel = tonic::transport::Endpoint::try_from("http://[::1]:50051")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+            let path = connect_path.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+        }))
+        .await
+        .unwrap();
+    let mut client = HealthClient::new(channel);
+    let status = check(&mut client, None).await.unwrap_err();
+    assert_eq!(status.code(), Code::Internal, "{status:?}");
+    assert_eq!(
+        status.message(),
+        "rate limit \"per-ip\" cannot identify the client"
+    );
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_dir(&dir);
+}
