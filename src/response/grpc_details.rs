@@ -143,6 +143,17 @@ mod tests {
     }
 
     #[test]
+    fn huge_delays_are_clamped_not_a_panic() {
+        let details = StatusDetails {
+            retry_after_secs: Some(u64::MAX),
+            quota: None,
+        };
+        let value = details.header_value(GrpcCode::Unavailable, "down").unwrap();
+        let retry = decode(&value).get_details_retry_info().unwrap();
+        assert!(retry.retry_delay.unwrap() >= Duration::from_secs(10_000 * 365 * 86_400));
+    }
+
+    #[test]
     fn no_details_no_header() {
         let none = StatusDetails::default();
         assert!(none.header_value(GrpcCode::Internal, "x").is_none());
