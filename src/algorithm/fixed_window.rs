@@ -95,7 +95,11 @@ impl FixedWindow {
     /// Microseconds from `now` to the end of window `w`.
     #[inline]
     fn until_end(&self, w: u64, now: u64) -> u64 {
-        (w + 1).saturating_mul(self.period).saturating_sub(now)
+        // Saturating throughout: `w` may be `u64::MAX` (a stored or hostile state, or
+        // `now = u64::MAX` with a 1 µs period), where the window "ends" at the end of time.
+        w.saturating_add(1)
+            .saturating_mul(self.period)
+            .saturating_sub(now)
     }
 }
 
@@ -284,5 +288,24 @@ mod tests {
         fw.check(&mut s, u64::MAX, 2);
         assert!(fw.decide(&s, u64::MAX, 1).retry_after().is_some());
         fw.refund(&mut s, 0, 2);
+    }
+
+    #[test]
+    fn extreme_window_index_does_not_panic() {
+        // `w + 1` overflowed here: a stored window of u64::MAX, or `now = u64::MAX` with a
+        // 1 µs period (window index u64::MAX).
+        let fw = FixedWindow::new(Quota::per(Duration::from_micros(1), 1)).unwrap();
+        let mut s = FixedWindowState {
+            window: u64::MAX,
+            count: u64::MAX,
+        };
+        let d = fw.decide(&s, 0, 1);
+        assert!(!d.allowed());
+        assert_eq!(d.remaining(), 0);
+        fw.check(&mut s, u64::MAX, 1);
+        fw.refund(&mut s, u64::MAX, u64::MAX);
+        let mut fresh = FixedWindowState::default();
+        assert!(fw.check(&mut fresh, u64::MAX, 1).allowed());
+        assert!(!fw.check(&mut fresh, u64::MAX, 1).allowed());
     }
 }
