@@ -28,7 +28,7 @@
 //! | [`Gcra`] | 8 bytes | same as token bucket | same as token bucket, one number |
 //! | [`FixedWindow`] | 16 bytes | whole window at once | 2× the limit across a window seam |
 //! | [`SlidingWindow`] | 24 bytes | up to the limit | approximates; under-counts end-of-window bursts |
-//! | [`SlidingLog`] | 40 bytes + 16 per distinct admission time in the window (at most the limit) | up to the limit | exact; memory grows with the limit |
+//! | [`SlidingLog`] | 40 bytes + 16 per distinct admission time in the window (at most the limit, itself at most [`SlidingLog::MAX_COUNT`]) | up to the limit | exact; memory grows with the limit |
 //! | [`LeakyBucket`] | 16 bytes | queue of capacity, drained at the rate | meters like the token bucket; as a shaper, requests wait |
 //!
 //! # The formulas, and porting them
@@ -107,6 +107,13 @@ pub trait Algorithm: Send + Sync + Debug + 'static {
     /// Microseconds without requests after which any state is indistinguishable from a fresh
     /// key; stores use it to expire idle keys.
     fn idle_timeout_micros(&self) -> u64;
+
+    /// Heap bytes `state` owns outside itself (a sliding log's entries); 0 for the algorithms
+    /// whose state is plain numbers. Stores add it to their memory figures.
+    fn state_heap_bytes(&self, state: &Self::State) -> usize {
+        let _ = state;
+        0
+    }
 
     /// Decides and, if allowed, charges: `decide` followed by `apply`.
     #[inline]

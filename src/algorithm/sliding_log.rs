@@ -14,10 +14,14 @@ use crate::quota::Quota;
 ///
 /// Exactness costs memory: the state keeps one [`LogEntry`] (16 bytes) per distinct admission
 /// time still inside the window (requests at the same microsecond are coalesced), so a key holds
-/// at most `count` entries: about `40 + 16 × count` bytes, plus up to 4× slack from the
-/// queue's amortized growth before it is shrunk. A fresh key allocates nothing; its first
-/// admission allocates. Prefer it for low limits that must be exact (logins, billing-grade
-/// counts); for high limits use [`SlidingWindow`](super::SlidingWindow).
+/// at most `count` entries, and the queue's allocation never exceeds `count` entries either
+/// (growth is clamped to it): at most `40 + 16 × count` bytes per key
+/// ([`heap_bytes`](SlidingLogState::heap_bytes) reports the heap part). A fresh key allocates
+/// nothing; its first admission allocates. To keep that bounded in memory and in Redis (where
+/// every request reads the key's whole log), `count` is at most [`SlidingLog::MAX_COUNT`]
+/// (1,000, so at most 16 KB of entries per key); a higher count is a [`ConfigError`]. Prefer it
+/// for low limits that must be exact (logins, billing-grade counts); for high limits use
+/// [`SlidingWindow`](super::SlidingWindow).
 ///
 /// # Exact arithmetic
 ///
@@ -104,6 +108,11 @@ impl SlidingLogState {
         self.units
     }
 
+    /// Heap bytes this state holds: its allocated entries (a fresh key holds none).
+    pub fn heap_bytes(&self) -> usize {
+        self.entries.capacity() * std::mem::size_of::<LogEntry>()
+    }
+
     fn newest_at(&self) -> Option<u64> {
         self.entries.back().map(|e| e.at)
     }
@@ -119,13 +128,45 @@ struct View {
 }
 
 impl SlidingLog {
+    /// The largest `count` a sliding log accepts: 1,000 units per window.
+    ///
+    /// Each key keeps up to `count` entries of 16 bytes (16 KB at this bound), and the Redis
+    /// store reads a key's whole log on every request, so a higher count would let one client
+    /// cost megabytes of memory and milliseconds of Redis time per request. Above it, the
+    /// [`SlidingWindow`](super::SlidingWindow) counter limits the same window in 24 bytes.
+    pub const MAX_COUNT: u64 = 1_000;
+
     /// A sliding log of `quota.count()` units per `quota.period()`.
     ///
-    /// A quota with an explicit burst different from its count is a [`ConfigError`]: a window
-    /// has no separate burst.
+    /// A quota with an explicit burst different from its count, or a count above
+    /// [`MAX_COUNT`](Self::MAX_COUNT), is a [`ConfigError`]: a window has no separate burst, and
+    /// the log's memory grows with the count.
+    ///
+    /// ```
+    /// use tollgate::algorithm::SlidingLog;
+    /// use tollgate::Quota;
+    ///
+    /// assert!(SlidingLog::new(Quota::per_minute(1_000)).is_ok());
+    /// let err = SlidingLog::new(Quota::per_hour(10_000)).unwrap_err();
+    /// assert_eq!(err.field(), "quota.count");
+    /// assert!(err.message().contains("sliding_window"), "{err}");
+    /// ```
     pub fn new(quota: Quota) -> Result<Self, ConfigError> {
         quota.validate()?;
         reject_window_burst(&quota, "sliding_log")?;
+        if quota.count() > Self::MAX_COUNT {
+            return Err(ConfigError::new(
+                "quota.count",
+                format!(
+                    "sliding_log keeps one entry per admission and allows at most {} per window, \
+                     not {}; use the sliding_window counter (fixed memory, same window) for {quota}, \
+                     or a count of at most {}",
+                    Self::MAX_COUNT,
+                    quota.count(),
+                    Self::MAX_COUNT,
+                ),
+            ));
+        }
         Ok(Self {
             quota,
             period: quota.period_micros(),
@@ -170,6 +211,19 @@ impl SlidingLog {
         if cap >= 64 && len * 4 <= cap {
             state.entries.shrink_to(len * 2);
         }
+    }
+
+    /// Appends an entry, growing the queue by doubling but never past `limit` entries (the
+    /// most a log can hold), so a key's allocation stays within `16 × limit` bytes.
+    fn push(&self, state: &mut SlidingLogState, entry: LogEntry) {
+        let len = state.entries.len();
+        if len == state.entries.capacity() {
+            // `limit <= MAX_COUNT`, so this fits a usize.
+            let most = usize::try_from(self.limit).unwrap_or(usize::MAX);
+            let target = (len * 2).max(4).min(most).max(len + 1);
+            state.entries.reserve_exact(target - len);
+        }
+        state.entries.push_back(entry);
     }
 }
 
@@ -227,10 +281,13 @@ impl Algorithm for SlidingLog {
         }
         match state.entries.back_mut() {
             Some(newest) if newest.at == v.t => newest.units += cost,
-            _ => state.entries.push_back(LogEntry {
-                at: v.t,
-                units: cost,
-            }),
+            _ => self.push(
+                state,
+                LogEntry {
+                    at: v.t,
+                    units: cost,
+                },
+            ),
         }
         state.units += cost;
     }
@@ -255,6 +312,10 @@ impl Algorithm for SlidingLog {
 
     fn idle_timeout_micros(&self) -> u64 {
         self.period
+    }
+
+    fn state_heap_bytes(&self, state: &SlidingLogState) -> usize {
+        state.heap_bytes()
     }
 }
 
@@ -426,6 +487,22 @@ mod tests {
             log.decide(&s, later - 1, 10),
             log.decide(&fresh, later - 1, 10)
         );
+    }
+
+    #[test]
+    fn count_is_capped_and_the_allocation_stays_within_it() {
+        assert!(SlidingLog::new(Quota::per_hour(SlidingLog::MAX_COUNT)).is_ok());
+        let err = SlidingLog::new(Quota::per_hour(SlidingLog::MAX_COUNT + 1)).unwrap_err();
+        assert_eq!(err.field(), "quota.count");
+        assert!(err.message().contains("sliding_window"), "{err}");
+        // A full log of distinct times: growth is clamped to the limit, not a power of two.
+        let log = SlidingLog::new(Quota::per_hour(1_000)).unwrap();
+        let mut s = SlidingLogState::default();
+        for i in 0..5_000 {
+            log.check(&mut s, i, 1);
+        }
+        assert_eq!(s.len(), 1_000);
+        assert_eq!(s.heap_bytes(), 1_000 * 16);
     }
 
     #[test]

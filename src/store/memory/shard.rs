@@ -76,9 +76,12 @@ impl<S: Default> Shard<S> {
         self.entries.len()
     }
 
-    /// Heap bytes held by this shard (slab and index), allocated capacity included.
-    pub(crate) fn memory_usage(&self) -> usize {
-        self.entries.capacity() * std::mem::size_of::<Entry<S>>() + self.index.allocation_size()
+    /// Heap bytes held by this shard (slab and index, allocated capacity included), plus what
+    /// `heap` says each state owns on the heap.
+    pub(crate) fn memory_usage(&self, heap: impl Fn(&S) -> usize) -> usize {
+        self.entries.capacity() * std::mem::size_of::<Entry<S>>()
+            + self.index.allocation_size()
+            + self.entries.iter().map(|e| heap(&e.state)).sum::<usize>()
     }
 
     /// The slot of `fp`, marked most recently used.

@@ -211,8 +211,9 @@ impl<C: Clock> MemoryStore<C> {
         self.tables.len()
     }
 
-    /// Heap bytes held by the tables (allocated capacity included; not counting per-key heap
-    /// data an algorithm may own, such as a sliding log's entries).
+    /// Heap bytes held by the tables: slabs and indexes (allocated capacity included) and the
+    /// per-key heap data an algorithm owns (a sliding log's entries). It walks every key, so
+    /// call it for monitoring, not per request.
     pub fn memory_usage(&self) -> usize {
         self.tables
             .iter()
@@ -688,6 +689,33 @@ mod tests {
             store.memory_usage() - before
         );
         assert_eq!(store.len(), 3);
+    }
+
+    #[test]
+    fn memory_usage_counts_sliding_log_entries() {
+        let spec = LimitSpec::new(
+            PolicyName::new("log"),
+            Quota::per_hour(1_000),
+            AlgorithmKind::SlidingLog,
+        );
+        let (store, clock) = store_with(&[spec], MemoryBackend::new().max_keys(100).shards(1));
+        // 100 keys x 5,000 admission attempts at distinct times: at most 1,000 entries each.
+        for t in 0..5_000u64 {
+            clock.set_micros(t);
+            for k in 0..100 {
+                store.check_one(0, &Key::int(k), 1).unwrap();
+            }
+        }
+        let usage = store.memory_usage();
+        let entries = 100 * 1_000 * std::mem::size_of::<crate::algorithm::LogEntry>();
+        assert!(
+            usage >= entries,
+            "{usage} bytes reported for {entries} of entries"
+        );
+        assert!(
+            usage < entries + 64 * 1024,
+            "{usage}: the allocation is bounded"
+        );
     }
 
     #[test]

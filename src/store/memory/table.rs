@@ -122,7 +122,10 @@ impl<A: Algorithm> Table<A> {
             + self
                 .shards
                 .iter()
-                .map(|s| s.0.lock().memory_usage())
+                .map(|s| {
+                    s.0.lock()
+                        .memory_usage(|state| self.algorithm.state_heap_bytes(state))
+                })
                 .sum::<usize>()
     }
 }
