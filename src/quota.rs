@@ -20,6 +20,35 @@
 //! assert_eq!("5/15min".parse::<Quota>().unwrap(), Quota::per(Duration::from_secs(900), 5));
 //! ```
 //!
+//! # Text grammar
+//!
+//! ```text
+//! quota  = rate [ SP+ "burst" SP+ digits ]        (spaces around words only, never inside the rate)
+//! rate   = digits "/" [ digits ] unit             ("10/s", "5/15min", "2/500ms")
+//! digits = 1*( "0"-"9" )                          (no sign, no separators; below 2^53)
+//! unit   = "us" | "µs" | "micro" | "micros" | "microsecond" | "microseconds"
+//!        | "ms" | "milli" | "millis" | "millisecond" | "milliseconds"
+//!        | "s" | "sec" | "secs" | "second" | "seconds"
+//!        | "m" | "min" | "mins" | "minute" | "minutes"
+//!        | "h" | "hr" | "hrs" | "hour" | "hours"
+//!        | "d" | "day" | "days"
+//! ```
+//!
+//! Units are exact and case-sensitive: `M` (months? mega?), `mss`, `hs` or `Sec` are errors, not
+//! guesses. Every error quotes the input (`cannot parse "10/M": …`) and says what is wrong.
+//! [`Display`](fmt::Display) writes this grammar back, so a quota round-trips through text.
+//!
+//! # Scale
+//!
+//! Any rate from one unit per century to far beyond one unit per microsecond is exact: the
+//! bucket algorithms keep `count / period` as a reduced fraction ([`Quota::fixed_point`]), so a
+//! byte-rate limit such as `Quota::per_second(10 * 1024 * 1024)` with the cost set to the body
+//! size, or `Quota::per_second(1_000_000_000)`, is enforced to the unit. The limits are the ones
+//! every backend can count exactly (integers below 2^53, Lua's doubles): a count below 2^53, a
+//! period of whole microseconds below 2^53 µs (285 years), and `burst × period / gcd(period,
+//! count)` below 2^53. Anything else is refused by [`Quota::validate`] with a message naming the
+//! fix; nothing is rounded silently.
+//!
 //! Invalid quotas are [`ConfigError`]s that say what to fix:
 //!
 //! ```
@@ -114,8 +143,9 @@ impl Quota {
         duration_to_micros(self.period)
     }
 
-    /// Time to earn one unit, in microseconds, rounded **up** so a limiter never admits more than
-    /// the quota promises.
+    /// Time to earn one unit, in microseconds, rounded **up** (so 1 for any rate of at least one
+    /// unit per microsecond). Informational: the algorithms use the exact
+    /// [`fixed_point`](Self::fixed_point) instead.
     pub fn emission_interval_micros(&self) -> u64 {
         self.period_micros().div_ceil(self.count.max(1))
     }
@@ -147,6 +177,29 @@ impl Quota {
                 "the period must be at least 1 microsecond, e.g. Quota::per_second(10)",
             ));
         }
+        if self.period.subsec_nanos() % 1_000 != 0 {
+            return Err(ConfigError::new(
+                "quota.period",
+                format!(
+                    "the period {:?} is not a whole number of microseconds, and tollgate does not \
+                     round it; use Duration::from_micros({}) or Duration::from_micros({}), and \
+                     scale the count to keep the rate",
+                    self.period,
+                    self.period_micros(),
+                    self.period_micros() + 1
+                ),
+            ));
+        }
+        if self.count >= MAX_EXACT {
+            return Err(ConfigError::new(
+                "quota.count",
+                format!(
+                    "the count {} is not below 2^53, the largest integer every backend counts exactly; \
+                     count in larger units (e.g. KiB instead of bytes)",
+                    self.count
+                ),
+            ));
+        }
         if self.burst == Some(0) {
             return Err(ConfigError::new(
                 "quota.burst",
@@ -159,24 +212,13 @@ impl Quota {
                 "the period is too long; use at most 100 years",
             ));
         }
-        if self.count > self.period_micros() {
-            return Err(ConfigError::new(
-                "quota.count",
-                format!(
-                    "{} per {:?} is faster than one unit per microsecond; use a count of at most {}",
-                    self.count,
-                    self.period,
-                    self.period_micros()
-                ),
-            ));
-        }
         let fp = self.fixed_point();
         match self.burst_size().checked_mul(fp.unit) {
             Some(cap) if cap < MAX_EXACT => Ok(()),
             _ => Err(ConfigError::new(
                 "quota.burst",
                 format!(
-                    "burst {} with {} per {:?} overflows exact arithmetic; lower the burst or pick a count that divides the period",
+                    "burst {} with {} per {:?} overflows exact arithmetic (burst × period / gcd(period, count) must stay below 2^53); lower the burst or pick a count that divides the period",
                     self.burst_size(),
                     self.count,
                     self.period
@@ -236,8 +278,7 @@ impl fmt::Display for Quota {
     }
 }
 
-/// Parses `COUNT/[N]UNIT [burst B]`, where UNIT is one of `us`, `ms`, `s`/`sec`/`second`,
-/// `m`/`min`/`minute`, `h`/`hr`/`hour`, `d`/`day` (plurals accepted).
+/// Parses the text grammar of the [module docs](self): `COUNT/[N]UNIT [burst B]`.
 impl FromStr for Quota {
     type Err = ConfigError;
 
@@ -252,36 +293,40 @@ impl FromStr for Quota {
         };
         let mut words = s.split_whitespace();
         let rate = words.next().ok_or_else(|| bad("it is empty"))?;
-        let burst = match (words.next(), words.next(), words.next()) {
-            (None, _, _) => None,
-            (Some(kw), Some(b), None) if kw.eq_ignore_ascii_case("burst") => Some(
-                b.parse::<u64>()
-                    .map_err(|_| bad("the burst is not a whole number"))?,
-            ),
-            _ => return Err(bad("only \"burst N\" may follow the rate")),
+        let (count, per) = match rate.split_once('/') {
+            Some(parts) => parts,
+            None if words.next().is_some() => {
+                return Err(bad(
+                    "the rate is one word with a '/' and no spaces, as in \"10/s\" (not \"10 per second\")",
+                ))
+            }
+            None => return Err(bad("no '/' between the count and the period")),
         };
-        let (count, per) = rate.split_once('/').ok_or_else(|| bad("no '/'"))?;
-        let count = count
-            .parse::<u64>()
-            .map_err(|_| bad("the count is not a whole number"))?;
+        let count = whole(count).ok_or_else(|| bad("the count is not a whole number of digits"))?;
+        if per.is_empty() {
+            return Err(bad(
+                "nothing follows '/': write the period right after it, with no space, as in \"10/s\"",
+            ));
+        }
         let digits = per.bytes().take_while(u8::is_ascii_digit).count();
         let (n, unit) = per.split_at(digits);
         let n = if n.is_empty() {
             1
         } else {
-            n.parse::<u64>()
-                .map_err(|_| bad("the period multiplier is not a whole number"))?
+            whole(n).ok_or_else(|| bad("the period multiplier is too large"))?
         };
-        let unit_micros: u64 = match unit.to_ascii_lowercase().trim_end_matches('s') {
-            "u" | "µ" | "micro" | "microsecond" => 1,
-            "m" if unit.eq_ignore_ascii_case("ms") => 1_000,
-            "millisecond" | "milli" => 1_000,
-            "" if unit.eq_ignore_ascii_case("s") => 1_000_000,
-            "sec" | "second" => 1_000_000,
-            "m" | "min" | "minute" => 60_000_000,
-            "h" | "hr" | "hour" => 3_600_000_000,
-            "d" | "day" => 86_400_000_000,
-            _ => return Err(bad("unknown time unit (use s, min, h or d)")),
+        let unit_micros = unit_micros(unit).ok_or_else(|| {
+            bad(&format!(
+                "unknown time unit {unit:?} (units are case-sensitive: us, ms, s, min, h or d)"
+            ))
+        })?;
+        let burst = match (words.next(), words.next(), words.next()) {
+            (None, _, _) => None,
+            (Some("burst"), Some(b), None) => {
+                Some(whole(b).ok_or_else(|| bad("the burst is not a whole number of digits"))?)
+            }
+            (Some("burst"), None, _) => return Err(bad("\"burst\" needs a number after it")),
+            _ => return Err(bad("only \"burst N\" may follow the rate")),
         };
         let micros = n
             .checked_mul(unit_micros)
@@ -290,9 +335,32 @@ impl FromStr for Quota {
         if let Some(b) = burst {
             quota = quota.burst(b);
         }
-        quota.validate()?;
+        quota.validate().map_err(|e| {
+            ConfigError::new(e.field(), format!("cannot parse {s:?}: {}", e.message()))
+        })?;
         Ok(quota)
     }
+}
+
+/// A non-empty run of ASCII digits (no sign, no spaces) that fits a `u64`.
+fn whole(text: &str) -> Option<u64> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+/// Microseconds in a time unit of the grammar (exact, case-sensitive names).
+fn unit_micros(unit: &str) -> Option<u64> {
+    Some(match unit {
+        "us" | "µs" | "micro" | "micros" | "microsecond" | "microseconds" => 1,
+        "ms" | "milli" | "millis" | "millisecond" | "milliseconds" => 1_000,
+        "s" | "sec" | "secs" | "second" | "seconds" => 1_000_000,
+        "m" | "min" | "mins" | "minute" | "minutes" => 60_000_000,
+        "h" | "hr" | "hrs" | "hour" | "hours" => 3_600_000_000,
+        "d" | "day" | "days" => 86_400_000_000,
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
@@ -311,6 +379,10 @@ mod tests {
             ("5/15min", Quota::per(Duration::from_secs(900), 5)),
             ("2/500ms", Quota::per(Duration::from_millis(500), 2)),
             ("7/m", Quota::per_minute(7)),
+            ("7/min", Quota::per_minute(7)),
+            ("1/2h", Quota::per(Duration::from_secs(7200), 1)),
+            ("3/µs", Quota::per(Duration::from_micros(1), 3)),
+            ("  9/d   burst   12 ", Quota::per_day(9).burst(12)),
         ];
         for (text, want) in cases {
             assert_eq!(text.parse::<Quota>().unwrap(), want, "{text}");
@@ -350,6 +422,103 @@ mod tests {
     }
 
     #[test]
+    fn units_are_exact_and_case_sensitive() {
+        for text in [
+            "1/mss", "1/msss", "1/hs", "10/M", "10/MS", "10/S", "1/Sec", "1/minn", "1/ds",
+        ] {
+            let err = text.parse::<Quota>().unwrap_err();
+            assert!(err.message().contains("unknown time unit"), "{text}: {err}");
+            assert!(
+                err.message().contains(&format!("{text:?}")),
+                "{text}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn numbers_are_plain_digits() {
+        for text in ["+1/s", "-1/s", "1/s burst +3", "1/+2s", "1_000/s", " /s"] {
+            let err = text.parse::<Quota>().unwrap_err();
+            assert!(err.message().contains("cannot parse"), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn errors_say_what_is_actually_wrong() {
+        let msg = |text: &str| text.parse::<Quota>().unwrap_err().message().to_owned();
+        assert!(
+            msg("10 per second").contains("no spaces"),
+            "{}",
+            msg("10 per second")
+        );
+        assert!(
+            msg("10/ s").contains("nothing follows '/'"),
+            "{}",
+            msg("10/ s")
+        );
+        assert!(
+            msg("10/s burst").contains("needs a number"),
+            "{}",
+            msg("10/s burst")
+        );
+        let zero = "0/s".parse::<Quota>().unwrap_err();
+        assert_eq!(zero.field(), "quota.count");
+        assert!(
+            zero.message().starts_with("cannot parse \"0/s\": "),
+            "{zero}"
+        );
+        assert!(zero.message().contains("at least 1"), "{zero}");
+    }
+
+    #[test]
+    fn sub_microsecond_periods_are_refused_not_rounded() {
+        let err = Quota::per(Duration::from_nanos(1_999), 1)
+            .validate()
+            .unwrap_err();
+        assert_eq!(err.field(), "quota.period");
+        assert!(
+            err.message().contains("whole number of microseconds"),
+            "{err}"
+        );
+        assert!(Quota::per(Duration::from_nanos(2_000), 1)
+            .validate()
+            .is_ok());
+        assert!(Quota::per(Duration::from_nanos(999), 1).validate().is_err());
+    }
+
+    #[test]
+    fn rates_above_one_per_microsecond_are_exact() {
+        let fp = Quota::per_second(1_000_000_000).fixed_point();
+        assert_eq!(
+            fp,
+            FixedPoint {
+                unit: 1,
+                per_micro: 1_000
+            }
+        );
+        let bytes = Quota::per_second(10 * 1024 * 1024);
+        bytes.validate().unwrap();
+        assert_eq!(
+            bytes.fixed_point(),
+            FixedPoint {
+                unit: 3_125,
+                per_micro: 32_768
+            }
+        );
+        assert_eq!(
+            Quota::per(Duration::from_secs(365 * 86_400), 1).fixed_point(),
+            FixedPoint {
+                unit: 31_536_000_000_000,
+                per_micro: 1
+            }
+        );
+        assert_eq!(
+            Quota::per_second(MAX_EXACT).validate().unwrap_err().field(),
+            "quota.count"
+        );
+    }
+
+    #[test]
     fn validation_names_the_field() {
         assert_eq!(
             Quota::per_second(0).validate().unwrap_err().field(),
@@ -370,10 +539,7 @@ mod tests {
                 .field(),
             "quota.burst"
         );
-        assert_eq!(
-            Quota::per_second(2_000_000).validate().unwrap_err().field(),
-            "quota.count"
-        );
+        assert!(Quota::per_second(2_000_000).validate().is_ok());
         assert_eq!(
             Quota::per_day(7)
                 .burst(u64::MAX / 2)

@@ -119,6 +119,19 @@ fn scenarios() -> Vec<Scenario> {
                 step(333_334, 1, 1, Allowed(0)),
             ],
         },
+        // A byte rate (cost = bytes): 10 MiB/s, 10,485.76 bytes per ms, far above 1 unit/µs.
+        Scenario {
+            name: "token bucket: 10 MiB/s byte rate",
+            algorithm: TokenBucket,
+            quota: Quota::per_second(10 * 1024 * 1024),
+            steps: byte_rate_steps(),
+        },
+        Scenario {
+            name: "gcra: 10 MiB/s byte rate",
+            algorithm: Gcra,
+            quota: Quota::per_second(10 * 1024 * 1024),
+            steps: byte_rate_steps(),
+        },
         // 100 just before a seam and 100 just after: the fixed window's known flaw.
         Scenario {
             name: "fixed window: double at the seam",
@@ -196,6 +209,20 @@ fn scenarios() -> Vec<Scenario> {
                 step(10 * S, 3, 1, Allowed(0)),
             ],
         },
+    ]
+}
+
+/// 10 MiB/s drained at 0: after 1 ms 10,485.76 bytes are back, so 10,485 remain, 10,486 waits
+/// 1 µs and then leaves 10.
+fn byte_rate_steps() -> Vec<Step> {
+    use Want::*;
+    const MIB10: u64 = 10 * 1024 * 1024;
+    vec![
+        step(0, MIB10, 1, Allowed(0)),
+        step(MS, 10_486, 1, Rejected(10_485, 1)),
+        step(MS + 1, 10_486, 1, Allowed(10)),
+        step(2 * S, MIB10 + 1, 1, Impossible),
+        step(2 * S, MIB10, 1, Allowed(0)),
     ]
 }
 

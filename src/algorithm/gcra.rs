@@ -8,38 +8,46 @@ use crate::error::ConfigError;
 use crate::quota::Quota;
 
 /// GCRA: the same admissions as a [`TokenBucket`](super::TokenBucket) of capacity `burst`
-/// refilling `count / period`, with the whole state in one number, the *theoretical arrival time*
-/// (TAT): the moment at which the bucket would be full again.
+/// refilling `count / period`, stored as the *theoretical arrival time* (TAT): the moment at
+/// which the bucket would be full again.
 ///
-/// The only difference from the token bucket is rounding: one unit is earned every
-/// `T = ceil(period / count)` microseconds ([`Quota::emission_interval_micros`]), so when `count`
-/// does not divide the period the sustained rate is a hair *below* the quota, never above it.
-/// In any span of `t` microseconds GCRA admits at most `burst + t / T` units.
+/// The TAT is exact at any rate: it is kept in the token bucket's fixed point
+/// ([`Quota::fixed_point`]), as whole microseconds plus a fraction of a microsecond in steps of
+/// `1 / per` µs, so `Quota::per_second(3)` or a byte rate of `10 MiB/s` (far above one unit per
+/// microsecond) is enforced to the unit, with no rounding of the emission interval. GCRA and
+/// the token bucket make the same decisions for every quota; GCRA's state says *when* the key is
+/// whole again rather than *how much* it is missing.
 ///
 /// # Exact arithmetic
 ///
-/// `T` is the emission interval in µs and `cap = burst × T` (the "burst tolerance"). The state
-/// is `tat` (µs; `0` = a fresh key, full). At `now`, for a request of `cost`:
+/// `unit = period_us / g` steps per unit and `per = count / g` steps per µs, with
+/// `g = gcd(period_us, count)`; `cap = burst × unit` (the burst tolerance, in steps). The state
+/// is `(tat, sub)`: the TAT is `tat + sub / per` µs, with `0 <= sub < per`; `(0, 0)` is a fresh
+/// key, full. At `now`, for a request of `cost`:
 ///
 /// ```text
-/// base     = max(tat, now)
-/// need     = cost × T
-/// allowed  = cost == 0  or  base + need - now <= cap
-/// after    = base + need - now            (if allowed, else base - now)   µs until full
-/// remaining   = floor((cap - min(after, cap)) / T)
-/// reset       = after µs
-/// retry_after = base + need - now - cap µs            (if rejected)
-/// apply:  tat = base + need
-/// refund: tat = max(tat - need, now)                  (only if tat > now)
-/// idle timeout = cap µs
+/// before   = (tat - now) × per + sub    if tat >= now, else 0      steps until full
+/// need     = cost × unit
+/// allowed  = cost == 0  or  before <= cap - need
+/// after    = before + need                 (if allowed, else before)
+/// remaining   = floor((cap - min(after, cap)) / unit)
+/// reset       = ceil(after / per) µs
+/// retry_after = ceil((before - (cap - need)) / per) µs     (if rejected)
+/// apply:  (b, s) = (tat, sub) if tat >= now, else (now, 0);  steps = s + need;
+///         tat = b + floor(steps / per);  sub = steps mod per
+/// refund: only if before > 0: steps = max(0, before - need);
+///         tat = now + floor(steps / per);  sub = steps mod per
+/// idle timeout = ceil(cap / per) µs
 /// ```
 ///
-/// Every stored value is a time below `now + cap`; `cap` is below 2^53 for every quota that
+/// When `count` divides the period (`per = 1`), `sub` is always 0 and `tat` advances by the
+/// emission interval `unit` µs per unit: the textbook GCRA. Every stored value is a time below
+/// `now + idle timeout` or a fraction below `per`, both below 2^53 for every quota that
 /// [`Quota::validate`] accepts, so the Redis script mirrors this with plain Lua numbers.
 ///
-/// A single timestamp cannot remember when the key was last seen, so a `now` earlier than a
-/// previous request is measured against the TAT as it stands: it never earns anything (it is, if
-/// anything, stricter than "no time elapsed"), and a cost of 0 is always allowed.
+/// A `now` earlier than a previous request is measured against the TAT as it stands: it never
+/// earns anything (it is, if anything, stricter than "no time elapsed"), and a cost of 0 is
+/// always allowed.
 ///
 /// ```
 /// use std::time::Duration;
@@ -53,60 +61,80 @@ use crate::quota::Quota;
 /// let d = gcra.check(&mut tat, 50_000, 1); // 50 ms later: half a token
 /// assert_eq!(d.retry_after(), Some(Duration::from_millis(50)));
 /// assert!(gcra.check(&mut tat, 100_000, 1).allowed());
+///
+/// // A byte rate: 10 MiB per second, exactly (10,485.76 bytes per millisecond).
+/// let bytes = Gcra::new(Quota::per_second(10 * 1024 * 1024)).unwrap();
+/// let mut state = Default::default();
+/// assert!(bytes.check(&mut state, 0, 10 * 1024 * 1024).allowed());
+/// assert_eq!(bytes.decide(&state, 1_000, 0).remaining(), 10_485);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Gcra {
     quota: Quota,
-    /// Emission interval `T`, µs per unit.
-    interval: u64,
-    /// Burst tolerance `burst × T`, µs.
+    /// Fixed-point steps per unit.
+    unit: u64,
+    /// Fixed-point steps per microsecond.
+    per: u64,
+    /// Burst tolerance `burst × unit`, steps.
     cap: u64,
 }
 
-/// Per-key state of a [`Gcra`]: the theoretical arrival time.
+/// Per-key state of a [`Gcra`]: the theoretical arrival time, `tat + sub / per` µs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct GcraState {
-    /// The time (µs) at which the bucket is full again; any value `<= now` means full.
+    /// Whole microseconds of the time at which the bucket is full again; a TAT `<= now` means
+    /// full.
     pub tat: u64,
+    /// The fraction of a microsecond past `tat`, in fixed-point steps (`< per`).
+    pub sub: u64,
 }
 
 impl Gcra {
-    /// A GCRA limiter of capacity `quota.burst_size()`, emitting one unit every
-    /// [`quota.emission_interval_micros()`](Quota::emission_interval_micros).
+    /// A GCRA limiter of capacity `quota.burst_size()`, refilling `quota.count()` per
+    /// `quota.period()` exactly.
     ///
     /// Returns a [`ConfigError`] when [`Quota::validate`] does.
     pub fn new(quota: Quota) -> Result<Self, ConfigError> {
         quota.validate()?;
-        let interval = quota.emission_interval_micros();
-        // T = ceil(period / count) never exceeds the fixed-point unit `period / gcd`, which
-        // `validate` keeps `burst × unit` below 2^53; check anyway so the bound is local.
-        let cap = match quota.burst_size().checked_mul(interval) {
-            Some(cap) if cap < crate::quota::MAX_EXACT => cap,
-            _ => {
-                return Err(ConfigError::new(
-                    "quota.burst",
-                    format!(
-                        "burst {} × emission interval {interval} µs overflows exact arithmetic; lower the burst",
-                        quota.burst_size()
-                    ),
-                ))
-            }
-        };
+        let fp = quota.fixed_point();
         Ok(Self {
             quota,
-            interval,
-            cap,
+            unit: fp.unit,
+            per: fp.per_micro,
+            // `validate` keeps `burst × unit` below 2^53.
+            cap: quota.burst_size() * fp.unit,
         })
     }
 
-    /// The emission interval `T`: microseconds to earn one unit (rounded up).
-    pub fn emission_interval_micros(&self) -> u64 {
-        self.interval
+    /// Fixed-point steps until the bucket is full at `now` (0 when the TAT has passed).
+    #[inline]
+    fn before(&self, state: &GcraState, now: u64) -> u64 {
+        match state.tat.checked_sub(now) {
+            Some(ahead) => ahead.saturating_mul(self.per).saturating_add(state.sub),
+            None => 0,
+        }
     }
 
     #[inline]
     fn remaining(&self, after: u64) -> u64 {
-        (self.cap - after.min(self.cap)) / self.interval
+        (self.cap - after.min(self.cap)) / self.unit
+    }
+
+    /// `ceil(steps / per)` µs.
+    #[inline]
+    fn micros(&self, steps: u64) -> Duration {
+        Duration::from_micros(if self.per == 1 {
+            steps
+        } else {
+            steps.div_ceil(self.per)
+        })
+    }
+
+    /// Stores a TAT `steps` steps after `base` µs.
+    #[inline]
+    fn store(&self, state: &mut GcraState, base: u64, steps: u64) {
+        state.tat = base.saturating_add(steps / self.per);
+        state.sub = steps % self.per;
     }
 }
 
@@ -124,42 +152,46 @@ impl Algorithm for Gcra {
     #[inline]
     fn decide(&self, state: &GcraState, now: u64, cost: u64) -> Decision {
         let limit = self.quota.burst_size();
-        let before = state.tat.max(now) - now;
+        let before = self.before(state, now);
         if cost > limit {
-            return Decision::impossible(
-                limit,
-                self.remaining(before),
-                Duration::from_micros(before),
-            );
+            return Decision::impossible(limit, self.remaining(before), self.micros(before));
         }
-        let after = before.saturating_add(cost * self.interval);
-        if cost == 0 || after <= self.cap {
-            Decision::allowed_with(limit, self.remaining(after), Duration::from_micros(after))
+        // `cost <= burst`, so `need <= cap < 2^53`.
+        let slack = self.cap - cost * self.unit;
+        if cost == 0 || before <= slack {
+            let after = before.saturating_add(cost * self.unit);
+            Decision::allowed_with(limit, self.remaining(after), self.micros(after))
         } else {
             Decision::rejected(
                 limit,
                 self.remaining(before),
-                Duration::from_micros(before),
-                Duration::from_micros(after - self.cap),
+                self.micros(before),
+                self.micros(before - slack),
             )
         }
     }
 
     #[inline]
     fn apply(&self, state: &mut GcraState, now: u64, cost: u64) {
-        let need = cost.min(self.capacity()) * self.interval;
-        state.tat = state.tat.max(now).saturating_add(need);
+        let need = cost.min(self.capacity()) * self.unit;
+        let (base, sub) = if state.tat >= now {
+            (state.tat, state.sub.min(self.per - 1))
+        } else {
+            (now, 0)
+        };
+        self.store(state, base, sub + need);
     }
 
     fn refund(&self, state: &mut GcraState, now: u64, cost: u64) {
-        if state.tat > now {
-            let need = cost.saturating_mul(self.interval);
-            state.tat = state.tat.saturating_sub(need).max(now);
+        let before = self.before(state, now);
+        if before > 0 {
+            let steps = before.saturating_sub(cost.saturating_mul(self.unit));
+            self.store(state, now, steps);
         }
     }
 
     fn idle_timeout_micros(&self) -> u64 {
-        self.cap
+        self.cap.div_ceil(self.per)
     }
 }
 
@@ -222,17 +254,63 @@ mod tests {
     }
 
     #[test]
-    fn rounding_never_exceeds_the_quota() {
-        // 3 per second: T = 333_334 µs, so the third unit after a drain takes 1_000_002 µs.
-        let g = Gcra::new(Quota::per_second(3).burst(1)).unwrap();
-        assert_eq!(g.emission_interval_micros(), 333_334);
+    fn matches_token_bucket_for_any_quota() {
+        // Uneven rates (count does not divide the period) and rates far above one per µs.
+        for q in [
+            Quota::per_second(3).burst(2),
+            Quota::per(Duration::from_micros(7), 1_000),
+            Quota::per_second(10 * 1024 * 1024),
+            Quota::per_second(1_000_000_000).burst(3_000_000_000),
+            Quota::per(Duration::from_secs(365 * 86_400), 1),
+        ] {
+            let (g, tb) = (Gcra::new(q).unwrap(), TokenBucket::new(q).unwrap());
+            let (mut gs, mut ts) = (GcraState::default(), Default::default());
+            let (mut now, mut x) = (1u64, 0x9E37_79B9_7F4A_7C15u64);
+            let cap = g.capacity();
+            for i in 0u64..2_000 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                now += x % 5 * (x >> 8) % (g.idle_timeout_micros() / 8 + 2);
+                let cost = match i % 5 {
+                    0 => 0,
+                    1 => cap,
+                    _ => (x >> 20) % (cap / 3 + 2),
+                };
+                let (a, b) = (g.check(&mut gs, now, cost), tb.check(&mut ts, now, cost));
+                assert_eq!(a, b, "{q}: request {i} at {now}, cost {cost}");
+                assert!(gs.sub < g.per, "{gs:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn uneven_rate_is_exact() {
+        // 3 per second, drained at 0: units come back at 333_334, 666_667 and 1_000_000 µs
+        // (ceil of k/3 s); an emission interval rounded to 333_334 µs made it 1_000_002.
+        let g = Gcra::new(Quota::per_second(3)).unwrap();
         let mut s = GcraState::default();
-        assert!(g.check(&mut s, 0, 1).allowed());
+        assert!(g.check(&mut s, 0, 3).allowed());
+        assert!(!g.decide(&s, 333_333, 1).allowed());
         assert!(g.check(&mut s, 333_334, 1).allowed());
-        assert!(g.check(&mut s, 666_668, 1).allowed());
-        let d = g.check(&mut s, 1_000_001, 1);
+        assert!(!g.decide(&s, 666_666, 1).allowed());
+        assert!(g.check(&mut s, 666_667, 1).allowed());
+        let d = g.check(&mut s, 999_999, 1);
         assert_eq!(d.retry_after(), Some(Duration::from_micros(1)));
-        assert!(g.check(&mut s, 1_000_002, 1).allowed());
+        assert!(g.check(&mut s, 1_000_000, 1).allowed());
+    }
+
+    #[test]
+    fn a_billion_per_second_is_a_billion_per_second() {
+        // The old emission interval rounded 1 ns up to 1 µs: a million per second.
+        let g = Gcra::new(Quota::per_second(1_000_000_000).burst(1_000)).unwrap();
+        let mut s = GcraState::default();
+        assert!(g.check(&mut s, 0, 1_000).allowed());
+        assert_eq!(g.decide(&s, 0, 0).remaining(), 0);
+        assert_eq!(g.decide(&s, 1, 0).remaining(), 1_000, "1,000 units per µs");
+        assert!(g.check(&mut s, 1, 1_000).allowed());
+        let d = g.check(&mut s, 1, 1);
+        assert_eq!(d.retry_after(), Some(Duration::from_micros(1)));
     }
 
     #[test]
@@ -271,7 +349,14 @@ mod tests {
         g.refund(&mut s, 10 * S, 3);
         assert_eq!(g.decide(&s, 10 * S, 3), before);
         g.refund(&mut s, 10 * S, 50);
-        assert_eq!(s.tat, 10 * S, "refunded down to full, not beyond");
+        assert_eq!(
+            s,
+            GcraState {
+                tat: 10 * S,
+                sub: 0
+            },
+            "refunded down to full, not beyond"
+        );
         assert_eq!(g.decide(&s, 10 * S, 0).remaining(), 5);
     }
 

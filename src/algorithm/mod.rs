@@ -25,7 +25,7 @@
 //! | algorithm | state per key | bursts | how it fails |
 //! |---|---|---|---|
 //! | [`TokenBucket`] | 16 bytes | up to capacity, then the rate | admits capacity + rate × t in any span t |
-//! | [`Gcra`] | 8 bytes | same as token bucket | same as token bucket, one number |
+//! | [`Gcra`] | 16 bytes | same as token bucket | same as token bucket, stored as the time it is full again |
 //! | [`FixedWindow`] | 16 bytes | whole window at once | 2× the limit across a window seam |
 //! | [`SlidingWindow`] | 24 bytes | up to the limit | approximates; under-counts end-of-window bursts |
 //! | [`SlidingLog`] | 40 bytes + 16 per distinct admission time in the window (at most the limit, itself at most [`SlidingLog::MAX_COUNT`]) | up to the limit | exact; memory grows with the limit |
@@ -235,7 +235,7 @@ mod tests {
     #[test]
     fn state_sizes_match_the_table() {
         assert_eq!(size_of::<TokenBucketState>(), 16);
-        assert_eq!(size_of::<GcraState>(), 8);
+        assert_eq!(size_of::<GcraState>(), 16);
         assert_eq!(size_of::<FixedWindowState>(), 16);
         assert_eq!(size_of::<SlidingWindowState>(), 24);
         assert_eq!(size_of::<SlidingLogState>(), 40);

@@ -91,10 +91,9 @@ pub(crate) fn limit_info(spec: &LimitSpec, name_enc: String) -> Result<LimitInfo
         }
         AlgorithmKind::Gcra => {
             let a = Gcra::new(quota)?;
-            let interval = a.emission_interval_micros();
-            let burst = quota.burst_size();
+            let fp = quota.fixed_point();
             (
-                [interval, burst * interval, burst],
+                [fp.unit, fp.per_micro, quota.burst_size() * fp.unit],
                 a.idle_timeout_micros(),
                 a.decide(&Default::default(), 0, 0).limit(),
             )

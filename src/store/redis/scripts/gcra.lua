@@ -1,63 +1,78 @@
 -- tollgate: GCRA, the mirror of src/algorithm/gcra.rs.
--- State (tat): the theoretical arrival time (µs), when the bucket is full again; 0 = fresh.
--- Parameters: p1 = T (emission interval, µs per unit), p2 = cap (burst × T), p3 = burst.
+-- State (tat, sub): the theoretical arrival time, tat + sub / per µs (when the bucket is full
+-- again), in the token bucket's fixed point; (0, 0) = fresh.
+-- Parameters: p1 = unit (steps per unit), p2 = per (steps per µs), p3 = cap (burst × unit).
 -- `before + need` can exceed 2^53 only when it also exceeds cap, so the comparison is made as
 -- `before <= cap - need` and the retry as `before - (cap - need)`: every value stays exact.
 
-local gcra_load = load1
+local gcra_load = load2
 
-local function gcra_remaining(after, interval, cap)
+-- Steps until the bucket is full at `now`.
+local function gcra_before(now, per, tat, sub)
+  if tat < now then
+    return 0
+  end
+  return (tat - now) * per + sub
+end
+
+local function gcra_remaining(after, unit, cap)
   if after > cap then
     after = cap
   end
-  return idiv(cap - after, interval)
+  return idiv(cap - after, unit)
 end
 
-local function gcra_decide(now, cost, interval, cap, burst, tat)
-  local before = tat - now
-  if before < 0 then
-    before = 0
+local function gcra_decide(now, cost, unit, per, cap, tat, sub)
+  local before = gcra_before(now, per, tat, sub)
+  if cost > cap / unit then
+    return false, gcra_remaining(before, unit, cap), cdiv(before, per), -1
   end
-  if cost > burst then
-    return false, gcra_remaining(before, interval, cap), before, -1
-  end
-  local slack = cap - cost * interval
+  local slack = cap - cost * unit
   if cost == 0 or before <= slack then
-    local after = before + cost * interval
-    return true, gcra_remaining(after, interval, cap), after, 0
+    local after = before + cost * unit
+    return true, gcra_remaining(after, unit, cap), cdiv(after, per), 0
   end
-  return false, gcra_remaining(before, interval, cap), before, before - slack
+  return false, gcra_remaining(before, unit, cap), cdiv(before, per), cdiv(before - slack, per)
 end
 
-local function gcra_apply(key, ttl, now, cost, interval, cap, burst, tat)
+-- Stores the TAT `steps` steps after `base` µs; returns it.
+local function gcra_store(key, ttl, per, base, steps)
+  local q = idiv(steps, per)
+  local tat, sub = base + q, steps - q * per
+  store2(key, ttl, tat, sub)
+  return tat, sub
+end
+
+local function gcra_apply(key, ttl, now, cost, unit, per, cap, tat, sub)
+  local burst = cap / unit
   if cost > burst then
     cost = burst
   end
-  if now > tat then
-    tat = now
+  if tat < now then
+    tat, sub = now, 0
+  elseif sub >= per then
+    sub = per - 1
   end
-  store1(key, ttl, tat + cost * interval)
+  gcra_store(key, ttl, per, tat, sub + cost * unit)
 end
 
 -- decide and, if allowed, apply, in one call: the single-limit fast path.
-local function gcra_check(key, ttl, now, cost, interval, cap, burst, tat)
-  local ok, remaining, reset, retry = gcra_decide(now, cost, interval, cap, burst, tat)
+local function gcra_check(key, ttl, now, cost, unit, per, cap, tat, sub)
+  local ok, remaining, reset, retry = gcra_decide(now, cost, unit, per, cap, tat, sub)
   if ok then
-    if now > tat then
-      tat = now
-    end
-    store1(key, ttl, tat + cost * interval)
+    gcra_apply(key, ttl, now, cost, unit, per, cap, tat, sub)
   end
   return ok, remaining, reset, retry
 end
 
-local function gcra_refund(key, ttl, now, cost, interval, cap, burst, tat)
-  if tat > now then
-    tat = tat - cost * interval
-    if tat < now then
-      tat = now
+local function gcra_refund(key, ttl, now, cost, unit, per, cap, tat, sub)
+  local before = gcra_before(now, per, tat, sub)
+  if before > 0 then
+    local steps = before - cost * unit
+    if steps < 0 then
+      steps = 0
     end
-    store1(key, ttl, tat)
+    return gcra_store(key, ttl, per, now, steps)
   end
-  return tat
+  return tat, sub
 end
