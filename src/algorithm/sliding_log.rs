@@ -32,7 +32,7 @@ use crate::quota::Quota;
 /// ```text
 /// t        = max(now, newest.at)            (an earlier clock counts as no time elapsed)
 /// used     = sum of units of live entries
-/// allowed  = used + cost <= L
+/// allowed  = cost <= L - min(L, used)       (so a cost of 0 always is)
 /// after    = used + cost                    (if allowed, else used)
 /// remaining   = L - min(L, after)
 /// reset       = (t if charged, else newest live at) + W - now µs;   0 if nothing is live
@@ -248,15 +248,17 @@ impl Algorithm for SlidingLog {
         if cost > self.limit {
             return Decision::impossible(self.limit, remaining_now, reset_now);
         }
-        let after = v.used.saturating_add(cost);
-        if after <= self.limit {
+        // `cost <= remaining`: a cost of 0 is allowed even when entries left by a larger,
+        // earlier limit hold more than this one.
+        if cost <= remaining_now {
             let reset = if cost > 0 {
                 Duration::from_micros(self.leaves(v.t, now))
             } else {
                 reset_now
             };
-            return Decision::allowed_with(self.limit, self.limit - after, reset);
+            return Decision::allowed_with(self.limit, remaining_now - cost, reset);
         }
+        let after = v.used.saturating_add(cost);
         // Free `after - L` units: wait for the oldest live entries to leave.
         let excess = after - self.limit;
         let mut freed = 0u64;

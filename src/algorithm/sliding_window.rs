@@ -36,7 +36,7 @@ use crate::quota::{Quota, MAX_EXACT};
 ///            (cur, 0)     if w == s + 1
 ///            (0, 0)       otherwise         (stale)
 /// est      = (p × (W - e)) ÷ W + c          (floor of the weighted estimate)
-/// allowed  = est + cost <= L
+/// allowed  = cost <= L - min(L, est)        (so a cost of 0 always is)
 /// after    = est + cost                     (if allowed, else est)
 /// remaining = L - min(L, after)
 /// apply:  last = t; prev = p; cur = c + cost
@@ -207,11 +207,13 @@ impl Algorithm for SlidingWindow {
         if cost > self.limit {
             return Decision::impossible(self.limit, self.limit.saturating_sub(est), reset(v.cur));
         }
-        let after = est.saturating_add(cost);
-        if after <= self.limit {
+        // `cost <= remaining`: a cost of 0 is allowed even when counts left by a larger,
+        // earlier limit put the estimate above this one.
+        let remaining = self.limit.saturating_sub(est);
+        if cost <= remaining {
             Decision::allowed_with(
                 self.limit,
-                self.limit - after,
+                remaining - cost,
                 reset(v.cur.saturating_add(cost)),
             )
         } else {

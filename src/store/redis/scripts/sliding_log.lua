@@ -113,14 +113,14 @@ local function sl_decide(now, cost, period, limit, _, st)
   if cost > limit then
     return false, remaining_now, reset_now, -1
   end
-  local after = used + cost
-  if after <= limit then
+  if cost <= remaining_now then
     local reset = reset_now
     if cost > 0 then
       reset = sl_leaves(t, now, period)
     end
-    return true, limit - after, reset, 0
+    return true, remaining_now - cost, reset, 0
   end
+  local after = used + cost
   -- Free `after - L` units: wait for the oldest live entries to leave (at most `excess` of them,
   -- each holds at least one unit).
   local excess, freed, retry = after - limit, 0, reset_now

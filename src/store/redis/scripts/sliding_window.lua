@@ -74,9 +74,8 @@ local function sw_decide(now, cost, period, limit, _, last, sprev, scur)
   if cost > limit then
     return false, remaining_now, sw_wait(t, e, prev, cur, now, 0, period), -1
   end
-  local after = est + cost
-  if after <= limit then
-    return true, limit - after, sw_wait(t, e, prev, cur + cost, now, 0, period), 0
+  if cost <= remaining_now then
+    return true, remaining_now - cost, sw_wait(t, e, prev, cur + cost, now, 0, period), 0
   end
   return false, remaining_now, sw_wait(t, e, prev, cur, now, 0, period),
     sw_wait(t, e, prev, cur, now, limit - cost, period)
