@@ -68,8 +68,10 @@ impl Default for MemoryBackend {
 }
 
 impl<C: Clock> MemoryBackend<C> {
-    /// Keeps at most `n` keys per limit (a hard bound); beyond it, each shard evicts its least
-    /// recently used key. `0` is a [`ConfigError`] at build time.
+    /// Keeps at most `n` keys per limit (a hard bound). Beyond it, a new key takes the place of
+    /// a least recently used key that has fully recovered its budget, never of one that has not;
+    /// if there is none, new keys share the limit's overflow bucket (see "Bound and eviction" in
+    /// the [module docs](super)). `0` is a [`ConfigError`] at build time.
     #[must_use]
     pub fn max_keys(mut self, n: usize) -> Self {
         self.max_keys = n;

@@ -1,4 +1,5 @@
-//! The in-memory store: per-limit sharded tables with a hard key bound and exact LRU eviction.
+//! The in-memory store: per-limit sharded tables with a hard key bound and LRU eviction that
+//! never forgets a key before it has regained what it spent.
 //!
 //! [`MemoryBackend`] is the configuration (key bound, shards, clock); the layer builder turns it
 //! into a [`MemoryStore`], which decides every check synchronously, without allocating or
@@ -95,23 +96,38 @@
 //!
 //! **Bound and eviction.** Each table holds at most [`max_keys`](MemoryBackend::max_keys) keys,
 //! split exactly over its shards. A shard is a slab of entries linked in least-recently-used
-//! order (two `u32` links) and indexed by a `hashbrown` table of slot numbers; when full, a new
-//! key takes the slot of the shard's least recently used key (exact LRU within the shard; keys
-//! are spread over shards by the seeded hash). Shards fill unevenly, by about
-//! `1 / sqrt(keys per shard)`, and a full shard evicts even when others have room, so leave some
-//! headroom over the number of keys you expect to be active: a few percent at a million keys.
-//! (By default a bound under 8,192 keys gets one shard, so exact LRU over all keys; larger
-//! bounds get shards of at least 4,096 keys.) A new key also takes that slot early,
-//! before the slab grows, when the least recently used key has been idle long enough to be
-//! indistinguishable from a fresh one. A request that is rejected or costs 0 on an unknown key
-//! stores nothing (a fresh key is the default state).
+//! order (two `u32` links) and indexed by a `hashbrown` table of slot numbers. Shards fill
+//! unevenly, by about `1 / sqrt(keys per shard)`, so leave some headroom over the number of keys
+//! you expect to be active: a few percent at a million keys. (By default a bound under 8,192
+//! keys gets one shard; larger bounds get shards of at least 4,096 keys.)
+//!
+//! *Eviction never resets a budget.* Forgetting a key hands back whatever it had spent, so only
+//! a key whose state is as good as a fresh key's at that instant (it has been idle long enough to
+//! recover completely: [`Algorithm::idle_timeout_micros`](crate::algorithm::Algorithm::idle_timeout_micros)
+//! at most) is ever forgotten, and then freely: a new key takes the slot of the least recently
+//! used such key among the shard's 8 least recently used keys (and, while the shard still has
+//! room, of its least recently used key if that one has recovered, before the slab grows). A key
+//! that has spent budget is kept until it has regained it by itself, however many other keys
+//! arrive. When a new key is charged and its shard is full with no recovered key among those 8,
+//! it is decided by the limit's **overflow bucket**: one state of the limit's quota, shared by
+//! every such key of the table, so while the table is full of spenders all new keys together
+//! get one client's budget (`count` per `period`, after the burst). Each such check is counted
+//! ([`MemoryStore::overflowed`]) and logged at WARN (at most once per 10 s per limit, with the
+//! limit's name and the count). A flood of distinct keys therefore costs a victim nothing: its
+//! spent budget stays spent (tested in `eviction_never_resets_a_spent_budget` and
+//! `tests/attack_memory.rs`); what it can cost is availability for *new* clients, bounded by
+//! the overflow bucket, until the flood's keys recover. Size `max_keys` for the clients active
+//! within one idle timeout (for `per_day` limits: a day). A request that is rejected or costs 0
+//! on an unknown key stores nothing (a fresh key is the default state).
 //!
 //! **Memory.** Per key: the 8-byte fingerprint, 8 bytes of links and the algorithm's state (16
 //! bytes for the token bucket, so 32), plus 5.7 to 12.9 bytes of index: 38 to 45 bytes per
 //! token-bucket key (44 measured at a million keys: see `benches/memory.rs`), about 4 MB for a
 //! full table at the default bound. The slab grows by doubling but never past the shard's share
 //! of the bound, and the index is rebuilt in place rather than doubled when evictions leave it
-//! tombstones. A sliding log keeps its entries on the heap, outside the slab.
+//! tombstones. A sliding log keeps its entries on the heap, outside the slab: at most 16 bytes
+//! × `count` per key (`count` is at most [`SlidingLog::MAX_COUNT`](crate::algorithm::SlidingLog::MAX_COUNT)),
+//! counted by [`MemoryStore::memory_usage`].
 //!
 //! **Time.** The clock is a type parameter (default [`SystemClock`](crate::clock::SystemClock)),
 //! read once per check outside any lock. Reading it costs more than the rest of the check

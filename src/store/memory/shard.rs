@@ -5,8 +5,9 @@
 //!
 //! - `entries: Vec<Entry<S>>` is a dense slab. An entry is the key's 64-bit fingerprint, two
 //!   `u32` links of an intrusive doubly linked LRU list and the algorithm state (for the token
-//!   bucket: 8 + 4 + 4 + 16 = 32 bytes). Slots are never freed: once the shard is full, the least
-//!   recently used slot is reused in place, so the slab never exceeds the shard's capacity.
+//!   bucket: 8 + 4 + 4 + 16 = 32 bytes). Slots are never freed: a slot is reused in place when its
+//!   key is as good as fresh (see [`Shard::vacancy`]), so the slab never exceeds the shard's
+//!   capacity.
 //! - `index: HashTable<u32>` maps a fingerprint to its slot: 4 bytes plus one control byte per
 //!   bucket, at most 7/8 full, so 5.7 to 11.4 bytes per key.
 //!
@@ -22,6 +23,24 @@ const NIL: u32 = u32::MAX;
 
 /// The slab's first allocation, in entries.
 const MIN_ALLOC: usize = 8;
+
+/// How many of its least recently used keys a full shard examines, from the least recently used
+/// on, for one it may recycle (one whose state is as good as fresh). Bounded, so a shard full of
+/// keys that are still recovering costs a new key at most this many checks, never a walk of the
+/// whole shard.
+pub(crate) const SCAN: usize = 8;
+
+/// Where a new key can go, found by [`Shard::vacancy`] and used by [`Shard::occupy`] under the
+/// same lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Vacancy {
+    /// The shard has room: append a slot.
+    Grow,
+    /// Recycle this slot, whose key is as good as fresh.
+    Reuse(u32),
+    /// The shard is full and none of its [`SCAN`] least recently used keys may be forgotten.
+    Full,
+}
 
 /// One key's slot.
 #[derive(Debug)]
@@ -107,47 +126,84 @@ impl<S: Default> Shard<S> {
         &mut self.entries[slot as usize].state
     }
 
-    /// Inserts `fp` (which must not be present) with a fresh state, as the most recently used
-    /// key, and returns its slot.
+    /// Where a new key can go without forgetting a key that has spent budget.
     ///
-    /// The slot is the least recently used one, reset, when the shard is full or when
-    /// `recyclable` says that entry's state is as good as fresh; otherwise a new slot.
-    pub(crate) fn insert(&mut self, fp: u64, recyclable: impl FnOnce(&S) -> bool) -> u32 {
+    /// A key whose state `recyclable` says is as good as fresh is forgotten first, freely: the
+    /// least recently used key when the shard has room (so idle keys are recycled before the
+    /// slab grows), or, when the shard is full, the least recently used such key among the
+    /// [`SCAN`] least recently used. Any other key has spent budget it has not yet regained, and
+    /// forgetting it would hand that budget back, so a full shard without a recyclable key
+    /// answers [`Vacancy::Full`].
+    pub(crate) fn vacancy(&self, recyclable: impl Fn(&S) -> bool) -> Vacancy {
         let full = self.entries.len() >= self.cap as usize;
-        let reuse =
-            self.tail != NIL && (full || recyclable(&self.entries[self.tail as usize].state));
-        let slot = if reuse {
-            let slot = self.tail;
-            let old = self.entries[slot as usize].fp;
-            if let Ok(found) = self.index.find_entry(old, |&s| s == slot) {
-                found.remove();
-            } else {
-                debug_assert!(false, "LRU tail missing from the index");
+        if !full {
+            return match self.tail {
+                NIL => Vacancy::Grow,
+                tail if recyclable(&self.entries[tail as usize].state) => Vacancy::Reuse(tail),
+                _ => Vacancy::Grow,
+            };
+        }
+        let mut slot = self.tail;
+        for _ in 0..SCAN {
+            if slot == NIL {
+                break;
             }
-            self.unlink(slot);
-            let entry = &mut self.entries[slot as usize];
-            entry.fp = fp;
-            entry.state = S::default();
-            slot
-        } else {
-            let len = self.entries.len();
-            if len == self.entries.capacity() {
-                // Double, but never past the cap: a full shard holds exactly `cap` entries.
-                let target = (len * 2).max(MIN_ALLOC).min(self.cap as usize);
-                self.entries.reserve_exact(target - len);
+            let entry = &self.entries[slot as usize];
+            if recyclable(&entry.state) {
+                return Vacancy::Reuse(slot);
             }
-            self.entries.push(Entry {
-                fp,
-                prev: NIL,
-                next: NIL,
-                state: S::default(),
-            });
-            // `len < cap < u32::MAX`, so the slot fits.
-            len as u32
+            slot = entry.prev;
+        }
+        Vacancy::Full
+    }
+
+    /// Inserts `fp` (which must not be present) with a fresh state, as the most recently used
+    /// key, where `vacancy` (from [`vacancy`](Self::vacancy), under the same lock) says, and
+    /// returns its slot; `None` for [`Vacancy::Full`].
+    pub(crate) fn occupy(&mut self, fp: u64, vacancy: Vacancy) -> Option<u32> {
+        let slot = match vacancy {
+            Vacancy::Full => return None,
+            Vacancy::Reuse(slot) => {
+                let old = self.entries[slot as usize].fp;
+                if let Ok(found) = self.index.find_entry(old, |&s| s == slot) {
+                    found.remove();
+                } else {
+                    debug_assert!(false, "recycled slot missing from the index");
+                }
+                self.unlink(slot);
+                let entry = &mut self.entries[slot as usize];
+                entry.fp = fp;
+                entry.state = S::default();
+                slot
+            }
+            Vacancy::Grow => {
+                let len = self.entries.len();
+                debug_assert!(len < self.cap as usize, "grew a full shard");
+                if len == self.entries.capacity() {
+                    // Double, but never past the cap: a full shard holds exactly `cap` entries.
+                    let target = (len * 2).max(MIN_ALLOC).min(self.cap as usize);
+                    self.entries.reserve_exact(target - len);
+                }
+                self.entries.push(Entry {
+                    fp,
+                    prev: NIL,
+                    next: NIL,
+                    state: S::default(),
+                });
+                // `len < cap < u32::MAX`, so the slot fits.
+                len as u32
+            }
         };
         self.index_insert(fp, slot);
         self.push_front(slot);
-        slot
+        Some(slot)
+    }
+
+    /// [`vacancy`](Self::vacancy) then [`occupy`](Self::occupy) (tests only).
+    #[cfg(test)]
+    pub(crate) fn insert(&mut self, fp: u64, recyclable: impl Fn(&S) -> bool) -> Option<u32> {
+        let vacancy = self.vacancy(recyclable);
+        self.occupy(fp, vacancy)
     }
 
     /// Adds `slot` (whose entry already holds `fp`) to the index.
@@ -243,13 +299,15 @@ impl<S: Default> Shard<S> {
 mod tests {
     use super::*;
 
-    fn never(_: &u64) -> bool {
-        false
+    /// States are `u64`s; 0 is "as good as fresh".
+    fn fresh(s: &u64) -> bool {
+        *s == 0
     }
 
-    fn insert(shard: &mut Shard<u64>, fp: u64, value: u64) {
-        let slot = shard.insert(fp, never);
+    fn insert(shard: &mut Shard<u64>, fp: u64, value: u64) -> Option<u32> {
+        let slot = shard.insert(fp, fresh)?;
         *shard.state_mut(slot) = value;
+        Some(slot)
     }
 
     fn get(shard: &mut Shard<u64>, fp: u64) -> Option<u64> {
@@ -268,29 +326,65 @@ mod tests {
     }
 
     #[test]
-    fn evicts_exactly_the_least_recently_used() {
+    fn a_full_shard_never_forgets_a_spender() {
         let mut shard = Shard::new(3);
         for fp in 1..=3 {
             insert(&mut shard, fp, fp);
         }
+        assert_eq!(shard.vacancy(fresh), Vacancy::Full);
+        assert_eq!(insert(&mut shard, 4, 4), None, "no room, nobody recovered");
         assert_eq!(shard.lru_order(), [3, 2, 1]);
-        // Using 1 makes 2 the least recently used.
-        assert_eq!(get(&mut shard, 1), Some(1));
-        assert_eq!(shard.lru_order(), [1, 3, 2]);
-        insert(&mut shard, 4, 4);
-        assert_eq!(shard.lru_order(), [4, 1, 3]);
-        assert_eq!(get(&mut shard, 2), None, "2 was evicted");
         assert_eq!(shard.len(), 3);
-        // The reused slot starts from a fresh state, not the evicted key's.
-        let slot = shard.lookup(4).unwrap();
-        assert_eq!(*shard.state(slot), 4);
+    }
+
+    #[test]
+    fn recovered_keys_are_recycled_least_recently_used_first() {
+        let mut shard = Shard::new(4);
+        for fp in 1..=4 {
+            insert(&mut shard, fp, fp);
+        }
+        // 2 and 3 recover; 1 (least recently used) has not.
+        for fp in [2, 3] {
+            let slot = shard.lookup(fp).unwrap();
+            *shard.state_mut(slot) = 0;
+        }
+        // Order now (most recent first): 3, 2, 4, 1. 2 is the least recently used fresh key.
+        assert_eq!(shard.lru_order(), [3, 2, 4, 1]);
+        insert(&mut shard, 5, 5).unwrap();
+        assert_eq!(get(&mut shard, 2), None, "2 was recycled");
+        assert_eq!(get(&mut shard, 1), Some(1), "1 was kept: it has spent");
+        insert(&mut shard, 6, 6).unwrap();
+        assert_eq!(get(&mut shard, 3), None, "then 3");
+        assert_eq!(insert(&mut shard, 7, 7), None);
+        assert_eq!(shard.len(), 4);
+    }
+
+    #[test]
+    fn the_scan_is_bounded() {
+        let cap = 3 * SCAN as u32;
+        let mut shard = Shard::new(cap);
+        for fp in 0..u64::from(cap) {
+            insert(&mut shard, fp, 1);
+        }
+        // Only the most recently used key is fresh: beyond the scan, so not found.
+        let slot = shard.lookup(0).unwrap();
+        *shard.state_mut(slot) = 0;
+        let slot = shard.lookup(1).unwrap();
+        *shard.state_mut(slot) = 1;
+        let calls = std::cell::Cell::new(0);
+        let vacancy = shard.vacancy(|s| {
+            calls.set(calls.get() + 1);
+            *s == 0
+        });
+        assert_eq!(vacancy, Vacancy::Full);
+        assert_eq!(calls.get(), SCAN);
     }
 
     #[test]
     fn reused_slot_is_reset_to_default() {
         let mut shard = Shard::new(1);
-        insert(&mut shard, 1, 7);
-        let slot = shard.insert(2, never);
+        insert(&mut shard, 1, 0);
+        let slot = shard.insert(2, fresh).unwrap();
         assert_eq!(*shard.state(slot), 0);
         assert_eq!(get(&mut shard, 1), None);
     }
@@ -299,8 +393,19 @@ mod tests {
     fn stays_at_cap_under_churn_and_never_over_allocates() {
         let cap = 1000;
         let mut shard = Shard::new(cap);
+        let mix = |fp: u64| fp.wrapping_mul(0x9E37_79B9_7F4A_7C15);
         for fp in 0..10 * u64::from(cap) {
-            insert(&mut shard, fp.wrapping_mul(0x9E37_79B9_7F4A_7C15), fp);
+            // Each key has recovered (state 0) by the time `cap` newer keys have arrived.
+            if let Some(old) = fp.checked_sub(u64::from(cap)) {
+                // Without touching it: it stays the least recently used.
+                let entries = &shard.entries;
+                let slot = *shard
+                    .index
+                    .find(mix(old), |&s| entries[s as usize].fp == mix(old))
+                    .unwrap();
+                shard.entries[slot as usize].state = 0;
+            }
+            insert(&mut shard, mix(fp), fp + 1).unwrap();
         }
         assert_eq!(shard.len(), cap as usize);
         assert_eq!(
@@ -322,12 +427,12 @@ mod tests {
         insert(&mut shard, 1, 0);
         insert(&mut shard, 2, 5);
         // Tail (key 1, state 0) is recyclable under "state == 0".
-        let slot = shard.insert(3, |s| *s == 0);
+        let slot = shard.insert(3, fresh).unwrap();
         assert_eq!(shard.len(), 2);
         assert_eq!(get(&mut shard, 1), None);
         assert_eq!(*shard.state(slot), 0);
         // Tail is now key 2 (state 5): not recyclable, so the slab grows.
-        shard.insert(4, |s| *s == 0);
+        shard.insert(4, fresh).unwrap();
         assert_eq!(shard.len(), 3);
     }
 
@@ -335,9 +440,9 @@ mod tests {
     fn single_entry_list_links_stay_consistent() {
         let mut shard = Shard::new(1);
         for fp in 0..5 {
-            insert(&mut shard, fp, fp);
+            insert(&mut shard, fp, 0);
             assert_eq!(shard.lru_order(), [fp]);
-            assert_eq!(get(&mut shard, fp), Some(fp));
+            assert_eq!(get(&mut shard, fp), Some(0));
         }
     }
 }

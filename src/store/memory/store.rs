@@ -154,7 +154,7 @@ impl<C: Clock> MemoryStore<C> {
         let mut locked: [Option<AnyLocked<'_>>; MAX_LIMITS] = Default::default();
         for (table, &i) in self.tables.iter().zip(&position) {
             if i != NONE {
-                locked[i] = Some(table.lock(fps[i]));
+                locked[i] = Some(table.lock(fps[i], now, checks[i].cost));
             }
         }
         let locked = &mut locked[..checks.len()];
@@ -194,6 +194,14 @@ impl<C: Clock> MemoryStore<C> {
     /// Keys held for the limit at index `limit`, or `None` if there is no such limit.
     pub fn len_of(&self, limit: usize) -> Option<usize> {
         self.tables.get(limit).map(AnyTable::len)
+    }
+
+    /// Checks decided by the limits' overflow buckets so far: checks of new keys that found
+    /// their shard full of keys still recovering their budget (see "Bound and eviction" in the
+    /// [module docs](super)). Anything above 0 means `max_keys` is too small for the traffic,
+    /// or a flood of distinct keys is under way.
+    pub fn overflowed(&self) -> u64 {
+        self.tables.iter().map(AnyTable::overflowed).sum()
     }
 
     /// The most keys held per limit.
@@ -298,73 +306,108 @@ mod tests {
     }
 
     #[test]
-    fn lru_bound_holds_under_ten_times_the_cap() {
+    fn eviction_never_resets_a_spent_budget() {
         let cap = 1_000;
         let (store, _) = store_with(
-            &[tb("a", Quota::per_minute(10))],
+            &[tb("a", Quota::per_day(10))],
             MemoryBackend::new().max_keys(cap).shards(8),
         );
-        for i in 0..5 * cap as u64 {
-            assert!(store.check_one(0, &Key::int(i), 1).unwrap().allowed());
-        }
-        assert_eq!(store.len(), cap);
-        let full = store.memory_usage();
-        for i in 5 * cap as u64..10 * cap as u64 {
-            assert!(store.check_one(0, &Key::int(i), 1).unwrap().allowed());
+        let victim = Key::string("victim");
+        while store.check_one(0, &victim, 1).unwrap().allowed() {}
+        // A flood of 10 x max_keys distinct keys, each charged: none of them may push the
+        // exhausted victim out (that would hand its day's budget back).
+        let mut admitted = 0;
+        let mut full = 0;
+        for i in 0..10 * cap as u64 {
+            admitted += u64::from(store.check_one(0, &Key::int(i), 1).unwrap().allowed());
             assert!(store.len() <= cap);
+            if i == 5 * cap as u64 {
+                full = store.memory_usage();
+            }
         }
-        assert_eq!(store.len_of(0), Some(cap));
+        let d = store.check_one(0, &victim, 1).unwrap();
+        assert!(!d.allowed(), "the victim regained budget: {d:?}");
+        assert_eq!(d.remaining(), 0);
         assert_eq!(
             store.memory_usage(),
             full,
             "memory stops growing at the bound"
         );
-        // The most recent keys are held (charged), the oldest were evicted (fresh again).
-        assert_eq!(remaining(&store, 0, &Key::int(10 * cap as u64 - 1)), 9);
-        assert_eq!(remaining(&store, 0, &Key::int(0)), 10);
+        // The flood got the keys that fit, then one overflow bucket of the quota for the rest.
+        let held = store.len() as u64 - 1;
+        assert_eq!(admitted, held + 10);
+        assert_eq!(store.overflowed(), 10 * cap as u64 - held);
+        // Keys held keep their charge; a key that never fit is decided by the overflow bucket.
+        assert_eq!(remaining(&store, 0, &Key::int(0)), 9);
+        assert!(!store
+            .check_one(0, &Key::int(10 * cap as u64), 1)
+            .unwrap()
+            .allowed());
     }
 
     #[test]
-    fn lru_evicts_the_least_recently_used_key() {
-        let (store, _) = store_with(
-            &[tb("a", Quota::per_minute(5))],
+    fn recovered_keys_are_evicted_least_recently_used_first() {
+        let (store, clock) = store_with(
+            &[tb("a", Quota::per_second(1).burst(5))],
             MemoryBackend::new().max_keys(3).shards(1),
         );
-        let [a, b, c, d] = ["a", "b", "c", "d"].map(Key::string);
-        for key in [&a, &b, &c] {
-            store.check_one(0, key, 1).unwrap();
-        }
-        // Using `a` again (even when rejected it would count) leaves `b` least recently used.
+        let [a, b, c, d, e, f] = ["a", "b", "c", "d", "e", "f"].map(Key::string);
         store.check_one(0, &a, 1).unwrap();
-        store.check_one(0, &d, 1).unwrap();
+        store.check_one(0, &b, 1).unwrap();
+        store.check_one(0, &c, 5).unwrap();
+        clock.advance(Duration::from_secs(1));
+        // a and b have recovered, c (5 s to refill) has not. Touching a leaves b the least
+        // recently used of the recovered keys.
+        store.check_one(0, &a, 0).unwrap();
+        store.check_one(0, &d, 1).unwrap(); // takes b's slot
+        store.check_one(0, &e, 1).unwrap(); // c is not recovered: takes a's slot
+        assert_eq!(store.overflowed(), 0);
         assert_eq!(store.len(), 3);
-        assert_eq!(remaining(&store, 0, &a), 3, "a survived with its charges");
-        assert_eq!(remaining(&store, 0, &c), 4);
+        assert_eq!(remaining(&store, 0, &c), 1, "c kept what it spent");
         assert_eq!(remaining(&store, 0, &d), 4);
-        assert_eq!(remaining(&store, 0, &b), 5, "b was evicted: fresh again");
+        assert_eq!(remaining(&store, 0, &e), 4);
+        // Nobody left to recycle: f is decided by the overflow bucket, which starts full.
+        let got = store.check_one(0, &f, 2).unwrap();
+        assert!(got.allowed());
+        assert_eq!(got.remaining(), 3);
+        assert_eq!(store.overflowed(), 1);
+        assert_eq!(store.len(), 3);
         assert_eq!(
-            store.len(),
-            3,
-            "a cost-0 probe of an unknown key stores nothing"
+            remaining(&store, 0, &b),
+            5,
+            "a cost-0 probe of b stores nothing"
         );
+        assert_eq!(store.len(), 3);
     }
 
     #[test]
-    fn rejected_checks_keep_a_key_recent() {
+    fn multi_limit_checks_use_the_overflow_bucket_all_or_nothing() {
         let (store, _) = store_with(
-            &[tb("a", Quota::per_minute(1))],
-            MemoryBackend::new().max_keys(2).shards(1),
+            &[
+                tb("per-key", Quota::per_day(2)),
+                tb("wide", Quota::per_day(100)),
+            ],
+            MemoryBackend::new().max_keys(1).shards(1),
         );
-        let [hot, x, y] = ["hot", "x", "y"].map(Key::string);
-        store.check_one(0, &hot, 1).unwrap();
-        store.check_one(0, &x, 1).unwrap();
-        assert!(!store.check_one(0, &hot, 1).unwrap().allowed());
-        store.check_one(0, &y, 1).unwrap();
-        assert!(
-            !store.check_one(0, &hot, 1).unwrap().allowed(),
-            "hot was not evicted"
-        );
-        assert_eq!(remaining(&store, 0, &x), 1, "x was");
+        let checks = |k: u64| {
+            [0, 1].map(|limit| LimitCheck {
+                limit,
+                key: Key::int(k),
+                cost: 1,
+            })
+        };
+        assert!(check(&store, &checks(0)).allowed());
+        // Key 1 finds both tables full of key 0 (not recovered): both limits use their
+        // overflow bucket, which admits 2 per day for "per-key".
+        assert!(check(&store, &checks(1)).allowed());
+        assert!(check(&store, &checks(2)).allowed());
+        let third = check(&store, &checks(3));
+        assert_eq!(third.rejected().unwrap().policy().as_str(), "per-key");
+        assert_eq!(store.overflowed(), 6);
+        assert_eq!(store.len(), 2);
+        // "wide"'s overflow bucket was charged for the two admitted overflow checks only.
+        assert_eq!(remaining(&store, 1, &Key::int(0)), 99);
+        assert_eq!(store.check_one(1, &Key::int(9), 1).unwrap().remaining(), 97);
     }
 
     #[test]
@@ -418,6 +461,7 @@ mod tests {
         let (store, clock) = store_with(&[spec], MemoryBackend::new().max_keys(2).shards(1));
         let mut states: Vec<A::State> = (0..3).map(|_| Default::default()).collect();
         let mut held: Vec<u64> = Vec::new(); // keys in the store, least recently used first
+        let mut overflow_state = A::State::default();
         let mut x = 0x2545_F491_4F6C_DD1Du64;
         for step in 0..3_000 {
             x ^= x << 13;
@@ -427,14 +471,25 @@ mod tests {
             let (key, cost) = ((x >> 20) % 3, (x >> 30) % 4);
             let now = clock.now_micros();
             let slot = key as usize;
-            // The store holds two keys: a third one evicts the least recently used, which
-            // then starts fresh, exactly as the store's LRU does.
-            if !held.contains(&key) {
+            // The store holds two keys. A third one takes the slot of the least recently used
+            // key that is as good as fresh; if neither is, it is decided by the overflow bucket.
+            let fresh = |states: &[A::State], k: u64| {
+                algorithm.decide(&states[k as usize], now, 0)
+                    == algorithm.decide(&A::State::default(), now, 0)
+            };
+            let new_key = !held.contains(&key);
+            if new_key {
                 states[slot] = Default::default();
             }
-            let want = algorithm
-                .check(&mut states[slot], now, cost)
-                .with_policy(name);
+            let charged =
+                new_key && cost > 0 && algorithm.decide(&states[slot], now, cost).allowed();
+            let overflow = charged && held.len() == 2 && !held.iter().any(|&k| fresh(&states, k));
+            let want = if overflow {
+                algorithm.check(&mut overflow_state, now, cost)
+            } else {
+                algorithm.check(&mut states[slot], now, cost)
+            }
+            .with_policy(name);
             let got = store.check_one(0, &Key::int(key), cost).unwrap();
             assert_eq!(
                 got, want,
@@ -445,15 +500,16 @@ mod tests {
             if let Some(i) = held.iter().position(|&k| k == key) {
                 held.remove(i);
                 held.push(key);
-            } else if want.allowed() && cost > 0 {
-                // The least recently used key makes room when the store is full, or earlier if
-                // it is as good as fresh (the documented recycling rule).
-                let fresh = |k: u64| {
-                    algorithm.decide(&states[k as usize], now, 0)
-                        == algorithm.decide(&A::State::default(), now, 0)
+            } else if charged && !overflow {
+                // The least recently used fresh key makes room when the store is full; when it
+                // is not, the least recently used key does if it is fresh (recycled early).
+                let victim = if held.len() == 2 {
+                    held.iter().position(|&k| fresh(&states, k))
+                } else {
+                    held.first().filter(|&&k| fresh(&states, k)).map(|_| 0)
                 };
-                if held.len() == 2 || held.first().is_some_and(|&k| fresh(k)) {
-                    held.remove(0);
+                if let Some(i) = victim {
+                    held.remove(i);
                 }
                 held.push(key);
             }
@@ -517,22 +573,18 @@ mod tests {
                 "{kind}: not charged by the rejection"
             );
 
-            for i in 0..1_000 {
-                assert!(
-                    store.check_one(0, &Key::int(i), 1).unwrap().allowed(),
-                    "{kind}"
-                );
-            }
+            let admitted = (0..1_000)
+                .filter(|&i| store.check_one(0, &Key::int(i), 1).unwrap().allowed())
+                .count();
             assert_eq!(store.len_of(0), Some(100), "{kind}");
-            assert_eq!(
-                remaining(&store, 0, &Key::int(999)),
-                9,
-                "{kind}: recent key kept"
-            );
+            // 99 keys fit beside "user"; the other 901 share one overflow bucket of 10.
+            assert_eq!(admitted, 99 + 10, "{kind}");
+            assert_eq!(store.overflowed(), 901, "{kind}");
+            assert_eq!(remaining(&store, 0, &user), 9, "{kind}: user kept");
             assert_eq!(
                 remaining(&store, 0, &Key::int(0)),
-                10,
-                "{kind}: oldest key evicted"
+                9,
+                "{kind}: first key kept"
             );
         }
     }
@@ -742,18 +794,23 @@ mod tests {
     #[test]
     fn index_stays_compact_under_churn_at_the_cap() {
         let cap = 10_000;
-        let (store, _) = store_with(
-            &[tb("a", Quota::per_minute(10))],
+        let (store, clock) = store_with(
+            &[tb("a", Quota::per_second(10))],
             MemoryBackend::new().max_keys(cap).shards(1),
         );
+        // A key charged 1 recovers in 100 ms; 10 µs per key recycles keys charged
+        // `cap` keys ago, so every insertion at the cap replaces one.
         for i in 0..cap as u64 {
+            clock.advance(Duration::from_micros(10));
             store.check_one(0, &Key::int(i), 1).unwrap();
         }
         let full = store.memory_usage();
         for i in cap as u64..30 * cap as u64 {
+            clock.advance(Duration::from_micros(10));
             store.check_one(0, &Key::int(i), 1).unwrap();
         }
         assert_eq!(store.len(), cap);
+        assert_eq!(store.overflowed(), 0);
         let per_key = store.memory_usage() as f64 / cap as f64;
         assert!(per_key <= 32.0 + 12.9 + 1.0, "{per_key} bytes per key");
         assert!(

@@ -1,10 +1,11 @@
 //! One limit's state: an algorithm and its keys, spread over independently locked shards.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
 
-use super::shard::Shard;
+use super::shard::{Shard, Vacancy};
 use crate::algorithm::{
     Algorithm, AlgorithmKind, FixedWindow, Gcra, LeakyBucket, SlidingLog, SlidingWindow,
     TokenBucket,
@@ -20,6 +21,9 @@ struct Padded<T>(T);
 /// One shard of a table, behind its lock, on its own cache lines.
 type LockedShard<A> = Padded<Mutex<Shard<<A as Algorithm>::State>>>;
 
+/// Microseconds between two warnings that a table is deciding new keys by its overflow bucket.
+const OVERFLOW_WARN_EVERY: u64 = 10_000_000;
+
 /// The keys of one limit, typed by its algorithm.
 pub(crate) struct Table<A: Algorithm> {
     algorithm: A,
@@ -27,6 +31,14 @@ pub(crate) struct Table<A: Algorithm> {
     shards: Box<[LockedShard<A>]>,
     /// `shards.len() - 1` (the count is a power of two).
     mask: usize,
+    /// The state shared by every new key while its shard is full of keys still recovering:
+    /// one bucket of the limit's quota (see "Bound and eviction" in the module docs). Locked
+    /// only while holding one of this table's shards, and never while taking another lock.
+    overflow: Padded<Mutex<A::State>>,
+    /// Checks decided by the overflow bucket.
+    overflowed: AtomicU64,
+    /// When (clock µs, plus 1; 0 = never) the overflow was last logged.
+    warned: AtomicU64,
 }
 
 impl<A: Algorithm> fmt::Debug for Table<A> {
@@ -68,6 +80,9 @@ impl<A: Algorithm> Table<A> {
             name,
             mask: shards.len() - 1,
             shards,
+            overflow: Padded(Mutex::new(A::State::default())),
+            overflowed: AtomicU64::new(0),
+            warned: AtomicU64::new(0),
         }
     }
 
@@ -82,27 +97,87 @@ impl<A: Algorithm> Table<A> {
         let mut shard = self.shard(fp).lock();
         let decision = match shard.lookup(fp) {
             Some(slot) => self.algorithm.check(shard.state_mut(slot), now, cost),
-            None => {
-                let decision = self.algorithm.decide(&A::State::default(), now, cost);
-                if decision.allowed() && cost > 0 {
-                    let slot = shard.insert(fp, |tail| self.is_fresh(tail, now));
-                    self.algorithm.apply(shard.state_mut(slot), now, cost);
-                }
-                decision
-            }
+            None => self.check_new(&mut shard, fp, now, cost),
         };
         drop(shard);
         decision.with_policy(self.name)
     }
 
-    /// Locks the shard of `fp`, for a check across several limits.
+    /// A check of a key the shard does not hold: decided as a fresh key and stored if charged,
+    /// or, when the shard has no room for it, decided and charged by the overflow bucket.
+    #[cold]
+    fn check_new(&self, shard: &mut Shard<A::State>, fp: u64, now: u64, cost: u64) -> Decision {
+        let decision = self.algorithm.decide(&A::State::default(), now, cost);
+        // Rejected (a cost above the capacity) or free: nothing to store, nothing to charge.
+        if !decision.allowed() || cost == 0 {
+            return decision;
+        }
+        let vacancy = shard.vacancy(|s| self.is_fresh(s, now));
+        match shard.occupy(fp, vacancy) {
+            Some(slot) => {
+                self.algorithm.apply(shard.state_mut(slot), now, cost);
+                decision
+            }
+            None => {
+                let mut overflow = self.overflow_lock(now);
+                self.algorithm.check(&mut overflow, now, cost)
+            }
+        }
+    }
+
+    /// Locks the overflow bucket (the caller holds one of this table's shards), counting and,
+    /// at most every [`OVERFLOW_WARN_EVERY`] µs, logging its use.
+    #[cold]
+    fn overflow_lock(&self, now: u64) -> MutexGuard<'_, A::State> {
+        let overflowed = self.overflowed.fetch_add(1, Ordering::Relaxed) + 1;
+        let last = self.warned.load(Ordering::Relaxed);
+        let due = last == 0 || now.saturating_sub(last - 1) >= OVERFLOW_WARN_EVERY;
+        if due
+            && self
+                .warned
+                .compare_exchange(
+                    last,
+                    now.saturating_add(1),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+        {
+            tracing::warn!(
+                limit = %self.name,
+                overflowed,
+                "in-memory rate-limit table is full of keys still recovering their budget; \
+                 new keys share one overflow bucket of the limit's quota (raise max_keys)"
+            );
+        }
+        self.overflow.0.lock()
+    }
+
+    /// Checks decided by the overflow bucket so far.
+    fn overflowed(&self) -> u64 {
+        self.overflowed.load(Ordering::Relaxed)
+    }
+
+    /// Locks the shard of `fp`, for a check of `cost` at `now` across several limits, and the
+    /// overflow bucket too if that check will need it (this keeps one global lock order:
+    /// tables in ascending order, and within a table its shard, then its overflow bucket).
     #[inline]
-    pub(crate) fn lock(&self, fp: u64) -> Locked<'_, A> {
+    pub(crate) fn lock(&self, fp: u64, now: u64, cost: u64) -> Locked<'_, A> {
+        let mut shard = self.shard(fp).lock();
+        let target = match shard.lookup(fp) {
+            Some(slot) => Target::Slot(slot),
+            // Free or impossible: decided as a fresh key, never stored.
+            None if cost == 0 || cost > self.algorithm.capacity() => Target::Fresh,
+            None => match shard.vacancy(|s| self.is_fresh(s, now)) {
+                Vacancy::Full => Target::Overflow(self.overflow_lock(now)),
+                vacancy => Target::Vacant(vacancy),
+            },
+        };
         Locked {
             table: self,
-            shard: self.shard(fp).lock(),
+            shard,
             fp,
-            slot: None,
+            target,
         }
     }
 
@@ -117,7 +192,8 @@ impl<A: Algorithm> Table<A> {
     }
 
     fn memory_usage(&self) -> usize {
-        let shards = self.shards.len() * std::mem::size_of::<LockedShard<A>>();
+        let shards = self.shards.len() * std::mem::size_of::<LockedShard<A>>()
+            + self.algorithm.state_heap_bytes(&self.overflow.0.lock());
         shards
             + self
                 .shards
@@ -130,29 +206,36 @@ impl<A: Algorithm> Table<A> {
     }
 }
 
+/// Which state a locked check decides and charges.
+enum Target<'a, S> {
+    /// The key's slot.
+    Slot(u32),
+    /// A key not held, checked at no cost (or above the capacity): a fresh state, not stored.
+    Fresh,
+    /// A key not held, stored where this says if charged.
+    Vacant(Vacancy),
+    /// A key not held, in a shard with no room for it: the overflow bucket.
+    Overflow(MutexGuard<'a, S>),
+}
+
 /// One limit's shard, locked for a check across several limits: decide first, apply only if
 /// every limit allowed, all under the lock.
 pub(crate) struct Locked<'a, A: Algorithm> {
     table: &'a Table<A>,
     shard: MutexGuard<'a, Shard<A::State>>,
     fp: u64,
-    /// The key's slot, if it exists (found by `decide`).
-    slot: Option<u32>,
+    target: Target<'a, A::State>,
 }
 
 impl<A: Algorithm> Locked<'_, A> {
-    /// Decides `cost` at `now` without charging (refreshes the key's recency).
+    /// Decides `cost` (the cost given to [`Table::lock`], or 0) at `now` without charging.
     #[inline]
     pub(crate) fn decide(&mut self, now: u64, cost: u64) -> Decision {
-        if self.slot.is_none() {
-            self.slot = self.shard.lookup(self.fp);
-        }
-        let decision = match self.slot {
-            Some(slot) => self
-                .table
-                .algorithm
-                .decide(self.shard.state(slot), now, cost),
-            None => self.table.algorithm.decide(&A::State::default(), now, cost),
+        let algorithm = &self.table.algorithm;
+        let decision = match &self.target {
+            Target::Slot(slot) => algorithm.decide(self.shard.state(*slot), now, cost),
+            Target::Fresh | Target::Vacant(_) => algorithm.decide(&A::State::default(), now, cost),
+            Target::Overflow(state) => algorithm.decide(state, now, cost),
         };
         decision.with_policy(self.table.name)
     }
@@ -160,18 +243,23 @@ impl<A: Algorithm> Locked<'_, A> {
     /// Charges what [`decide`](Self::decide) allowed at the same `now` and `cost`.
     #[inline]
     pub(crate) fn apply(&mut self, now: u64, cost: u64) {
-        let table = self.table;
-        let slot = match self.slot {
-            Some(slot) => slot,
+        let algorithm = &self.table.algorithm;
+        let slot = match &mut self.target {
+            Target::Slot(slot) => *slot,
             // A fresh key charged nothing stays fresh: no need to store it.
-            None if cost == 0 => return,
-            None => {
-                let slot = self.shard.insert(self.fp, |tail| table.is_fresh(tail, now));
-                self.slot = Some(slot);
+            Target::Fresh => return,
+            Target::Vacant(_) if cost == 0 => return,
+            Target::Vacant(vacancy) => {
+                // The vacancy was found under this lock, so it is still there.
+                let Some(slot) = self.shard.occupy(self.fp, *vacancy) else {
+                    return;
+                };
+                self.target = Target::Slot(slot);
                 slot
             }
+            Target::Overflow(state) => return algorithm.apply(state, now, cost),
         };
-        table.algorithm.apply(self.shard.state_mut(slot), now, cost);
+        algorithm.apply(self.shard.state_mut(slot), now, cost);
     }
 }
 
@@ -240,15 +328,19 @@ impl AnyTable {
     }
 
     #[inline]
-    pub(crate) fn lock(&self, fp: u64) -> AnyLocked<'_> {
+    pub(crate) fn lock(&self, fp: u64, now: u64, cost: u64) -> AnyLocked<'_> {
         match self {
-            AnyTable::TokenBucket(t) => AnyLocked::TokenBucket(t.lock(fp)),
-            AnyTable::Gcra(t) => AnyLocked::Gcra(t.lock(fp)),
-            AnyTable::FixedWindow(t) => AnyLocked::FixedWindow(t.lock(fp)),
-            AnyTable::SlidingWindow(t) => AnyLocked::SlidingWindow(t.lock(fp)),
-            AnyTable::SlidingLog(t) => AnyLocked::SlidingLog(t.lock(fp)),
-            AnyTable::LeakyBucket(t) => AnyLocked::LeakyBucket(t.lock(fp)),
+            AnyTable::TokenBucket(t) => AnyLocked::TokenBucket(t.lock(fp, now, cost)),
+            AnyTable::Gcra(t) => AnyLocked::Gcra(t.lock(fp, now, cost)),
+            AnyTable::FixedWindow(t) => AnyLocked::FixedWindow(t.lock(fp, now, cost)),
+            AnyTable::SlidingWindow(t) => AnyLocked::SlidingWindow(t.lock(fp, now, cost)),
+            AnyTable::SlidingLog(t) => AnyLocked::SlidingLog(t.lock(fp, now, cost)),
+            AnyTable::LeakyBucket(t) => AnyLocked::LeakyBucket(t.lock(fp, now, cost)),
         }
+    }
+
+    pub(crate) fn overflowed(&self) -> u64 {
+        dispatch!(AnyTable, self, t => t.overflowed())
     }
 
     pub(crate) fn shards(&self) -> usize {
