@@ -394,6 +394,50 @@ mod tests {
         assert_eq!(shard_of(0x0000_0003_0000_0000, 7), 3);
     }
 
+    /// Counts WARN events (a minimal subscriber: the crate has no subscriber dependency).
+    struct Warnings(std::sync::Arc<AtomicU64>);
+
+    impl tracing::Subscriber for Warnings {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            if *event.metadata().level() == tracing::Level::WARN {
+                self.0.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    #[test]
+    fn overflow_is_counted_and_logged_at_most_every_ten_seconds() {
+        // A unit comes back every 8,640 s: key 1 does not recover during the test.
+        let tb = TokenBucket::new(Quota::per_day(10)).unwrap();
+        let table = Table::new(tb, PolicyName::new("t"), 1, 1);
+        let warnings = std::sync::Arc::new(AtomicU64::new(0));
+        let subscriber = Warnings(warnings.clone());
+        tracing::subscriber::with_default(subscriber, || {
+            assert!(table.check(1, 0, 1).allowed());
+            // Key 1 has spent: keys 2.. go to the overflow bucket, 1,000 checks in 10 s.
+            for i in 0..1_000u64 {
+                table.check(2 + i, i * 10_000, 1);
+            }
+            assert_eq!(table.overflowed(), 1_000);
+            assert_eq!(warnings.load(Ordering::Relaxed), 1, "one warning per 10 s");
+            table.check(5_000, OVERFLOW_WARN_EVERY, 1);
+            assert_eq!(warnings.load(Ordering::Relaxed), 2);
+            table.check(5_001, OVERFLOW_WARN_EVERY + 1, 1);
+            assert_eq!(warnings.load(Ordering::Relaxed), 2);
+        });
+        assert_eq!(table.len(), 1);
+    }
+
     #[test]
     fn caps_split_the_bound_exactly() {
         let tb = TokenBucket::new(Quota::per_second(1)).unwrap();
