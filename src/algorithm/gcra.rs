@@ -42,8 +42,9 @@ use crate::quota::Quota;
 ///
 /// When `count` divides the period (`per = 1`), `sub` is always 0 and `tat` advances by the
 /// emission interval `unit` µs per unit: the textbook GCRA. Every stored value is a time below
-/// `now + idle timeout` or a fraction below `per`, both below 2^53 for every quota that
-/// [`Quota::validate`] accepts, so the Redis script mirrors this with plain Lua numbers.
+/// `now + idle timeout` or a fraction below `per`, both below 2^53 for every quota `new`
+/// accepts (it refuses a refill longer than 2^52 µs, 142 years) while the clock reads below
+/// 2^52 µs, so the Redis script mirrors this with plain Lua numbers.
 ///
 /// A `now` earlier than a previous request is measured against the TAT as it stands: it never
 /// earns anything (it is, if anything, stricter than "no time elapsed"), and a cost of 0 is
@@ -79,6 +80,9 @@ pub struct Gcra {
     cap: u64,
 }
 
+/// The longest refill (µs) a [`Gcra`] accepts: 2^52, about 142 years.
+const MAX_REFILL: u64 = 1 << 52;
+
 /// Per-key state of a [`Gcra`]: the theoretical arrival time, `tat + sub / per` µs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct GcraState {
@@ -97,12 +101,24 @@ impl Gcra {
     pub fn new(quota: Quota) -> Result<Self, ConfigError> {
         quota.validate()?;
         let fp = quota.fixed_point();
+        // `validate` keeps `burst × unit` below 2^53.
+        let cap = quota.burst_size() * fp.unit;
+        // The TAT is a clock reading plus up to this refill time; both below 2^52 keeps it
+        // below 2^53 (Unix time in µs stays below 2^52 until 2112).
+        if cap.div_ceil(fp.per_micro) >= MAX_REFILL {
+            return Err(ConfigError::new(
+                "quota.burst",
+                format!(
+                    "gcra stores the time its bucket is full again, and {quota} takes more than \
+                     142 years (2^52 µs) to refill; lower the burst or the period, or use the token bucket"
+                ),
+            ));
+        }
         Ok(Self {
             quota,
             unit: fp.unit,
             per: fp.per_micro,
-            // `validate` keeps `burst × unit` below 2^53.
-            cap: quota.burst_size() * fp.unit,
+            cap,
         })
     }
 
@@ -282,6 +298,15 @@ mod tests {
                 assert!(gs.sub < g.per, "{gs:?}");
             }
         }
+    }
+
+    #[test]
+    fn refill_beyond_142_years_is_refused() {
+        let century = Duration::from_secs(100 * 365 * 86_400);
+        assert!(Gcra::new(Quota::per(century, 1)).is_ok());
+        let err = Gcra::new(Quota::per(century, 1).burst(2)).unwrap_err();
+        assert_eq!(err.field(), "quota.burst");
+        assert!(err.message().contains("142 years"), "{err}");
     }
 
     #[test]

@@ -140,7 +140,7 @@ pub enum AlgorithmKind {
     /// [`TokenBucket`]: bursts up to capacity, sustained rate. The default.
     #[default]
     TokenBucket,
-    /// [`Gcra`]: token bucket semantics in one timestamp.
+    /// [`Gcra`]: token bucket semantics, stored as the time the bucket is full again.
     Gcra,
     /// [`FixedWindow`]: one counter per aligned window.
     FixedWindow,
