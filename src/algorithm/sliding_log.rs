@@ -149,7 +149,7 @@ impl SlidingLog {
     /// assert!(SlidingLog::new(Quota::per_minute(1_000)).is_ok());
     /// let err = SlidingLog::new(Quota::per_hour(10_000)).unwrap_err();
     /// assert_eq!(err.field(), "quota.count");
-    /// assert!(err.message().contains("sliding_window"), "{err}");
+    /// assert!(err.message().contains("SlidingWindow"), "{err}");
     /// ```
     pub fn new(quota: Quota) -> Result<Self, ConfigError> {
         quota.validate()?;
@@ -159,8 +159,8 @@ impl SlidingLog {
                 "quota.count",
                 format!(
                     "sliding_log keeps one entry per admission and allows at most {} per window, \
-                     not {}; use the sliding_window counter (fixed memory, same window) for {quota}, \
-                     or a count of at most {}",
+                     not {}; use AlgorithmKind::SlidingWindow (a counter: fixed memory, same window) \
+                     for {quota}, or a count of at most {}",
                     Self::MAX_COUNT,
                     quota.count(),
                     Self::MAX_COUNT,
@@ -496,7 +496,7 @@ mod tests {
         assert!(SlidingLog::new(Quota::per_hour(SlidingLog::MAX_COUNT)).is_ok());
         let err = SlidingLog::new(Quota::per_hour(SlidingLog::MAX_COUNT + 1)).unwrap_err();
         assert_eq!(err.field(), "quota.count");
-        assert!(err.message().contains("sliding_window"), "{err}");
+        assert!(err.message().contains("SlidingWindow"), "{err}");
         // A full log of distinct times: growth is clamped to the limit, not a power of two.
         let log = SlidingLog::new(Quota::per_hour(1_000)).unwrap();
         let mut s = SlidingLogState::default();

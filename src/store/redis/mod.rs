@@ -220,7 +220,7 @@ pub const MAX_BREAKER_THRESHOLD: u32 = 1_000_000;
 /// holds one 16-byte entry per admission in the window, so a key is at most 16 KB and an
 /// admission rewrites at most that much. Use the sliding window counter (16 bytes whatever the
 /// count) for larger limits.
-pub const MAX_SLIDING_LOG: u64 = 1_000;
+pub const MAX_SLIDING_LOG: u64 = crate::algorithm::SlidingLog::MAX_COUNT;
 
 /// Configuration of a Redis (or Redis Cluster) store; see the [module docs](self).
 ///
