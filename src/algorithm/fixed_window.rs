@@ -29,7 +29,9 @@ use crate::quota::Quota;
 /// reset       = (w + 1) × P - now µs  if after > 0, else 0
 /// retry_after = (w + 1) × P - now µs            (if rejected: the next window always fits)
 /// apply:  window = w; count = used + cost
-/// refund: if w == window: count = count - min(count, cost)
+/// refund (now = the reservation's time):
+///         if window == floor(now / P): count = count - min(count, cost)
+///         else nothing (the window charged is gone: never free a newer window's units)
 /// idle timeout = P µs
 /// ```
 ///
@@ -137,9 +139,10 @@ impl Algorithm for FixedWindow {
         state.count = used.saturating_add(cost).min(self.limit);
     }
 
+    /// Gives back `cost` only while the stored window is the one `now` (the reservation's
+    /// time) charged; once the window has moved on, its count is another window's.
     fn refund(&self, state: &mut FixedWindowState, now: u64, cost: u64) {
-        let (w, _) = self.window_at(state, now);
-        if w == state.window {
+        if state.window == now / self.period {
             state.count = state.count.saturating_sub(cost);
         }
     }
@@ -257,6 +260,20 @@ mod tests {
                 count: 4
             }
         );
+    }
+
+    #[test]
+    fn refund_after_the_window_moved_on_gives_back_nothing() {
+        // 1 per 10 s: reserved at 9.9 s, the window moves at 10 s, one admitted at 10.1 s; the
+        // late refund (as of 9.9 s) must not let a second one into the window of 10 s.
+        let fw = FixedWindow::new(Quota::per(Duration::from_secs(10), 1)).unwrap();
+        let mut s = FixedWindowState::default();
+        assert!(fw.check(&mut s, 9_900_000, 1).allowed());
+        assert!(fw.check(&mut s, 10_100_000, 1).allowed());
+        let moved_on = s;
+        fw.refund(&mut s, 9_900_000, 1);
+        assert_eq!(s, moved_on, "the new window's count is untouched");
+        assert!(!fw.check(&mut s, 10_200_000, 1).allowed());
     }
 
     #[test]

@@ -40,8 +40,10 @@ use crate::quota::Quota;
 ///               oldest first, at which the running sum of units reaches used + cost - L
 /// apply:  drop entries that are not live at t; if cost > 0: add cost to the newest entry if
 ///         its at == t, else append (t, cost)
-/// refund: drop entries that are not live at t; take back up to cost units from the newest
-///         entries, removing entries that reach 0
+/// refund (now = the reservation's time): if a live entry has at == now, drop entries that
+///         are not live at t and take back min(units, cost) from that entry, removing it at 0;
+///         otherwise nothing (the entry left the window, or the clock went back when the
+///         charge was made and it went to a later entry). Later entries are other requests'.
 /// idle timeout = W µs
 /// ```
 ///
@@ -294,21 +296,25 @@ impl Algorithm for SlidingLog {
         state.units += cost;
     }
 
+    /// Gives back up to `cost` units from the entry `now` (the reservation's time) charged,
+    /// the live entry at exactly `now`; admissions at other times are other requests' and are
+    /// never touched. Without such an entry nothing is given back.
     fn refund(&self, state: &mut SlidingLogState, now: u64, cost: u64) {
         let v = self.view(state, now);
+        // Entries are strictly increasing in `at`: the first one at or after `now`, if live.
+        let i = state.entries.partition_point(|e| e.at < now);
+        let charged = i >= v.expired && state.entries.get(i).is_some_and(|e| e.at == now);
+        if cost == 0 || !charged {
+            return;
+        }
         self.prune(state, v);
-        let mut left = cost;
-        while left > 0 {
-            let Some(newest) = state.entries.back_mut() else {
-                break;
-            };
-            let take = newest.units.min(left);
-            newest.units -= take;
-            state.units -= take;
-            left -= take;
-            if newest.units == 0 {
-                state.entries.pop_back();
-            }
+        let i = i - v.expired;
+        let entry = &mut state.entries[i];
+        let take = entry.units.min(cost);
+        entry.units -= take;
+        state.units = state.units.saturating_sub(take);
+        if entry.units == 0 {
+            state.entries.remove(i);
         }
     }
 
@@ -460,8 +466,46 @@ mod tests {
         assert_eq!(log.decide(&s, 20, 4), before);
         assert_eq!(s.units(), 4);
         log.refund(&mut s, 20, 100);
+        assert_eq!(
+            s.entries().copied().collect::<Vec<_>>(),
+            [LogEntry { at: 10, units: 3 }],
+            "only the entry at the refund's time gives back"
+        );
+        assert_eq!(s.units(), 3);
+        log.refund(&mut s, 10, 100);
         assert!(s.is_empty());
         assert_eq!(s.units(), 0);
+    }
+
+    #[test]
+    fn refund_after_the_window_moved_on_gives_back_nothing() {
+        // 1 per 10 s: reserved at 9.9 s; it leaves the window at 19.9 s, one is admitted at
+        // 20 s; the late refund (as of 9.9 s) must not free the newer admission.
+        let log = SlidingLog::new(Quota::per(Duration::from_secs(10), 1)).unwrap();
+        let mut s = SlidingLogState::default();
+        assert!(log.check(&mut s, 9_900_000, 1).allowed());
+        assert!(log.check(&mut s, 20 * S, 1).allowed());
+        let moved_on = s.clone();
+        log.refund(&mut s, 9_900_000, 1);
+        assert_eq!(s, moved_on);
+        assert!(!log.check(&mut s, 20 * S + 100_000, 1).allowed());
+        // Within the window, a late refund takes from its own entry, not the newest one.
+        let log = SlidingLog::new(Quota::per(Duration::from_secs(10), 3)).unwrap();
+        let mut s = SlidingLogState::default();
+        assert!(log.check(&mut s, S, 2).allowed());
+        assert!(log.check(&mut s, 2 * S, 1).allowed());
+        log.refund(&mut s, S, 5);
+        assert_eq!(
+            s.entries().copied().collect::<Vec<_>>(),
+            [LogEntry { at: 2 * S, units: 1 }]
+        );
+        // Its units are free again, but the one of 2 s stays until 12 s.
+        assert!(log.check(&mut s, 3 * S, 2).allowed());
+        assert!(!log.check(&mut s, 11 * S, 1).allowed());
+        // A charge made while the clock read earlier went to the newest entry: no refund.
+        let before = s.clone();
+        log.refund(&mut s, 2 * S + 1, 1);
+        assert_eq!(s, before);
     }
 
     #[test]
@@ -520,7 +564,11 @@ mod tests {
         log.check(&mut s, u64::MAX, 1);
         log.check(&mut s, u64::MAX, 1);
         assert!(log.decide(&s, u64::MAX, 1).retry_after().is_some());
+        let before = s.clone();
         log.refund(&mut s, 0, 2);
-        assert!(s.is_empty());
+        assert_eq!(s, before, "nothing was charged at 0");
+        // An entry at u64::MAX is never live (its end saturates), so there is nothing to free.
+        log.refund(&mut s, u64::MAX, 2);
+        assert_eq!(s.units(), 1);
     }
 }

@@ -40,7 +40,11 @@ use crate::quota::{Quota, MAX_EXACT};
 /// after    = est + cost                     (if allowed, else est)
 /// remaining = L - min(L, after)
 /// apply:  last = t; prev = p; cur = c + cost
-/// refund: last = t; prev = p; cur = c - min(c, cost)
+/// refund (now = the reservation's time; k = now ÷ W, the window it charged):
+///         if s == k:       cur = cur - min(cur, cost)
+///         if s == k + 1:   prev = prev - min(prev, cost)   (the charged window is now the previous)
+///         otherwise        nothing (the window charged no longer weighs)
+///         last is unchanged
 /// idle timeout = 2 × W µs
 /// ```
 ///
@@ -235,13 +239,16 @@ impl Algorithm for SlidingWindow {
         };
     }
 
+    /// Gives back `cost` to the counter of the window `now` (the reservation's time) charged:
+    /// the current count while `last` is still in it, the previous count once `last` has moved
+    /// one window on, nothing later. A refund never frees units of a window it did not charge.
     fn refund(&self, state: &mut SlidingWindowState, now: u64, cost: u64) {
-        let v = self.view(state, now);
-        *state = SlidingWindowState {
-            last: v.t,
-            prev: v.prev,
-            cur: v.cur.saturating_sub(cost),
-        };
+        let (charged, s) = (now / self.period, state.last / self.period);
+        if s == charged {
+            state.cur = state.cur.saturating_sub(cost);
+        } else if Some(s) == charged.checked_add(1) {
+            state.prev = state.prev.saturating_sub(cost);
+        }
     }
 
     fn idle_timeout_micros(&self) -> u64 {
@@ -393,6 +400,26 @@ mod tests {
             (6, 0),
             "refund never touches the previous window"
         );
+    }
+
+    #[test]
+    fn refund_after_the_window_moved_on_gives_back_nothing() {
+        // 1 per 10 s: reserved at 9.9 s, the window moves at 10 s. Waiting out the previous
+        // window's weight, one is admitted at 19.95 s; the late refund (as of 9.9 s) gives back
+        // only to the previous window's count and must not let a second one in.
+        let sw = SlidingWindow::new(Quota::per(Duration::from_secs(10), 1)).unwrap();
+        let mut s = SlidingWindowState::default();
+        assert!(sw.check(&mut s, 9_900_000, 1).allowed());
+        assert!(sw.check(&mut s, 19_950_000, 1).allowed());
+        sw.refund(&mut s, 9_900_000, 1);
+        assert_eq!((s.last, s.prev, s.cur), (19_950_000, 0, 1));
+        assert!(!sw.check(&mut s, 19_960_000, 1).allowed());
+        // Two windows on, the charged window no longer weighs: nothing to give back.
+        assert!(sw.check(&mut s, 30 * S, 1).allowed());
+        let moved_on = s;
+        sw.refund(&mut s, 9_900_000, 1);
+        assert_eq!(s, moved_on);
+        assert!(!sw.check(&mut s, 30 * S + 1, 1).allowed());
     }
 
     #[test]
