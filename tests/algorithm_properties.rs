@@ -374,3 +374,130 @@ fn seed_idle_key_admits_its_capacity_of_thirty() {
     scenario(SlidingWindow::new(window).unwrap());
     scenario(SlidingLog::new(window).unwrap());
 }
+
+/// Reserves `ops[k]` (when allowed) among the other requests of `ops` (time, cost; times may go
+/// back), refunds it at its own time after all of them, and compares the key with `truth`: the
+/// same key charged with only what the stream actually admitted besides the reservation. At
+/// the latest time seen and `probe` µs later, the refunded key never has more than
+/// `slack(at, last, cost)` units more budget than `truth` (0 for the windows): a refund gives
+/// back at most what its reservation still takes from the state as it is now.
+fn assert_refund_gives_back_at_most_what_it_took<A: Algorithm>(
+    alg: &A,
+    ops: &[(u64, u64)],
+    k: usize,
+    probe: u64,
+    slack: impl Fn(u64, u64, u64) -> u64,
+) -> Result<(), TestCaseError> {
+    let (mut state, mut truth) = (A::State::default(), A::State::default());
+    let mut reserved = None;
+    for (i, &(at, cost)) in ops.iter().enumerate() {
+        let d = alg.check(&mut state, at, cost);
+        if i == k {
+            reserved = d.allowed().then_some((at, cost));
+        } else if d.allowed() {
+            alg.apply(&mut truth, at, cost);
+        }
+    }
+    let Some((at, cost)) = reserved else {
+        return Ok(());
+    };
+    alg.refund(&mut state, at, cost);
+    let last = ops.iter().map(|o| o.0).max().unwrap_or(0);
+    for t in [last, last + probe] {
+        let (got, fair) = (
+            alg.decide(&state, t, 0).remaining(),
+            alg.decide(&truth, t, 0).remaining(),
+        );
+        let extra = slack(at, last, cost);
+        prop_assert!(
+            got <= fair + extra,
+            "at {t}: {got} left after the refund of {cost} reserved at {at}, {fair} without it (+{extra} allowed)",
+        );
+    }
+    Ok(())
+}
+
+/// A quota, a stream of (time, cost) starting 100 windows in, with times that mostly move on
+/// (often across a seam) and sometimes go back, the index of the reservation, and a probe gap.
+fn refund_case(with_burst: bool) -> impl Strategy<Value = (Quota, Vec<(u64, u64)>, usize, u64)> {
+    (1u64..=6, 1u64..=1_000, 1u64..=8).prop_flat_map(move |(count, unit, burst)| {
+        let w = count * unit * 10;
+        let q = Quota::per(Duration::from_micros(w), count);
+        let q = if with_burst { q.burst(burst) } else { q };
+        let step = prop_oneof![
+            3 => (0..=w / 2).prop_map(|d| d as i64),
+            2 => (w / 2..=2 * w).prop_map(|d| d as i64),
+            1 => (0..=w).prop_map(|d| -(d as i64)),
+        ];
+        let cost = prop_oneof![4 => Just(1u64), 1 => 0..=q.burst_size()];
+        (
+            Just(q),
+            prop::collection::vec((step, cost), 2..24),
+            any::<prop::sample::Index>(),
+            0..=3 * w,
+        )
+            .prop_map(move |(q, steps, k, probe)| {
+                let mut now = 100 * w;
+                let ops: Vec<_> = steps
+                    .into_iter()
+                    .map(|(d, c)| {
+                        now = now.saturating_add_signed(d);
+                        (now, c)
+                    })
+                    .collect();
+                let k = k.index(ops.len());
+                (q, ops, k, probe)
+            })
+    })
+}
+
+/// The buckets' late refund gives the whole cost back into a bucket that may have refilled
+/// meanwhile: at most the refill since the reservation, `rate × (last − at)` rounded up, more
+/// than the key would have without it, and never more than the cost.
+fn bucket_slack(quota: Quota) -> impl Fn(u64, u64, u64) -> u64 {
+    move |at, last, cost| {
+        let refill = u128::from(last.saturating_sub(at)) * u128::from(quota.count());
+        let refill = refill.div_ceil(u128::from(quota.period_micros()));
+        cost.min(u64::try_from(refill).unwrap_or(u64::MAX))
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn fixed_window_refund_never_creates_budget((q, ops, k, probe) in refund_case(false)) {
+        let alg = FixedWindow::new(q).unwrap();
+        assert_refund_gives_back_at_most_what_it_took(&alg, &ops, k, probe, |_, _, _| 0)?;
+    }
+
+    #[test]
+    fn sliding_window_refund_never_creates_budget((q, ops, k, probe) in refund_case(false)) {
+        let alg = SlidingWindow::new(q).unwrap();
+        assert_refund_gives_back_at_most_what_it_took(&alg, &ops, k, probe, |_, _, _| 0)?;
+    }
+
+    #[test]
+    fn sliding_log_refund_never_creates_budget((q, ops, k, probe) in refund_case(false)) {
+        let alg = SlidingLog::new(q).unwrap();
+        assert_refund_gives_back_at_most_what_it_took(&alg, &ops, k, probe, |_, _, _| 0)?;
+    }
+
+    #[test]
+    fn token_bucket_refund_gives_back_at_most_the_refill((q, ops, k, probe) in refund_case(true)) {
+        let alg = TokenBucket::new(q).unwrap();
+        assert_refund_gives_back_at_most_what_it_took(&alg, &ops, k, probe, bucket_slack(q))?;
+    }
+
+    #[test]
+    fn gcra_refund_gives_back_at_most_the_refill((q, ops, k, probe) in refund_case(true)) {
+        let alg = Gcra::new(q).unwrap();
+        assert_refund_gives_back_at_most_what_it_took(&alg, &ops, k, probe, bucket_slack(q))?;
+    }
+
+    #[test]
+    fn leaky_bucket_refund_gives_back_at_most_the_refill((q, ops, k, probe) in refund_case(true)) {
+        let alg = LeakyBucket::new(q).unwrap();
+        assert_refund_gives_back_at_most_what_it_took(&alg, &ops, k, probe, bucket_slack(q))?;
+    }
+}
