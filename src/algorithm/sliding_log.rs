@@ -497,7 +497,10 @@ mod tests {
         log.refund(&mut s, S, 5);
         assert_eq!(
             s.entries().copied().collect::<Vec<_>>(),
-            [LogEntry { at: 2 * S, units: 1 }]
+            [LogEntry {
+                at: 2 * S,
+                units: 1
+            }]
         );
         // Its units are free again, but the one of 2 s stays until 12 s.
         assert!(log.check(&mut s, 3 * S, 2).allowed());
