@@ -37,6 +37,7 @@ use crate::quota::Quota;
 ///         tat = b + floor(steps / per);  sub = steps mod per
 /// refund: only if before > 0: steps = max(0, before - need);
 ///         tat = now + floor(steps / per);  sub = steps mod per
+///         (now = the reservation's time: the TAT moves back by `need` steps, not below now)
 /// idle timeout = ceil(cap / per) µs
 /// ```
 ///
@@ -49,6 +50,11 @@ use crate::quota::Quota;
 /// A `now` earlier than a previous request is measured against the TAT as it stands: it never
 /// earns anything (it is, if anything, stricter than "no time elapsed"), and a cost of 0 is
 /// always allowed.
+///
+/// A late refund (at the reservation's time, before later requests) moves the TAT back by the
+/// whole `need`, although part of it may have been refilled since: the key may then hold up to
+/// `min(cost, ceil((latest time seen - now) × count / period))` units more than it would had
+/// the reservation never been made; a TAT in the past reads as full, never fuller.
 ///
 /// ```
 /// use std::time::Duration;

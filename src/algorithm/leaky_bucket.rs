@@ -35,6 +35,9 @@ use crate::quota::Quota;
 /// queue_delay = ceil(level' / per) µs        (the queue ahead of the request drains)
 /// apply:  level = min(cap, level' + need); last = max(last, now)
 /// refund: level = level' - min(level', need); last = max(last, now)
+///         (now = the reservation's time; a late refund may leave up to
+///         min(cost, ceil((last - now) × count / period)) units more room than without the
+///         reservation, as the token bucket's, never an emptier queue than empty)
 /// idle timeout = ceil(cap / per) µs
 /// ```
 ///

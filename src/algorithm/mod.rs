@@ -100,8 +100,23 @@ pub trait Algorithm: Send + Sync + Debug + 'static {
     /// Charges a request that [`decide`](Self::decide) allowed at the same `now` and `cost`.
     fn apply(&self, state: &mut Self::State, now: u64, cost: u64);
 
-    /// Gives back `cost` charged at `now` (reserve-then-refund across stores). Never makes the
-    /// state fuller than a fresh key.
+    /// Gives back `cost` that a reservation charged at `now` (reserve-then-refund across
+    /// stores). `now` is the **reservation's** time: the refund may arrive after the state has
+    /// seen later times and later charges. Never makes the state fuller than a fresh key, and
+    /// gives back at most what the reservation still takes from the state as it is now:
+    ///
+    /// - the windows give back only to the window or log entry the reservation charged: the
+    ///   [`FixedWindow`] while its stored window is still `now`'s; the [`SlidingWindow`] to
+    ///   the current count while `now`'s window is the stored one, to the previous count once
+    ///   it has moved on by one, nothing later; the [`SlidingLog`] to its live entry at
+    ///   exactly `now`, nothing once it has left the window. A refund never frees units of a
+    ///   window it did not charge, so it can never let a window admit more than its limit.
+    /// - the buckets ([`TokenBucket`], [`Gcra`], [`LeakyBucket`]) give `cost` back into a
+    ///   bucket that may have refilled since `now`: never fuller than a fresh key, and at most
+    ///   `rate × (last − now)` units (rounded up, at most `cost`) more than the key would hold
+    ///   had the reservation never been made, where `last` is the latest time the key has
+    ///   seen. Across stores the delay `last − now` is the round trip between reserving and
+    ///   refunding, so the excess is the refill of that round trip.
     fn refund(&self, state: &mut Self::State, now: u64, cost: u64);
 
     /// Microseconds without requests after which any state is indistinguishable from a fresh

@@ -25,7 +25,17 @@ use crate::quota::Quota;
 /// remaining   = floor((cap - after) / unit)
 /// reset       = ceil(after / per) µs
 /// retry_after = ceil((deficit' + need - cap) / per) µs   (if rejected)
+/// apply:  deficit = min(cap, deficit' + need); last = max(last, now)
+/// refund: deficit = deficit' - min(deficit', need); last = max(last, now)
+///         (now = the reservation's time, which may be before last: then elapsed = 0)
+/// idle timeout = ceil(cap / per) µs
 /// ```
+///
+/// A late refund (`now` before `last`) gives `need` back from the deficit as it stands, but
+/// the bucket may have refilled into the reservation's hole since `now` (refill a bucket
+/// without the reservation would have lost to being full): the key may then hold up to
+/// `min(cost, ceil((last - now) × count / period))` units more than it would had the
+/// reservation never been made, and never more than a fresh key.
 ///
 /// ```
 /// use tollgate::algorithm::{Algorithm, TokenBucket};
@@ -199,6 +209,21 @@ mod tests {
         b.refund(&mut s, 0, 3);
         assert_eq!(s.deficit, 0);
         b.refund(&mut s, 0, 3);
+        assert_eq!(s.deficit, 0, "never fuller than fresh");
+    }
+
+    #[test]
+    fn late_refund_gives_back_at_most_the_refill_since() {
+        // Capacity 10, 1/s. 5 reserved at 0 s; by 3 s, 3 of them have refilled into the hole
+        // (a bucket without the reservation was full and would have lost them); 8 pass at 3 s.
+        let b = TokenBucket::new(Quota::per_second(1).burst(10)).unwrap();
+        let mut s = TokenBucketState::default();
+        assert!(b.check(&mut s, 0, 5).allowed());
+        assert!(b.check(&mut s, 3_000 * MS, 8).allowed());
+        b.refund(&mut s, 0, 5);
+        // Without the reservation 2 would be left: the refund leaves 3 more, 3 s of refill.
+        assert_eq!(b.decide(&s, 3_000 * MS, 0).remaining(), 2 + 3);
+        b.refund(&mut s, 0, 100);
         assert_eq!(s.deficit, 0, "never fuller than fresh");
     }
 
