@@ -6,6 +6,12 @@
 //! and waits for the tenant's answer; meanwhile the clock reaches 19.999 s and the user is
 //! admitted once in the new window. The tenant then rejects, the reservation is refunded, and a
 //! second request at 19.999 s must still be rejected: one admission per window, not two.
+//!
+//! Every algorithm's final decision is also compared with the Rust `Algorithm` driven through
+//! the same transitions (the specification the Lua mirrors): reserve at 9.999 s, admit at
+//! 19.999 s, refund as of 9.999 s, decide at 19.999 s. The buckets refill a whole unit in those
+//! 10 s, so their late refund gives it back (the documented bound: at most the refill since
+//! the reservation), on Redis exactly as in Rust.
 #![cfg(feature = "redis")]
 
 mod common;
@@ -16,11 +22,14 @@ use std::time::Duration;
 
 use common::{cluster_store, decide, spec};
 use support::RedisCluster;
-use tollgate::algorithm::AlgorithmKind;
+use tollgate::algorithm::{
+    Algorithm, AlgorithmKind, FixedWindow, Gcra, LeakyBucket, SlidingLog, SlidingWindow,
+    TokenBucket,
+};
 use tollgate::clock::ManualClock;
 use tollgate::key::Key;
 use tollgate::store::LimitCheck;
-use tollgate::Quota;
+use tollgate::{Decision, Quota};
 
 fn cluster() -> &'static RedisCluster {
     static C: OnceLock<RedisCluster> = OnceLock::new();
@@ -30,11 +39,40 @@ fn cluster() -> &'static RedisCluster {
 const T0: u64 = 9_999_000;
 const T1: u64 = 19_999_000;
 
-async fn late_refund_never_frees_the_new_window(kind: AlgorithmKind) {
+fn user_quota() -> Quota {
+    Quota::per(Duration::from_secs(10), 1)
+}
+
+/// The scenario through the Rust transitions: reserve at T0, admit at T1, refund as of T0,
+/// decide at T1.
+fn rust_late_refund<A: Algorithm>(alg: A) -> Decision {
+    let mut state = A::State::default();
+    assert!(alg.check(&mut state, T0, 1).allowed());
+    assert!(alg.check(&mut state, T1, 1).allowed());
+    alg.refund(&mut state, T0, 1);
+    alg.decide(&state, T1, 1)
+}
+
+fn rust_model(kind: AlgorithmKind) -> Decision {
+    let q = user_quota();
+    match kind {
+        AlgorithmKind::FixedWindow => rust_late_refund(FixedWindow::new(q).unwrap()),
+        AlgorithmKind::SlidingWindow => rust_late_refund(SlidingWindow::new(q).unwrap()),
+        AlgorithmKind::SlidingLog => rust_late_refund(SlidingLog::new(q).unwrap()),
+        AlgorithmKind::TokenBucket => rust_late_refund(TokenBucket::new(q).unwrap()),
+        AlgorithmKind::Gcra => rust_late_refund(Gcra::new(q).unwrap()),
+        AlgorithmKind::LeakyBucket => rust_late_refund(LeakyBucket::new(q).unwrap()),
+        other => panic!("no model for {other}"),
+    }
+}
+
+/// Runs the scenario on the Cluster for `kind`; asserts the final decision is the Rust
+/// model's and returns it.
+async fn late_refund(kind: AlgorithmKind) -> Decision {
     let cluster = cluster();
     let clock = ManualClock::new();
     let limits = [
-        spec("user", Quota::per(Duration::from_secs(10), 1), kind),
+        spec("user", user_quota(), kind),
         spec("tenant", Quota::per_hour(1), AlgorithmKind::FixedWindow),
     ];
     let store = cluster_store(&cluster.urls(), "refund", &clock, &limits);
@@ -118,11 +156,31 @@ async fn late_refund_never_frees_the_new_window(kind: AlgorithmKind) {
     assert!(!d.allowed(), "{kind:?}: the tenant is exhausted");
     sleeper.join().unwrap();
 
-    let d = decide(&store, &alice_alone).await.unwrap();
+    let d = decide(&store, &alice_alone).await.unwrap().as_slice()[0];
+    let want = rust_model(kind);
+    let fields = |d: &Decision| (d.allowed(), d.remaining(), d.reset(), d.retry_after());
+    assert_eq!(
+        fields(&d),
+        fields(&want),
+        "{kind:?}: Lua and Rust refunds differ"
+    );
+    d
+}
+
+async fn late_refund_never_frees_the_new_window(kind: AlgorithmKind) {
+    let d = late_refund(kind).await;
     assert!(
         !d.allowed(),
         "{kind:?}: the late refund gave back a unit of the new window: 2 admitted in one window"
     );
+}
+
+/// A bucket's late refund gives back what refilled since the reservation (here the whole
+/// unit: 10 s is a full refill), exactly as the Rust transition does.
+async fn late_refund_gives_back_at_most_the_refill(kind: AlgorithmKind) {
+    let d = late_refund(kind).await;
+    assert!(d.allowed(), "{kind:?}: the documented bound, one unit");
+    assert_eq!(d.remaining(), 0, "{kind:?}");
 }
 
 #[tokio::test]
@@ -138,4 +196,19 @@ async fn sliding_window_refund_after_the_window_moved_on() {
 #[tokio::test]
 async fn sliding_log_refund_after_the_window_moved_on() {
     late_refund_never_frees_the_new_window(AlgorithmKind::SlidingLog).await;
+}
+
+#[tokio::test]
+async fn token_bucket_late_refund_matches_rust() {
+    late_refund_gives_back_at_most_the_refill(AlgorithmKind::TokenBucket).await;
+}
+
+#[tokio::test]
+async fn gcra_late_refund_matches_rust() {
+    late_refund_gives_back_at_most_the_refill(AlgorithmKind::Gcra).await;
+}
+
+#[tokio::test]
+async fn leaky_bucket_late_refund_matches_rust() {
+    late_refund_gives_back_at_most_the_refill(AlgorithmKind::LeakyBucket).await;
 }
