@@ -114,6 +114,9 @@ pub mod clock;
 pub mod cost;
 mod decision;
 mod error;
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod headers;
 pub mod key;
 pub mod layer;

@@ -183,7 +183,7 @@ mod breaker;
 mod conn;
 mod keys;
 mod memory_policy;
-mod script;
+pub(crate) mod script;
 mod stats;
 mod store;
 

@@ -1,0 +1,217 @@
+//! The fuzz targets' checks (`fuzz/src/`), run in the normal test suite without nightly: every
+//! seed in `fuzz/seeds/<target>/` (hand-written edge cases and any input a fuzzer ever failed
+//! on), then a bounded number of random inputs. The checks and what they assert are documented
+//! in each module; `cargo +nightly fuzz run <target>` runs the same checks under libFuzzer.
+
+#[allow(dead_code)]
+#[path = "../fuzz/src/input.rs"]
+mod input;
+
+#[path = "../fuzz/src/forwarding.rs"]
+mod forwarding;
+
+#[path = "../fuzz/src/quota_text.rs"]
+mod quota_text;
+
+#[cfg(feature = "redis")]
+#[path = "../fuzz/src/redis_key.rs"]
+mod redis_key;
+
+#[cfg(feature = "redis")]
+#[path = "../fuzz/src/redis_state.rs"]
+mod redis_state;
+
+#[cfg(feature = "redis")]
+mod support;
+
+use std::path::PathBuf;
+
+use proptest::prelude::*;
+
+/// The seed inputs of one target, sorted by file name (at least one must exist).
+fn seeds(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/seeds")
+        .join(target);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("dir entry").path())
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no seeds in {}", dir.display());
+    files
+        .into_iter()
+        .map(|p| {
+            let bytes = std::fs::read(&p).expect("read seed");
+            (p, bytes)
+        })
+        .collect()
+}
+
+/// Runs `check` on every seed, naming the seed that fails.
+fn replay(target: &str, mut check: impl FnMut(&[u8])) {
+    for (path, bytes) in seeds(target) {
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(&bytes)));
+        if let Err(e) = outcome {
+            std::panic::resume_unwind(Box::new(format!(
+                "seed {} failed: {:?}",
+                path.display(),
+                e.downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| e.downcast_ref::<&str>().copied())
+            )));
+        }
+    }
+}
+
+#[test]
+fn quota_text_seeds() {
+    replay("quota_text", quota_text::check);
+}
+
+#[test]
+fn forwarded_headers_seeds() {
+    replay("forwarded_headers", forwarding::check);
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_key_seeds() {
+    replay("redis_key", redis_key::check);
+}
+
+/// Stored state on a real `redis-server`: every seed, then 300 random inputs (about 4 Redis
+/// round trips each).
+#[cfg(feature = "redis")]
+#[test]
+fn redis_state_seeds_and_random_inputs() {
+    let server = support::RedisServer::start();
+    let mut harness = redis_state::Harness::new(&server.url(), "fuzz-seeds");
+    replay("redis_state", |b| harness.check(b));
+    let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+    for _ in 0..300 {
+        let len = 8 + (rng % 120) as usize;
+        let bytes: Vec<u8> = (0..len)
+            .map(|_| {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng as u8
+            })
+            .collect();
+        harness.check(&bytes);
+    }
+}
+
+/// Quota-like text: numbers, units, spaces and `burst`, mixed with arbitrary characters.
+fn quota_like() -> impl Strategy<Value = String> {
+    let piece = prop_oneof![
+        "[0-9]{1,22}".prop_map(|s| s),
+        Just("/".to_owned()),
+        Just(" burst ".to_owned()),
+        prop::sample::select(vec![
+            "s", "sec", "ms", "mss", "us", "µs", "min", "m", "h", "hs", "hr", "d", "days", "+",
+            "-", " ", "\t", "ns", "S", "MIN",
+        ])
+        .prop_map(str::to_owned),
+        any::<char>().prop_map(String::from),
+    ];
+    prop::collection::vec(piece, 0..8).prop_map(|v| v.concat())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn quota_text_random(text in quota_like(), raw in prop::collection::vec(any::<u8>(), 0..40)) {
+        quota_text::check(text.as_bytes());
+        quota_text::check(&raw);
+    }
+
+    #[test]
+    fn forwarded_headers_random(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
+        forwarding::check(&bytes);
+    }
+
+    /// Random inputs with header-like structure: separators, quotes, brackets and addresses.
+    #[test]
+    fn forwarded_headers_structured(
+        head in prop::collection::vec(any::<u8>(), 20..=20),
+        pieces in prop::collection::vec(prop::sample::select(vec![
+            "\n", "\n\0", "\n\x01", "\n\x02", ",", ";", "\"", "\\", "[", "]", ":", "for=",
+            "FOR=", "unknown", "_hidden", "1.2.3.4", "10.0.0.9", "2001:db8::1", "::ffff:10.1.1.1",
+            "[2001:db8:ffff::1]:80", "203.0.113.9:443", " ", "\t", "=", "by=10.0.0.1",
+            "64:ff9b::1.2.3.4", "\u{00e9}", "0.0.0.0", "255.255.255.255",
+        ]), 0..40),
+    ) {
+        let mut bytes = head;
+        bytes.extend(pieces.concat().bytes());
+        forwarding::check(&bytes);
+    }
+}
+
+#[cfg(feature = "redis")]
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn redis_key_random(bytes in prop::collection::vec(any::<u8>(), 0..400)) {
+        redis_key::check(&bytes);
+    }
+}
+
+/// Found by the `redis_state` target (issue 7): a sliding log holding more units than its limit
+/// (state left by a larger quota, e.g. after lowering a limit) refuses even a cost of 0, in Rust
+/// as in Lua, against "every algorithm allows a cost of 0", and reports `remaining` 0 that is not
+/// exact. Ignored until the algorithm's owner fixes it; `--ignored` shows it failing.
+#[test]
+#[ignore = "issue 7: sliding log refuses a cost of 0 above its limit (reported by the fuzzing helper)"]
+fn known_sliding_log_refuses_cost_0_over_its_limit() {
+    use tollgate::algorithm::{Algorithm, SlidingLog};
+    use tollgate::Quota;
+
+    let before = SlidingLog::new(Quota::per_minute(100)).unwrap();
+    let mut state = Default::default();
+    assert!(before.check(&mut state, 1_000_000, 50).allowed());
+    let lowered = SlidingLog::new(Quota::per_minute(10)).unwrap();
+    let d = lowered.decide(&state, 2_000_000, 0);
+    assert!(d.allowed(), "a cost of 0 was refused: {d:?}");
+}
+
+/// Found by the `redis_state` target (issue 7): for sliding-window counts above the limit (left
+/// by a larger quota), the Lua script reads them as the limit while the Rust algorithm (and so
+/// the memory store) weighs them as they are, so the same state is decided differently: here
+/// Redis admits a request the memory store refuses.
+#[cfg(feature = "redis")]
+#[test]
+#[ignore = "issue 7: Lua and Rust sliding windows differ on counts above the limit (reported by the fuzzing helper)"]
+fn known_sliding_window_counts_above_the_limit_differ_on_redis() {
+    use tollgate::algorithm::{Algorithm, AlgorithmKind, SlidingWindow, SlidingWindowState};
+    use tollgate::Quota;
+
+    let server = support::RedisServer::start();
+    let quota = Quota::per_minute(2);
+    let window = 60_000_000u64;
+    // Last charged at the start of a window with 6 units in the previous one (a larger quota).
+    let state = SlidingWindowState {
+        last: 10 * window,
+        prev: 6,
+        cur: 0,
+    };
+    let now = 10 * window + window / 2;
+    let rust = SlidingWindow::new(quota).unwrap().decide(&state, now, 1);
+
+    let mut harness = redis_state::Harness::new(&server.url(), "known-sw");
+    let redis = harness.decide_stored(
+        AlgorithmKind::SlidingWindow,
+        quota,
+        &[state.last, state.prev, state.cur],
+        now,
+        1,
+    );
+    assert_eq!(
+        (redis.allowed(), redis.remaining()),
+        (rust.allowed(), rust.remaining()),
+        "redis {redis:?}, memory {rust:?}"
+    );
+}
