@@ -80,7 +80,7 @@ fn redis_key_seeds() {
     replay("redis_key", redis_key::check);
 }
 
-/// Stored state on a real `redis-server`: every seed, then 300 random inputs (about 4 Redis
+/// Stored state on a real `redis-server`: every seed, then 200 random inputs (up to 10 Redis
 /// round trips each).
 #[cfg(feature = "redis")]
 #[test]
@@ -89,7 +89,7 @@ fn redis_state_seeds_and_random_inputs() {
     let mut harness = redis_state::Harness::new(&server.url(), "fuzz-seeds");
     replay("redis_state", |b| harness.check(b));
     let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
-    for _ in 0..300 {
+    for _ in 0..200 {
         let len = 8 + (rng % 120) as usize;
         let bytes: Vec<u8> = (0..len)
             .map(|_| {
@@ -152,7 +152,7 @@ proptest! {
 
 #[cfg(feature = "redis")]
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(ProptestConfig::with_cases(128))]
 
     #[test]
     fn redis_key_random(bytes in prop::collection::vec(any::<u8>(), 0..400)) {
