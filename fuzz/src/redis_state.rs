@@ -58,7 +58,7 @@ fn quotas() -> [Quota; 9] {
 /// One store per valid (algorithm, quota) pair, all on one server, with a clock set per check.
 pub struct Harness {
     runtime: tokio::runtime::Runtime,
-    conn: redis::Connection,
+    direct: Direct,
     clock: SetClock,
     stores: Vec<(AlgorithmKind, Quota, RedisStore)>,
     next: u64,
@@ -96,7 +96,10 @@ impl Harness {
         }
         Self {
             runtime,
-            conn,
+            direct: Direct {
+                url: url.to_owned(),
+                conn,
+            },
             clock,
             stores,
             next: 0,
@@ -140,25 +143,18 @@ impl Harness {
         self.next += 1;
         let key = Key::string(format!("victim-{}", self.next));
         let redis_key = store.redis_key(0, &key).expect("limit 0");
-        let _: () = redis::cmd("DEL")
-            .arg(&redis_key)
-            .query(&mut self.conn)
-            .expect("DEL");
+        let _: () = self.direct.run(redis::cmd("DEL").arg(&redis_key));
         match &stored {
             Stored::Missing => {}
             Stored::Bytes(b) => {
-                let _: () = redis::cmd("SET")
-                    .arg(&redis_key)
-                    .arg(&b[..])
-                    .query(&mut self.conn)
-                    .expect("SET");
+                let _: () = self
+                    .direct
+                    .run(redis::cmd("SET").arg(&redis_key).arg(&b[..]));
             }
             Stored::List => {
-                let _: () = redis::cmd("RPUSH")
-                    .arg(&redis_key)
-                    .arg("x")
-                    .query(&mut self.conn)
-                    .expect("RPUSH");
+                let _: () = self
+                    .direct
+                    .run(redis::cmd("RPUSH").arg(&redis_key).arg("x"));
             }
         }
         // A missing key first goes through up to 7 random checks at earlier times: the state
@@ -228,10 +224,7 @@ impl Harness {
 
         // Every key the script writes has an expiry (a rejection writes nothing). Redis expires keys in real time while this
         // clock stands still, so exactness is checked only when the key outlives the next calls.
-        let ttl: i64 = redis::cmd("PTTL")
-            .arg(&redis_key)
-            .query(&mut self.conn)
-            .expect("PTTL");
+        let ttl: i64 = self.direct.run(redis::cmd("PTTL").arg(&redis_key));
         if d.allowed() && cost > 0 {
             assert_ne!(ttl, -1, "a charged limiter key without expiry: {ctx}");
         }
@@ -279,11 +272,9 @@ impl Harness {
         let key = Key::string(format!("pinned-{}", self.next));
         let redis_key = self.stores[i].2.redis_key(0, &key).expect("limit 0");
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-        let _: () = redis::cmd("SET")
-            .arg(&redis_key)
-            .arg(bytes)
-            .query(&mut self.conn)
-            .expect("SET");
+        let _: () = self
+            .direct
+            .run(redis::cmd("SET").arg(&redis_key).arg(bytes));
         self.clock.0.store(now, Ordering::SeqCst);
         let d = self.decide(&self.stores[i].2, &key, cost);
         self.forget(&redis_key);
@@ -291,10 +282,35 @@ impl Harness {
     }
 
     fn forget(&mut self, redis_key: &str) {
-        let _: () = redis::cmd("DEL")
-            .arg(redis_key)
-            .query(&mut self.conn)
-            .expect("DEL");
+        let _: () = self.direct.run(redis::cmd("DEL").arg(redis_key));
+    }
+}
+
+/// A direct connection, for setting up and inspecting keys.
+struct Direct {
+    url: String,
+    conn: redis::Connection,
+}
+
+impl Direct {
+    /// Runs a direct command, reconnecting and retrying (each is idempotent here) when the
+    /// blocking call fails, e.g. interrupted by libFuzzer's timer signal.
+    fn run<T: redis::FromRedisValue>(&mut self, cmd: &redis::Cmd) -> T {
+        let mut last = None;
+        for _ in 0..5 {
+            match cmd.query(&mut self.conn) {
+                Ok(v) => return v,
+                Err(e) => {
+                    last = Some(e);
+                    if let Ok(conn) =
+                        redis::Client::open(self.url.as_str()).and_then(|c| c.get_connection())
+                    {
+                        self.conn = conn;
+                    }
+                }
+            }
+        }
+        panic!("redis command failed 5 times: {last:?}")
     }
 }
 
