@@ -183,9 +183,21 @@ fn render(header: ForwardedHeader, ip: IpAddr, form: u8) -> String {
     }
 }
 
-/// IPv4-mapped IPv6 as IPv4, as the extractor counts it.
+/// An IPv6 address carrying an IPv4 host as that IPv4 address, as the extractor counts it:
+/// IPv4-mapped `::ffff:0:0/96`, IPv4-compatible `::/96` (not `::` and `::1`) and the
+/// well-known NAT64 prefix `64:ff9b::/96`.
 fn canonical(ip: IpAddr) -> IpAddr {
-    ip.to_canonical()
+    let IpAddr::V6(v6) = ip else {
+        return ip;
+    };
+    let bits = u128::from(v6);
+    let v4 = IpAddr::V4(Ipv4Addr::from(bits as u32));
+    match bits >> 32 {
+        0xffff => v4,
+        0 if bits > 1 => v4,
+        0x0064_ff9b_0000_0000_0000_0000 => v4,
+        _ => ip,
+    }
 }
 
 /// Every address that can be read out of `value`: each maximal run of address characters,

@@ -375,7 +375,7 @@ fn word(input: &mut Input<'_>, now: u64, period: u64) -> i64 {
     let exact = MAX_EXACT as i64;
     let now = now as i64;
     let period = period as i64;
-    match input.byte() % 14 {
+    match input.byte() % 15 {
         0 => 0,
         1 => 1,
         2 => now,
@@ -389,6 +389,7 @@ fn word(input: &mut Input<'_>, now: u64, period: u64) -> i64 {
         10 => exact,
         11 => -1,
         12 => (input.u64() % (1 << 20)) as i64,
+        13 => i64::from(input.byte() % 4),
         _ => input.u64() as i64,
     }
 }
@@ -397,9 +398,11 @@ fn stored_value(input: &mut Input<'_>, kind: AlgorithmKind, now: u64, period: u6
     let width = match kind {
         AlgorithmKind::Gcra => 1,
         AlgorithmKind::SlidingWindow => 3,
-        AlgorithmKind::SlidingLog => 2 * (1 + usize::from(input.byte() % 4)),
+        // The header (total, magic, start), then 1 to 4 entries.
+        AlgorithmKind::SlidingLog => 3 + 2 * (1 + usize::from(input.byte() % 4)),
         _ => 2,
     };
+    let magic = kind == AlgorithmKind::SlidingLog && input.byte() % 8 != 0;
     match input.byte() % 8 {
         0 => Stored::Missing,
         1 => Stored::List,
@@ -419,7 +422,14 @@ fn stored_value(input: &mut Input<'_>, kind: AlgorithmKind, now: u64, period: u6
         }
         _ => Stored::Bytes(
             (0..width)
-                .flat_map(|_| word(input, now, period).to_le_bytes())
+                .flat_map(|i| {
+                    let w = if magic && i == 1 {
+                        SL_MAGIC
+                    } else {
+                        word(input, now, period)
+                    };
+                    w.to_le_bytes()
+                })
                 .collect(),
         ),
     }
@@ -433,39 +443,53 @@ fn decodable(kind: AlgorithmKind, stored: &Stored) -> Option<Vec<u64>> {
         Stored::List => return None,
         Stored::Bytes(b) => b,
     };
+    if kind == AlgorithmKind::SlidingLog {
+        return decodable_log(bytes);
+    }
     let ok_len = match kind {
         AlgorithmKind::Gcra => bytes.len() == 8,
         AlgorithmKind::SlidingWindow => bytes.len() == 24,
-        AlgorithmKind::SlidingLog => !bytes.is_empty() && bytes.len() % 16 == 0,
         _ => bytes.len() == 16,
     };
-    if !ok_len {
+    let words = ints(bytes);
+    (ok_len && words.iter().all(|&w| in_range(w)))
+        .then(|| words.into_iter().map(|w| w as u64).collect())
+}
+
+/// The sliding log's layout (`sliding_log.lua`): an empty string is a fresh key; otherwise a
+/// 24-byte header (total, magic, start) and 16-byte entries (at, units), read lazily, so the
+/// loader checks the header and the first live and the newest entries only.
+fn decodable_log(bytes: &[u8]) -> Option<Vec<u64>> {
+    if bytes.is_empty() {
+        return Some(Vec::new());
+    }
+    if bytes.len() < 40 || (bytes.len() - 24) % 16 != 0 {
         return None;
     }
-    let words: Vec<i64> = bytes
+    let w = ints(bytes);
+    let (total, magic, start) = (w[0], w[1], w[2]);
+    let n = ((bytes.len() - 24) / 16) as i64;
+    if magic != SL_MAGIC || start < 0 || start >= n || !in_range(total) || total < n - start {
+        return None;
+    }
+    let entry = |i: i64| (w[3 + 2 * i as usize], w[4 + 2 * i as usize]);
+    let ((first, units), (last, last_units)) = (entry(start), entry(n - 1));
+    let ok = in_range(first) && in_range(last) && first <= last && units >= 1 && last_units >= 1;
+    ok.then(|| w.into_iter().map(|x| x as u64).collect())
+}
+
+/// `sliding_log.lua`'s SL_MAGIC, the header's second integer.
+const SL_MAGIC: i64 = 1_936_483_175;
+
+fn ints(bytes: &[u8]) -> Vec<i64> {
+    bytes
         .chunks_exact(8)
         .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
-        .collect();
-    let in_range = |w: i64| (0..MAX_EXACT as i64).contains(&w);
-    if kind == AlgorithmKind::SlidingLog {
-        let mut total: i64 = 0;
-        for (i, pair) in words.chunks_exact(2).enumerate() {
-            let (at, units) = (pair[0], pair[1]);
-            if !in_range(at) || !(1..MAX_EXACT as i64).contains(&units) {
-                return None;
-            }
-            if i > 0 && at <= words[2 * i - 2] {
-                return None;
-            }
-            total += units;
-        }
-        if total >= MAX_EXACT as i64 {
-            return None;
-        }
-    } else if !words.iter().all(|&w| in_range(w)) {
-        return None;
-    }
-    Some(words.into_iter().map(|w| w as u64).collect())
+        .collect()
+}
+
+fn in_range(w: i64) -> bool {
+    (0..MAX_EXACT as i64).contains(&w)
 }
 
 /// The Rust algorithm's decide-and-charge on the decoded state (`words` empty: a fresh key), or

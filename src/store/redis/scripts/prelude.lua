@@ -44,7 +44,7 @@ local function read_state(key, len)
   if v == false then
     return false
   end
-  if type(v) == 'string' and ((len > 0 and #v == len) or (len == 0 and #v > 0 and #v % 16 == 0)) then
+  if type(v) == 'string' and (#v == len or (len == 0 and #v > 0 and #v % 16 == 0)) then
     return v
   end
   redis.call('DEL', key)
