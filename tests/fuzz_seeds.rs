@@ -161,12 +161,10 @@ proptest! {
 }
 
 /// Found by the `redis_state` target (issue 7): a sliding log holding more units than its limit
-/// (state left by a larger quota, e.g. after lowering a limit) refuses even a cost of 0, in Rust
-/// as in Lua, against "every algorithm allows a cost of 0", and reports `remaining` 0 that is not
-/// exact. Ignored until the algorithm's owner fixes it; `--ignored` shows it failing.
+/// (state left by a larger quota, e.g. after lowering a limit) refused even a cost of 0, against
+/// "every algorithm allows a cost of 0". Fixed on main meanwhile; this keeps it fixed.
 #[test]
-#[ignore = "issue 7: sliding log refuses a cost of 0 above its limit (reported by the fuzzing helper)"]
-fn known_sliding_log_refuses_cost_0_over_its_limit() {
+fn sliding_log_allows_cost_0_over_its_limit() {
     use tollgate::algorithm::{Algorithm, SlidingLog};
     use tollgate::Quota;
 

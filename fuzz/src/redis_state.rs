@@ -396,7 +396,6 @@ fn word(input: &mut Input<'_>, now: u64, period: u64) -> i64 {
 
 fn stored_value(input: &mut Input<'_>, kind: AlgorithmKind, now: u64, period: u64) -> Stored {
     let width = match kind {
-        AlgorithmKind::Gcra => 1,
         AlgorithmKind::SlidingWindow => 3,
         // The header (total, magic, start), then 1 to 4 entries.
         AlgorithmKind::SlidingLog => 3 + 2 * (1 + usize::from(input.byte() % 4)),
@@ -447,7 +446,6 @@ fn decodable(kind: AlgorithmKind, stored: &Stored) -> Option<Vec<u64>> {
         return decodable_log(bytes);
     }
     let ok_len = match kind {
-        AlgorithmKind::Gcra => bytes.len() == 8,
         AlgorithmKind::SlidingWindow => bytes.len() == 24,
         _ => bytes.len() == 16,
     };
@@ -519,11 +517,14 @@ fn rust_decision(
             now,
             cost,
         ),
-        AlgorithmKind::Gcra => {
-            Gcra::new(quota)
-                .ok()?
-                .check(&mut GcraState { tat: w(0) }, now, cost)
-        }
+        AlgorithmKind::Gcra => Gcra::new(quota).ok()?.check(
+            &mut GcraState {
+                tat: w(0),
+                sub: w(1),
+            },
+            now,
+            cost,
+        ),
         AlgorithmKind::FixedWindow => FixedWindow::new(quota).ok()?.check(
             &mut FixedWindowState {
                 window: w(0),
