@@ -193,20 +193,11 @@ impl Harness {
         let reachable = words.as_ref().map_or(true, Vec::is_empty);
         let ctx = format!("{kind} {quota}: stored {stored:?}, now={now}, cost={cost}, first {d:?}");
         check_coherent(&d, cost, capacity, reachable, &ctx);
-        let mut fresh_or_decoded = if warm_ups == 0 {
+        let fresh_or_decoded = if warm_ups == 0 {
             words.as_deref().or(Some(&[]))
         } else {
             None
         };
-        // KNOWN (issue 7, found by this target; `tests/fuzz_seeds.rs`
-        // `known_sliding_window_counts_above_the_limit_differ_on_redis`): the Lua sliding window
-        // reads counts above the limit (left by a larger quota) as the limit, the Rust one
-        // weighs them as they are, so their decisions differ for such state.
-        if kind == AlgorithmKind::SlidingWindow
-            && fresh_or_decoded.is_some_and(|w| w.iter().skip(1).any(|&c| c > quota.count()))
-        {
-            fresh_or_decoded = None;
-        }
         if let Some(want) = fresh_or_decoded.and_then(|w| rust_decision(kind, quota, w, now, cost))
         {
             assert_eq!(d.allowed(), want.allowed(), "allowed: {ctx}");

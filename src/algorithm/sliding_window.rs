@@ -35,6 +35,9 @@ use crate::quota::{Quota, MAX_EXACT};
 /// (p, c)   = (prev, cur)  if w == s
 ///            (cur, 0)     if w == s + 1
 ///            (0, 0)       otherwise         (stale)
+/// (p, c)   = (min(p, K), min(c, K))  where K = (2^53 - 1) ÷ W >= L: counts left by a larger,
+///                                    earlier limit weigh as they are (a lowered limit keeps
+///                                    what the key spent), bounded so p × W stays exact
 /// est      = (p × (W - e)) ÷ W + c          (floor of the weighted estimate)
 /// allowed  = cost <= L - min(L, est)        (so a cost of 0 always is)
 /// after    = est + cost                     (if allowed, else est)
@@ -89,6 +92,8 @@ pub struct SlidingWindow {
     period: u64,
     /// Units per window `L`.
     limit: u64,
+    /// `K = (2^53 - 1) ÷ W`: the largest count read from state (at least `L`).
+    max_count: u64,
 }
 
 /// Per-key state of a [`SlidingWindow`]: when it was last charged and the two window counts.
@@ -126,6 +131,7 @@ impl SlidingWindow {
                 quota,
                 period,
                 limit,
+                max_count: (MAX_EXACT - 1) / period,
             }),
             _ => Err(ConfigError::new(
                 "quota.count",
@@ -151,17 +157,18 @@ impl SlidingWindow {
         } else {
             (0, 0)
         };
+        // Counts above `L` (left by a larger, earlier limit) are kept, so a lowered limit keeps
+        // what the key spent; clamping at `K` only keeps `p × W` exact in Lua's doubles.
         View {
             t,
             e: t - w * self.period,
-            prev,
-            cur,
+            prev: prev.min(self.max_count),
+            cur: cur.min(self.max_count),
         }
     }
 
-    /// `floor(p × (W − e) / W)`: the previous window's weighted share. The product is below
-    /// 2^53 whenever `p <= L`; wider arithmetic keeps counts left by a larger, earlier limit
-    /// exact too.
+    /// `floor(p × (W − e) / W)`: the previous window's weighted share. `view` bounds `p` by
+    /// `K`, so the product is below 2^53; the wider arithmetic only guards the cast.
     #[inline]
     fn weighted(&self, p: u64, e: u64) -> u64 {
         (u128::from(p) * u128::from(self.period - e) / u128::from(self.period)) as u64

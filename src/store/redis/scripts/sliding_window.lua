@@ -2,7 +2,7 @@
 -- State (last, prev, cur): the time of the last charge (µs) and the counts of the window before
 -- last's and of last's window. Parameters: p1 = W (window length, µs), p2 = L (units per
 -- window). L × W < 2^53 (checked when the limit is built), so every product below is exact.
--- Counts above L (left by a larger, earlier limit) read as L.
+-- Counts above L (left by a larger, earlier limit) weigh as they are, up to (2^53 - 1) / W.
 
 -- The counts as seen from t = max(now, last): e µs into t's window, previous and current.
 local function sw_view(now, period, limit, last, sprev, scur)
@@ -17,11 +17,14 @@ local function sw_view(now, period, limit, last, sprev, scur)
   elseif w == s + 1 then
     prev = scur
   end
-  if prev > limit then
-    prev = limit
+  -- Counts above the limit (left by a larger, earlier one) weigh as they are, bounded by
+  -- K = (2^53 - 1) / W so that prev * W stays exact (the Rust `view` does the same).
+  local k = idiv(MAX_EXACT - 1, period)
+  if prev > k then
+    prev = k
   end
-  if cur > limit then
-    cur = limit
+  if cur > k then
+    cur = k
   end
   return t, t - w * period, prev, cur
 end
