@@ -53,6 +53,17 @@ impl<B> ResponseBody<B> {
     }
 }
 
+/// An empty inner body, as `B::default()` makes it.
+///
+/// Layers that answer on their own without calling through, such as tower-http's `TimeoutLayer`
+/// placed outside the limiter, need `Default` on the response body; this makes that work whenever
+/// the inner body has it.
+impl<B: Default> Default for ResponseBody<B> {
+    fn default() -> Self {
+        Self::inner(B::default())
+    }
+}
+
 impl<B> Body for ResponseBody<B>
 where
     B: Body,
@@ -113,5 +124,13 @@ mod tests {
         assert!(rejected.is_rejection());
         assert_eq!(rejected.size_hint().exact(), Some(2));
         assert_eq!(rejected.collect().await.unwrap().to_bytes(), "no");
+    }
+
+    #[tokio::test]
+    async fn default_is_the_inner_bodys_default() {
+        let body = ResponseBody::<Full<Bytes>>::default();
+        assert!(!body.is_rejection());
+        assert_eq!(body.size_hint().exact(), Some(0));
+        assert!(body.collect().await.unwrap().to_bytes().is_empty());
     }
 }
