@@ -144,7 +144,6 @@ impl Clock for ManualClock {
 /// assert!(b >= a);
 /// ```
 #[cfg(feature = "quanta")]
-#[cfg_attr(docsrs, doc(cfg(feature = "quanta")))]
 #[derive(Debug, Clone)]
 pub struct QuantaClock {
     clock: quanta::Clock,

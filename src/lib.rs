@@ -100,7 +100,29 @@
 //! | `axum` | [`PeerIp`](key::PeerIp) reads axum's `ConnectInfo`; route keys and cost tables read `MatchedPath` |
 //! | `redis` | the Redis store, single node or Cluster |
 //! | `tonic` | [`PeerIp`](key::PeerIp) and [`ClientIp`](key::ClientIp) read tonic's `TcpConnectInfo`; gRPC rejections carry `grpc-status-details-bin` (`RetryInfo`, `QuotaFailure`) |
-#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+//! | `quanta` | `clock::QuantaClock`: a TSC clock, cheaper to read than `Instant` |
+//!
+//! # Paths
+//!
+//! The types almost every user touches are re-exported at the crate root, and the root path is
+//! the canonical one used throughout these docs, the README and the examples:
+//! [`RateLimitLayer`], [`RateLimitLayerBuilder`], [`Limit`], [`MissingKey`], [`RateLimit`],
+//! [`Quota`], [`AlgorithmKind`], [`Decision`], [`PolicyName`], [`ConfigError`], [`StoreError`],
+//! [`StoreErrorKind`] and [`RequestView`]. Their module paths (`tollgate::layer::Limit`,
+//! `tollgate::quota::Quota`, ...) keep working and name the same items. Everything else (key
+//! extractors, costs, stores, clocks, headers, rejections) is used through its module:
+//! `tollgate::key::PeerIp`, `tollgate::store::MemoryBackend`, `tollgate::clock::ManualClock`.
+//!
+//! # Versioning
+//!
+//! `tollgate` follows semantic versioning; while it is `0.x`, a minor release (`0.1` → `0.2`)
+//! may break the API and a patch release does not. The minimum supported Rust version (MSRV) is
+//! the `rust-version` in `Cargo.toml`, checked in CI; raising it is a minor release. See the
+//! README for the feature flags' stability.
+// docs.rs builds with nightly and `--cfg docsrs`: `doc_cfg` marks each item with the features it
+// needs. `.ci/run` also builds the docs on stable with `--cfg docsrs` to check those cfg paths,
+// adding `--cfg tollgate_docs_stable` to leave out this nightly-only attribute.
+#![cfg_attr(all(docsrs, not(tollgate_docs_stable)), feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![warn(
     missing_docs,
@@ -131,3 +153,9 @@ pub use error::{ConfigError, StoreError, StoreErrorKind};
 pub use layer::{Limit, MissingKey, RateLimit, RateLimitLayer, RateLimitLayerBuilder};
 pub use quota::Quota;
 pub use request::RequestView;
+
+/// Compiles and runs every Rust code block of `README.md` as a doctest (`cargo test
+/// --all-features`), so the README cannot drift from the API.
+#[cfg(all(doctest, feature = "axum", feature = "redis"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

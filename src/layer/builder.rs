@@ -20,8 +20,7 @@ use crate::store::{Backend, LimitSpec, MAX_LIMITS};
 /// that is not an error, and whatever the backend rejects.
 ///
 /// ```
-/// use tollgate::layer::{Limit, RateLimitLayer};
-/// use tollgate::Quota;
+/// use tollgate::{Limit, Quota, RateLimitLayer};
 ///
 /// let err = RateLimitLayer::builder().build().unwrap_err();
 /// assert_eq!(err.field(), "limits");
@@ -130,8 +129,7 @@ impl<B> RateLimitLayerBuilder<B> {
     /// no limit is checked or charged and no rate-limit header is written.
     ///
     /// ```
-    /// use tollgate::layer::RateLimitLayer;
-    /// use tollgate::RequestView;
+    /// use tollgate::{RateLimitLayer, RequestView};
     ///
     /// let builder = RateLimitLayer::builder().skip(|req: &RequestView<'_>| req.uri().path() == "/health");
     /// # drop(builder);

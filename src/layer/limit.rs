@@ -32,7 +32,7 @@ use crate::store::{FailurePolicy, LimitSpec};
 /// limit of the same layer).
 ///
 /// ```
-/// use tollgate::layer::MissingKey;
+/// use tollgate::MissingKey;
 ///
 /// assert_eq!(MissingKey::default(), MissingKey::Reject);
 /// ```
@@ -82,10 +82,8 @@ impl MissingKey {
 /// One named limit: a [`Quota`] enforced by an algorithm, per key, at a cost per request.
 ///
 /// ```
-/// use tollgate::algorithm::AlgorithmKind;
 /// use tollgate::key::{Key, KeyError};
-/// use tollgate::layer::{Limit, MissingKey};
-/// use tollgate::{Quota, RequestView};
+/// use tollgate::{AlgorithmKind, Limit, MissingKey, Quota, RequestView};
 ///
 /// fn tenant<'r>(req: &RequestView<'r>) -> Result<Key<'r>, KeyError> {
 ///     req.headers()

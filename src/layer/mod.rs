@@ -75,11 +75,10 @@
 //! ```
 //! use std::convert::Infallible;
 //! use http::{Method, Request, Response, StatusCode};
-//! use tollgate::algorithm::AlgorithmKind;
 //! use tollgate::cost::CostTable;
 //! use tollgate::headers::ResetFormat;
 //! use tollgate::key::{GlobalKey, HeaderKey};
-//! use tollgate::{Limit, MissingKey, Quota, RateLimitLayer, RequestView};
+//! use tollgate::{AlgorithmKind, Limit, MissingKey, Quota, RateLimitLayer, RequestView};
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
