@@ -24,6 +24,31 @@ use std::time::{Duration, Instant};
 /// Implementations must never go backwards. The origin is arbitrary (process start, a test's
 /// zero); only differences matter, except that fixed and sliding windows are cut from the
 /// clock's origin.
+///
+/// Implement it to decide on a time the application already keeps; the store reads it on every
+/// check, so it should be cheap:
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::Arc;
+/// use tollgate::clock::Clock;
+/// use tollgate::store::MemoryBackend;
+///
+/// /// Time advanced by the application's own event loop, in microseconds.
+/// #[derive(Debug, Clone, Default)]
+/// struct LoopClock(Arc<AtomicU64>);
+///
+/// impl Clock for LoopClock {
+///     fn now_micros(&self) -> u64 {
+///         self.0.load(Ordering::Relaxed)
+///     }
+/// }
+///
+/// let clock = LoopClock::default();
+/// let _backend = MemoryBackend::new().clock(clock.clone());
+/// clock.0.fetch_add(1_500, Ordering::Relaxed);
+/// assert_eq!(clock.now_micros(), 1_500);
+/// ```
 pub trait Clock: Send + Sync + Debug + 'static {
     /// Microseconds since this clock's origin.
     fn now_micros(&self) -> u64;
