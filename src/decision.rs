@@ -107,7 +107,7 @@ const NEVER: u64 = u64::MAX;
 /// `d` in whole microseconds, rounded up, saturating just below [`NEVER`].
 #[inline]
 fn micros_ceil(d: Duration) -> u64 {
-    let us = d.as_micros() + u128::from(d.subsec_nanos() % 1_000 != 0);
+    let us = d.as_micros() + u128::from(!d.subsec_nanos().is_multiple_of(1_000));
     u64::try_from(us).unwrap_or(NEVER - 1).min(NEVER - 1)
 }
 

@@ -264,7 +264,7 @@ impl fmt::Display for Quota {
         ];
         let (n, unit) = UNITS
             .iter()
-            .find(|(u, _)| micros % u == 0)
+            .find(|(u, _)| micros.is_multiple_of(*u))
             .map(|(u, name)| (micros / u, *name))
             .unwrap_or((micros, "us"));
         if n != 1 {

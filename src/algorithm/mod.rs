@@ -79,12 +79,28 @@ pub use sliding_log::{LogEntry, SlidingLog, SlidingLogState};
 pub use sliding_window::{SlidingWindow, SlidingWindowState};
 pub use token_bucket::{TokenBucket, TokenBucketState};
 
+/// Seals [`Algorithm`]: a limit picks one of this module's algorithms by [`AlgorithmKind`], and
+/// the Redis scripts mirror exactly these, so an outside implementation could never be used.
+mod sealed {
+    #[allow(unreachable_pub)] // public in a private module: nameable here only
+    pub trait Sealed {}
+    impl Sealed for super::TokenBucket {}
+    impl Sealed for super::Gcra {}
+    impl Sealed for super::FixedWindow {}
+    impl Sealed for super::SlidingWindow {}
+    impl Sealed for super::SlidingLog {}
+    impl Sealed for super::LeakyBucket {}
+}
+
 /// A rate-limiting algorithm: a pure transition over a key's state.
 ///
 /// Times are microseconds on a monotonic clock. Implementations must tolerate `now` earlier than
 /// a time already seen (treat it as no time elapsed) and any `cost` (a cost above
 /// [`capacity`](Self::capacity) gets [`Decision::impossible`]).
-pub trait Algorithm: Send + Sync + Debug + 'static {
+///
+/// The trait is sealed: call it (a custom store runs these transitions on its own state), but
+/// the six algorithms of this module are its only implementations.
+pub trait Algorithm: sealed::Sealed + Send + Sync + Debug + 'static {
     /// Per-key state. `Default` is a fresh key, which starts full.
     type State: Default + Debug + Send + Sync + 'static;
 
@@ -144,7 +160,7 @@ pub trait Algorithm: Send + Sync + Debug + 'static {
 /// Which algorithm a limit uses; builds the typed algorithm from a [`Quota`].
 ///
 /// ```
-/// use tollgate::algorithm::AlgorithmKind;
+/// use tollgate::AlgorithmKind;
 ///
 /// assert_eq!("gcra".parse::<AlgorithmKind>().unwrap(), AlgorithmKind::Gcra);
 /// assert_eq!(AlgorithmKind::default(), AlgorithmKind::TokenBucket);

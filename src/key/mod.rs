@@ -31,8 +31,7 @@
 //!
 //! use http::{Request, Response, StatusCode};
 //! use tollgate::key::ClientIp;
-//! use tollgate::layer::{Limit, RateLimitLayer};
-//! use tollgate::Quota;
+//! use tollgate::{Limit, Quota, RateLimitLayer};
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")]

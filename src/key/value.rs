@@ -24,6 +24,7 @@ pub struct Key<'a> {
 
 /// The value part of a [`Key`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum KeyValue<'a> {
     /// One shared key for every request.
     Global,

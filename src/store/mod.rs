@@ -200,7 +200,8 @@ pub enum Checked<F> {
     Pending(F),
 }
 
-/// Configuration of where state lives; turned into a [`Store`] by the layer builder.
+/// Configuration of where state lives; turned into a [`Store`] by the layer builder. See
+/// [`Store`] for an example of implementing both.
 pub trait Backend {
     /// The store this backend builds.
     type Store: Store;
@@ -210,6 +211,65 @@ pub trait Backend {
 }
 
 /// Decides requests against limits, all-or-nothing.
+///
+/// [`MemoryStore`] and (feature `redis`) [`RedisStore`](self::redis::RedisStore) implement it; so
+/// can a store of your own, built by a [`Backend`] of your own. A store may keep state anywhere,
+/// deciding each limit with the [algorithm](crate::algorithm) its [`LimitSpec`] names, or wrap
+/// another store, as this one does to count the checks that reach it:
+///
+/// ```
+/// use std::convert::Infallible;
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::Arc;
+/// use http::{Request, Response, StatusCode};
+/// use tollgate::key::GlobalKey;
+/// use tollgate::store::{Backend, Checked, LimitCheck, LimitSpec, MemoryBackend, Store};
+/// use tollgate::{ConfigError, Limit, Quota, RateLimitLayer};
+/// use tower::{service_fn, ServiceBuilder, ServiceExt};
+///
+/// struct Counted<S> {
+///     inner: S,
+///     checks: Arc<AtomicU64>,
+/// }
+///
+/// impl<S: Store> Store for Counted<S> {
+///     type Future = S::Future;
+///
+///     fn check(&self, checks: &[LimitCheck<'_>]) -> Checked<Self::Future> {
+///         self.checks.fetch_add(1, Ordering::Relaxed);
+///         self.inner.check(checks)
+///     }
+/// }
+///
+/// struct CountedBackend<B>(B, Arc<AtomicU64>);
+///
+/// impl<B: Backend> Backend for CountedBackend<B> {
+///     type Store = Counted<B::Store>;
+///
+///     fn build(self, limits: &[LimitSpec]) -> Result<Self::Store, ConfigError> {
+///         Ok(Counted { inner: self.0.build(limits)?, checks: self.1 })
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let checks = Arc::new(AtomicU64::new(0));
+/// let layer = RateLimitLayer::builder()
+///     .backend(CountedBackend(MemoryBackend::new(), checks.clone()))
+///     .limit(Limit::new("global", Quota::per_hour(1)).key(GlobalKey))
+///     .build()?;
+/// let svc = ServiceBuilder::new()
+///     .layer(layer)
+///     .service(service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(String::new())) }));
+///
+/// let res = svc.clone().oneshot(Request::new(())).await?;
+/// assert_eq!(res.status(), StatusCode::OK);
+/// let res = svc.clone().oneshot(Request::new(())).await?;
+/// assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+/// assert_eq!(checks.load(Ordering::Relaxed), 2);
+/// # Ok(())
+/// # }
+/// ```
 pub trait Store: Send + Sync + 'static {
     /// The future of a pending check.
     type Future: Future<Output = Result<Decisions, StoreError>> + Send + 'static;

@@ -17,10 +17,9 @@ const MIN_KEYS_PER_SHARD: usize = 4_096;
 /// [module docs](super) for the design and memory figures.
 ///
 /// ```
-/// use tollgate::algorithm::AlgorithmKind;
 /// use tollgate::clock::ManualClock;
 /// use tollgate::store::{Backend, LimitSpec, MemoryBackend};
-/// use tollgate::{PolicyName, Quota};
+/// use tollgate::{AlgorithmKind, PolicyName, Quota};
 ///
 /// let spec = LimitSpec::new(PolicyName::new("api"), Quota::per_second(10), AlgorithmKind::TokenBucket);
 /// let store = MemoryBackend::new()

@@ -6,10 +6,9 @@
 //! boxing for a key it already holds.
 //!
 //! ```
-//! use tollgate::algorithm::AlgorithmKind;
 //! use tollgate::key::Key;
 //! use tollgate::store::{Backend, LimitSpec, MemoryBackend};
-//! use tollgate::{PolicyName, Quota};
+//! use tollgate::{AlgorithmKind, PolicyName, Quota};
 //!
 //! // Defaults: 100,000 keys per limit, shards from the CPU count, the system clock.
 //! let spec = LimitSpec::new(
@@ -29,11 +28,10 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tollgate::algorithm::AlgorithmKind;
 //! use tollgate::clock::ManualClock;
 //! use tollgate::key::Key;
 //! use tollgate::store::{Backend, Checked, LimitCheck, LimitSpec, MemoryBackend, Store};
-//! use tollgate::{PolicyName, Quota};
+//! use tollgate::{AlgorithmKind, PolicyName, Quota};
 //!
 //! let clock = ManualClock::new();
 //! let limits = [

@@ -67,11 +67,10 @@ impl<C: Clock> MemoryStore<C> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::algorithm::AlgorithmKind;
     /// use tollgate::clock::ManualClock;
     /// use tollgate::key::Key;
     /// use tollgate::store::{Backend, LimitSpec, MemoryBackend};
-    /// use tollgate::{PolicyName, Quota};
+    /// use tollgate::{AlgorithmKind, PolicyName, Quota};
     ///
     /// let clock = ManualClock::new();
     /// let spec = LimitSpec::new(

@@ -131,11 +131,10 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use tollgate::algorithm::AlgorithmKind;
 //! use tollgate::key::Key;
 //! use tollgate::store::redis::RedisBackend;
 //! use tollgate::store::{Backend, Checked, FailurePolicy, LimitCheck, LimitSpec, Store};
-//! use tollgate::{PolicyName, Quota};
+//! use tollgate::{AlgorithmKind, PolicyName, Quota};
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let limits = [LimitSpec::new(
