@@ -212,7 +212,7 @@ pub trait Backend {
 
 /// Decides requests against limits, all-or-nothing.
 ///
-/// [`MemoryStore`] and (feature `redis`) [`RedisStore`](self::redis::RedisStore) implement it; so
+/// [`MemoryStore`] and (feature `redis`) `RedisStore` implement it; so
 /// can a store of your own, built by a [`Backend`] of your own. A store may keep state anywhere,
 /// deciding each limit with the [algorithm](crate::algorithm) its [`LimitSpec`] names, or wrap
 /// another store, as this one does to count the checks that reach it:
