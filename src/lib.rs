@@ -156,6 +156,6 @@ pub use request::RequestView;
 
 /// Compiles and runs every Rust code block of `README.md` as a doctest (`cargo test
 /// --all-features`), so the README cannot drift from the API.
-#[cfg(all(doctest, feature = "axum", feature = "redis"))]
+#[cfg(all(doctest, feature = "axum", feature = "redis", feature = "tonic"))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;

@@ -177,7 +177,7 @@ impl Quota {
                 "the period must be at least 1 microsecond, e.g. Quota::per_second(10)",
             ));
         }
-        if self.period.subsec_nanos() % 1_000 != 0 {
+        if !self.period.subsec_nanos().is_multiple_of(1_000) {
             return Err(ConfigError::new(
                 "quota.period",
                 format!(

@@ -64,7 +64,7 @@ fn period_words(period: Duration) -> String {
     let nanos = period.as_nanos();
     let (n, unit) = UNITS
         .iter()
-        .find(|(u, _)| nanos % u == 0)
+        .find(|(u, _)| nanos.is_multiple_of(*u))
         .map_or((nanos, "nanosecond"), |&(u, name)| (nanos / u, name));
     match n {
         1 => unit.to_owned(),
