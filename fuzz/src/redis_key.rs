@@ -111,6 +111,7 @@ fn unscoped<'k>(key: &'k Key<'_>) -> Key<'k> {
         KeyValue::Ip(ip) => Key::ip(*ip),
         KeyValue::Int(n) => Key::int(*n),
         KeyValue::Bytes(b) => Key::bytes(&b[..]),
+        other => panic!("a key kind this target does not know yet: {other:?}"),
     }
 }
 

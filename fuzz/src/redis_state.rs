@@ -190,7 +190,7 @@ impl Harness {
         );
         // Hand-written state the algorithm could not have produced (counts above the limit,
         // times ahead) is only held to the weaker promises: decided, coherent, as in Rust.
-        let reachable = words.as_ref().map_or(true, Vec::is_empty);
+        let reachable = words.as_ref().is_none_or(Vec::is_empty);
         let ctx = format!("{kind} {quota}: stored {stored:?}, now={now}, cost={cost}, first {d:?}");
         check_coherent(&d, cost, capacity, reachable, &ctx);
         let fresh_or_decoded = if warm_ups == 0 {
@@ -392,7 +392,7 @@ fn stored_value(input: &mut Input<'_>, kind: AlgorithmKind, now: u64, period: u6
         AlgorithmKind::SlidingLog => 3 + 2 * (1 + usize::from(input.byte() % 4)),
         _ => 2,
     };
-    let magic = kind == AlgorithmKind::SlidingLog && input.byte() % 8 != 0;
+    let magic = kind == AlgorithmKind::SlidingLog && !input.byte().is_multiple_of(8);
     match input.byte() % 8 {
         0 => Stored::Missing,
         1 => Stored::List,
@@ -452,7 +452,7 @@ fn decodable_log(bytes: &[u8]) -> Option<Vec<u64>> {
     if bytes.is_empty() {
         return Some(Vec::new());
     }
-    if bytes.len() < 40 || (bytes.len() - 24) % 16 != 0 {
+    if bytes.len() < 40 || !(bytes.len() - 24).is_multiple_of(16) {
         return None;
     }
     let w = ints(bytes);
