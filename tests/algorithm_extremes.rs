@@ -169,7 +169,7 @@ where
         seen = seen.max(now);
         let ctx = format!("op {i} at {now}, cost {cost}, state {state:?}");
         if op.refund {
-            alg.refund(&mut state, now, cost);
+            alg.refund(&mut state, now, seen, cost);
             let d = alg.decide(&state, now, 0);
             prop_assert!(d.allowed(), "{}", ctx);
             prop_assert!(d.remaining() <= limit, "refund overfilled: {}", ctx);

@@ -9,9 +9,11 @@
 //!
 //! Every algorithm's final decision is also compared with the Rust `Algorithm` driven through
 //! the same transitions (the specification the Lua mirrors): reserve at 9.999 s, admit at
-//! 19.999 s, refund as of 9.999 s, decide at 19.999 s. The buckets refill a whole unit in those
-//! 10 s, so their late refund gives it back (the documented bound: at most the refill since
-//! the reservation), on Redis exactly as in Rust.
+//! 19.999 s, refund as of 9.999 s applied at 19.999 s, decide at 19.999 s. The buckets refilled
+//! the reserved unit in those 10 s while a bucket without the reservation was full and lost
+//! it, so their refund gives back nothing. With a burst of 2 and the admission 4 s after the
+//! reservation, 0.4 of the unit refilled: the refund gives back 0.6, and the key is exactly
+//! where it would be without the reservation, on Redis exactly as in Rust.
 #![cfg(feature = "redis")]
 
 mod common;
@@ -38,41 +40,62 @@ fn cluster() -> &'static RedisCluster {
 
 const T0: u64 = 9_999_000;
 const T1: u64 = 19_999_000;
+/// 4 s after the reservation: 0.4 of a unit refilled.
+const T_PARTIAL: u64 = T0 + 4_000_000;
 
 fn user_quota() -> Quota {
     Quota::per(Duration::from_secs(10), 1)
 }
 
-/// The scenario through the Rust transitions: reserve at T0, admit at T1, refund as of T0,
-/// decide at T1.
-fn rust_late_refund<A: Algorithm>(alg: A) -> Decision {
+/// The scenario through the Rust transitions: reserve at T0, admit at `t1`, refund as of T0
+/// applied at `t1`, decide at `t1`.
+fn rust_late_refund<A: Algorithm>(alg: A, t1: u64) -> Decision {
     let mut state = A::State::default();
     assert!(alg.check(&mut state, T0, 1).allowed());
-    assert!(alg.check(&mut state, T1, 1).allowed());
-    alg.refund(&mut state, T0, 1);
-    alg.decide(&state, T1, 1)
+    assert!(alg.check(&mut state, t1, 1).allowed());
+    alg.refund(&mut state, T0, t1, 1);
+    alg.decide(&state, t1, 1)
 }
 
-fn rust_model(kind: AlgorithmKind) -> Decision {
-    let q = user_quota();
+fn rust_model(kind: AlgorithmKind, q: Quota, t1: u64) -> Decision {
     match kind {
-        AlgorithmKind::FixedWindow => rust_late_refund(FixedWindow::new(q).unwrap()),
-        AlgorithmKind::SlidingWindow => rust_late_refund(SlidingWindow::new(q).unwrap()),
-        AlgorithmKind::SlidingLog => rust_late_refund(SlidingLog::new(q).unwrap()),
-        AlgorithmKind::TokenBucket => rust_late_refund(TokenBucket::new(q).unwrap()),
-        AlgorithmKind::Gcra => rust_late_refund(Gcra::new(q).unwrap()),
-        AlgorithmKind::LeakyBucket => rust_late_refund(LeakyBucket::new(q).unwrap()),
+        AlgorithmKind::FixedWindow => rust_late_refund(FixedWindow::new(q).unwrap(), t1),
+        AlgorithmKind::SlidingWindow => rust_late_refund(SlidingWindow::new(q).unwrap(), t1),
+        AlgorithmKind::SlidingLog => rust_late_refund(SlidingLog::new(q).unwrap(), t1),
+        AlgorithmKind::TokenBucket => rust_late_refund(TokenBucket::new(q).unwrap(), t1),
+        AlgorithmKind::Gcra => rust_late_refund(Gcra::new(q).unwrap(), t1),
+        AlgorithmKind::LeakyBucket => rust_late_refund(LeakyBucket::new(q).unwrap(), t1),
         other => panic!("no model for {other}"),
     }
 }
 
-/// Runs the scenario on the Cluster for `kind`; asserts the final decision is the Rust
-/// model's and returns it.
-async fn late_refund(kind: AlgorithmKind) -> Decision {
+/// The decision at `t1` of a key that saw only what was admitted: alice's one request at `t1`
+/// (the reservation refunded, as if it had never been made).
+fn without_the_reservation(kind: AlgorithmKind, q: Quota, t1: u64) -> Decision {
+    fn admit_once<A: Algorithm>(alg: A, t1: u64) -> Decision {
+        let mut state = A::State::default();
+        assert!(alg.check(&mut state, t1, 1).allowed());
+        alg.decide(&state, t1, 1)
+    }
+    match kind {
+        AlgorithmKind::TokenBucket => admit_once(TokenBucket::new(q).unwrap(), t1),
+        AlgorithmKind::Gcra => admit_once(Gcra::new(q).unwrap(), t1),
+        AlgorithmKind::LeakyBucket => admit_once(LeakyBucket::new(q).unwrap(), t1),
+        other => panic!("no model for {other}"),
+    }
+}
+
+fn fields(d: &Decision) -> (bool, u64, Duration, Option<Duration>) {
+    (d.allowed(), d.remaining(), d.reset(), d.retry_after())
+}
+
+/// Runs the scenario on the Cluster for `kind`, alice's user limit `user` and her admission
+/// at `t1`; asserts the final decision is the Rust model's and returns it.
+async fn late_refund(kind: AlgorithmKind, user: Quota, t1: u64) -> Decision {
     let cluster = cluster();
     let clock = ManualClock::new();
     let limits = [
-        spec("user", user_quota(), kind),
+        spec("user", user, kind),
         spec("tenant", Quota::per_hour(1), AlgorithmKind::FixedWindow),
     ];
     let store = cluster_store(&cluster.urls(), "refund", &clock, &limits);
@@ -148,7 +171,7 @@ async fn late_refund(kind: AlgorithmKind) -> Decision {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     // The window moves on: alice's one request of the new window.
-    clock.set_micros(T1);
+    clock.set_micros(t1);
     let d = decide(&store, &alice_alone).await.unwrap();
     assert!(d.allowed(), "{kind:?}: first request of the new window");
 
@@ -157,8 +180,7 @@ async fn late_refund(kind: AlgorithmKind) -> Decision {
     sleeper.join().unwrap();
 
     let d = decide(&store, &alice_alone).await.unwrap().as_slice()[0];
-    let want = rust_model(kind);
-    let fields = |d: &Decision| (d.allowed(), d.remaining(), d.reset(), d.retry_after());
+    let want = rust_model(kind, user, t1);
     assert_eq!(
         fields(&d),
         fields(&want),
@@ -168,19 +190,24 @@ async fn late_refund(kind: AlgorithmKind) -> Decision {
 }
 
 async fn late_refund_never_frees_the_new_window(kind: AlgorithmKind) {
-    let d = late_refund(kind).await;
+    let d = late_refund(kind, user_quota(), T1).await;
     assert!(
         !d.allowed(),
-        "{kind:?}: the late refund gave back a unit of the new window: 2 admitted in one window"
+        "{kind:?}: the late refund gave back budget that refilled: 2 admitted in one period"
     );
 }
 
-/// A bucket's late refund gives back what refilled since the reservation (here the whole
-/// unit: 10 s is a full refill), exactly as the Rust transition does.
-async fn late_refund_gives_back_at_most_the_refill(kind: AlgorithmKind) {
-    let d = late_refund(kind).await;
-    assert!(d.allowed(), "{kind:?}: the documented bound, one unit");
-    assert_eq!(d.remaining(), 0, "{kind:?}");
+/// A bucket's refund gives back only the part of the unit that has not refilled since the
+/// reservation (0.6 of it): the key is then exactly where it would be without the reservation
+/// (the same `remaining` and `reset`), on Redis exactly as in Rust.
+async fn partial_refill_refund_is_exact(kind: AlgorithmKind) {
+    let user = user_quota().burst(2);
+    let d = late_refund(kind, user, T_PARTIAL).await;
+    assert_eq!(
+        fields(&d),
+        fields(&without_the_reservation(kind, user, T_PARTIAL)),
+        "{kind:?}: the refunded key differs from one that never saw the reservation"
+    );
 }
 
 #[tokio::test]
@@ -199,16 +226,31 @@ async fn sliding_log_refund_after_the_window_moved_on() {
 }
 
 #[tokio::test]
-async fn token_bucket_late_refund_matches_rust() {
-    late_refund_gives_back_at_most_the_refill(AlgorithmKind::TokenBucket).await;
+async fn token_bucket_late_refund_never_over_admits() {
+    late_refund_never_frees_the_new_window(AlgorithmKind::TokenBucket).await;
 }
 
 #[tokio::test]
-async fn gcra_late_refund_matches_rust() {
-    late_refund_gives_back_at_most_the_refill(AlgorithmKind::Gcra).await;
+async fn gcra_late_refund_never_over_admits() {
+    late_refund_never_frees_the_new_window(AlgorithmKind::Gcra).await;
 }
 
 #[tokio::test]
-async fn leaky_bucket_late_refund_matches_rust() {
-    late_refund_gives_back_at_most_the_refill(AlgorithmKind::LeakyBucket).await;
+async fn leaky_bucket_late_refund_never_over_admits() {
+    late_refund_never_frees_the_new_window(AlgorithmKind::LeakyBucket).await;
+}
+
+#[tokio::test]
+async fn token_bucket_partial_refill_refund_matches_rust() {
+    partial_refill_refund_is_exact(AlgorithmKind::TokenBucket).await;
+}
+
+#[tokio::test]
+async fn gcra_partial_refill_refund_matches_rust() {
+    partial_refill_refund_is_exact(AlgorithmKind::Gcra).await;
+}
+
+#[tokio::test]
+async fn leaky_bucket_partial_refill_refund_matches_rust() {
+    partial_refill_refund_is_exact(AlgorithmKind::LeakyBucket).await;
 }

@@ -141,8 +141,8 @@ impl Algorithm for FixedWindow {
 
     /// Gives back `cost` only while the stored window is the one `now` (the reservation's
     /// time) charged; once the window has moved on, its count is another window's.
-    fn refund(&self, state: &mut FixedWindowState, now: u64, cost: u64) {
-        if state.window == now / self.period {
+    fn refund(&self, state: &mut FixedWindowState, reserved_at: u64, _now: u64, cost: u64) {
+        if state.window == reserved_at / self.period {
             state.count = state.count.saturating_sub(cost);
         }
     }
@@ -246,13 +246,13 @@ mod tests {
         fw.check(&mut s, 5 * S, 1);
         let before = fw.decide(&s, 5 * S, 3);
         fw.check(&mut s, 5 * S, 3);
-        fw.refund(&mut s, 5 * S, 3);
+        fw.refund(&mut s, 5 * S, 5 * S, 3);
         assert_eq!(fw.decide(&s, 5 * S, 3), before);
-        fw.refund(&mut s, 5 * S, 10);
+        fw.refund(&mut s, 5 * S, 5 * S, 10);
         assert_eq!(s.count, 0);
         // A refund in a later window does not touch the (already reset) count.
         fw.check(&mut s, 5 * S, 4);
-        fw.refund(&mut s, 6 * S, 4);
+        fw.refund(&mut s, 6 * S, 6 * S, 4);
         assert_eq!(
             s,
             FixedWindowState {
@@ -271,7 +271,7 @@ mod tests {
         assert!(fw.check(&mut s, 9_900_000, 1).allowed());
         assert!(fw.check(&mut s, 10_100_000, 1).allowed());
         let moved_on = s;
-        fw.refund(&mut s, 9_900_000, 1);
+        fw.refund(&mut s, 9_900_000, 10_100_000, 1);
         assert_eq!(s, moved_on, "the new window's count is untouched");
         assert!(!fw.check(&mut s, 10_200_000, 1).allowed());
     }
@@ -304,7 +304,7 @@ mod tests {
         let mut s = FixedWindowState::default();
         fw.check(&mut s, u64::MAX, 2);
         assert!(fw.decide(&s, u64::MAX, 1).retry_after().is_some());
-        fw.refund(&mut s, 0, 2);
+        fw.refund(&mut s, 0, 0, 2);
     }
 
     #[test]
@@ -320,7 +320,7 @@ mod tests {
         assert!(!d.allowed());
         assert_eq!(d.remaining(), 0);
         fw.check(&mut s, u64::MAX, 1);
-        fw.refund(&mut s, u64::MAX, u64::MAX);
+        fw.refund(&mut s, u64::MAX, u64::MAX, u64::MAX);
         let mut fresh = FixedWindowState::default();
         assert!(fw.check(&mut fresh, u64::MAX, 1).allowed());
         assert!(!fw.check(&mut fresh, u64::MAX, 1).allowed());

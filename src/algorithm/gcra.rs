@@ -204,11 +204,15 @@ impl Algorithm for Gcra {
         self.store(state, base, sub + need);
     }
 
-    fn refund(&self, state: &mut GcraState, now: u64, cost: u64) {
+    fn refund(&self, state: &mut GcraState, reserved_at: u64, now: u64, cost: u64) {
+        // The latest time the key is known to have seen: it stores no last-seen time.
+        let now = now.max(reserved_at);
         let before = self.before(state, now);
         if before > 0 {
-            let steps = before.saturating_sub(cost.saturating_mul(self.unit));
-            self.store(state, now, steps);
+            // The hole may have refilled since the reservation while a key without it was full.
+            let refilled = (now - reserved_at).saturating_mul(self.per);
+            let give = cost.saturating_mul(self.unit).saturating_sub(refilled);
+            self.store(state, now, before.saturating_sub(give));
         }
     }
 
@@ -377,9 +381,9 @@ mod tests {
         g.check(&mut s, 10 * S, 2);
         let before = g.decide(&s, 10 * S, 3);
         g.check(&mut s, 10 * S, 3);
-        g.refund(&mut s, 10 * S, 3);
+        g.refund(&mut s, 10 * S, 10 * S, 3);
         assert_eq!(g.decide(&s, 10 * S, 3), before);
-        g.refund(&mut s, 10 * S, 50);
+        g.refund(&mut s, 10 * S, 10 * S, 50);
         assert_eq!(
             s,
             GcraState {
@@ -423,7 +427,7 @@ mod tests {
         let mut s = GcraState::default();
         g.check(&mut s, u64::MAX - 1, 20);
         g.check(&mut s, u64::MAX, 20);
-        g.refund(&mut s, u64::MAX, 20);
+        g.refund(&mut s, u64::MAX, u64::MAX, 20);
         g.decide(&s, 0, 20);
     }
 }

@@ -149,9 +149,9 @@ impl Algorithm for LeakyBucket {
         *state = from_bucket(bucket);
     }
 
-    fn refund(&self, state: &mut LeakyBucketState, now: u64, cost: u64) {
+    fn refund(&self, state: &mut LeakyBucketState, reserved_at: u64, now: u64, cost: u64) {
         let mut bucket = as_bucket(state);
-        self.bucket.refund(&mut bucket, now, cost);
+        self.bucket.refund(&mut bucket, reserved_at, now, cost);
         *state = from_bucket(bucket);
     }
 
@@ -233,9 +233,9 @@ mod tests {
         b.check(&mut s, 0, 2);
         let before = b.decide(&s, 500 * MS, 3);
         b.check(&mut s, 500 * MS, 3);
-        b.refund(&mut s, 500 * MS, 3);
+        b.refund(&mut s, 500 * MS, 500 * MS, 3);
         assert_eq!(b.decide(&s, 500 * MS, 3), before);
-        b.refund(&mut s, 500 * MS, 10);
+        b.refund(&mut s, 500 * MS, 500 * MS, 10);
         assert_eq!(s.level, 0, "never emptier than empty");
     }
 
@@ -278,7 +278,8 @@ mod tests {
         };
         b.decide(&s, 0, 3);
         b.check(&mut s, u64::MAX, 3);
-        b.refund(&mut s, 0, u64::MAX);
+        // Reserved at the end of time, refunded by a clock that reads 0: no refill since.
+        b.refund(&mut s, u64::MAX, 0, u64::MAX);
         assert_eq!(s.level, 0);
     }
 }

@@ -133,7 +133,7 @@ pub trait Algorithm: sealed::Sealed + Send + Sync + Debug + 'static {
     ///   had the reservation never been made, where `last` is the latest time the key has
     ///   seen. Across stores the delay `last − now` is the round trip between reserving and
     ///   refunding, so the excess is the refill of that round trip.
-    fn refund(&self, state: &mut Self::State, now: u64, cost: u64);
+    fn refund(&self, state: &mut Self::State, reserved_at: u64, now: u64, cost: u64);
 
     /// Microseconds without requests after which any state is indistinguishable from a fresh
     /// key; stores use it to expire idle keys.

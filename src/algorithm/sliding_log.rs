@@ -299,11 +299,12 @@ impl Algorithm for SlidingLog {
     /// Gives back up to `cost` units from the entry `now` (the reservation's time) charged,
     /// the live entry at exactly `now`; admissions at other times are other requests' and are
     /// never touched. Without such an entry nothing is given back.
-    fn refund(&self, state: &mut SlidingLogState, now: u64, cost: u64) {
-        let v = self.view(state, now);
-        // Entries are strictly increasing in `at`: the first one at or after `now`, if live.
-        let i = state.entries.partition_point(|e| e.at < now);
-        let charged = i >= v.expired && state.entries.get(i).is_some_and(|e| e.at == now);
+    fn refund(&self, state: &mut SlidingLogState, reserved_at: u64, _now: u64, cost: u64) {
+        let v = self.view(state, reserved_at);
+        // Entries are strictly increasing in `at`: the first one at or after `reserved_at`, if
+        // live.
+        let i = state.entries.partition_point(|e| e.at < reserved_at);
+        let charged = i >= v.expired && state.entries.get(i).is_some_and(|e| e.at == reserved_at);
         if cost == 0 || !charged {
             return;
         }
@@ -462,17 +463,17 @@ mod tests {
         log.check(&mut s, 20, 1);
         let before = log.decide(&s, 20, 4);
         log.check(&mut s, 20, 4);
-        log.refund(&mut s, 20, 4);
+        log.refund(&mut s, 20, 20, 4);
         assert_eq!(log.decide(&s, 20, 4), before);
         assert_eq!(s.units(), 4);
-        log.refund(&mut s, 20, 100);
+        log.refund(&mut s, 20, 20, 100);
         assert_eq!(
             s.entries().copied().collect::<Vec<_>>(),
             [LogEntry { at: 10, units: 3 }],
             "only the entry at the refund's time gives back"
         );
         assert_eq!(s.units(), 3);
-        log.refund(&mut s, 10, 100);
+        log.refund(&mut s, 10, 10, 100);
         assert!(s.is_empty());
         assert_eq!(s.units(), 0);
     }
@@ -486,7 +487,7 @@ mod tests {
         assert!(log.check(&mut s, 9_900_000, 1).allowed());
         assert!(log.check(&mut s, 20 * S, 1).allowed());
         let moved_on = s.clone();
-        log.refund(&mut s, 9_900_000, 1);
+        log.refund(&mut s, 9_900_000, 20 * S, 1);
         assert_eq!(s, moved_on);
         assert!(!log.check(&mut s, 20 * S + 100_000, 1).allowed());
         // Within the window, a late refund takes from its own entry, not the newest one.
@@ -494,7 +495,7 @@ mod tests {
         let mut s = SlidingLogState::default();
         assert!(log.check(&mut s, S, 2).allowed());
         assert!(log.check(&mut s, 2 * S, 1).allowed());
-        log.refund(&mut s, S, 5);
+        log.refund(&mut s, S, 2 * S, 5);
         assert_eq!(
             s.entries().copied().collect::<Vec<_>>(),
             [LogEntry {
@@ -507,7 +508,7 @@ mod tests {
         assert!(!log.check(&mut s, 11 * S, 1).allowed());
         // A charge made while the clock read earlier went to the newest entry: no refund.
         let before = s.clone();
-        log.refund(&mut s, 2 * S + 1, 1);
+        log.refund(&mut s, 2 * S + 1, 2 * S, 1);
         assert_eq!(s, before);
     }
 
@@ -568,10 +569,10 @@ mod tests {
         log.check(&mut s, u64::MAX, 1);
         assert!(log.decide(&s, u64::MAX, 1).retry_after().is_some());
         let before = s.clone();
-        log.refund(&mut s, 0, 2);
+        log.refund(&mut s, 0, 0, 2);
         assert_eq!(s, before, "nothing was charged at 0");
         // An entry at u64::MAX is never live (its end saturates), so there is nothing to free.
-        log.refund(&mut s, u64::MAX, 2);
+        log.refund(&mut s, u64::MAX, u64::MAX, 2);
         assert_eq!(s.units(), 1);
     }
 }

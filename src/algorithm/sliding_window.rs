@@ -249,8 +249,8 @@ impl Algorithm for SlidingWindow {
     /// Gives back `cost` to the counter of the window `now` (the reservation's time) charged:
     /// the current count while `last` is still in it, the previous count once `last` has moved
     /// one window on, nothing later. A refund never frees units of a window it did not charge.
-    fn refund(&self, state: &mut SlidingWindowState, now: u64, cost: u64) {
-        let (charged, s) = (now / self.period, state.last / self.period);
+    fn refund(&self, state: &mut SlidingWindowState, reserved_at: u64, _now: u64, cost: u64) {
+        let (charged, s) = (reserved_at / self.period, state.last / self.period);
         if s == charged {
             state.cur = state.cur.saturating_sub(cost);
         } else if Some(s) == charged.checked_add(1) {
@@ -399,9 +399,9 @@ mod tests {
         sw.check(&mut s, now, 1);
         let before = sw.decide(&s, now, 2);
         sw.check(&mut s, now, 2);
-        sw.refund(&mut s, now, 2);
+        sw.refund(&mut s, now, now, 2);
         assert_eq!(sw.decide(&s, now, 2), before);
-        sw.refund(&mut s, now, 100);
+        sw.refund(&mut s, now, now, 100);
         assert_eq!(
             (s.prev, s.cur),
             (6, 0),
@@ -418,13 +418,13 @@ mod tests {
         let mut s = SlidingWindowState::default();
         assert!(sw.check(&mut s, 9_900_000, 1).allowed());
         assert!(sw.check(&mut s, 19_950_000, 1).allowed());
-        sw.refund(&mut s, 9_900_000, 1);
+        sw.refund(&mut s, 9_900_000, 19_950_000, 1);
         assert_eq!((s.last, s.prev, s.cur), (19_950_000, 0, 1));
         assert!(!sw.check(&mut s, 19_960_000, 1).allowed());
         // Two windows on, the charged window no longer weighs: nothing to give back.
         assert!(sw.check(&mut s, 30 * S, 1).allowed());
         let moved_on = s;
-        sw.refund(&mut s, 9_900_000, 1);
+        sw.refund(&mut s, 9_900_000, 30 * S, 1);
         assert_eq!(s, moved_on);
         assert!(!sw.check(&mut s, 30 * S + 1, 1).allowed());
     }
@@ -473,6 +473,6 @@ mod tests {
         sw.check(&mut s, u64::MAX, 2);
         sw.decide(&s, u64::MAX, 1);
         sw.decide(&at(u64::MAX, u64::MAX, u64::MAX), 0, 2);
-        sw.refund(&mut s, 0, 2);
+        sw.refund(&mut s, 0, 0, 2);
     }
 }

@@ -147,10 +147,14 @@ impl Algorithm for TokenBucket {
         state.last = state.last.max(now);
     }
 
-    fn refund(&self, state: &mut TokenBucketState, now: u64, cost: u64) {
+    fn refund(&self, state: &mut TokenBucketState, reserved_at: u64, now: u64, cost: u64) {
         let deficit = self.deficit_at(state, now);
-        state.deficit = deficit.saturating_sub(cost.saturating_mul(self.unit));
-        state.last = state.last.max(now);
+        let last = state.last.max(now);
+        // The hole may have refilled since the reservation while a bucket without it was full.
+        let refilled = last.saturating_sub(reserved_at).saturating_mul(self.per);
+        let give = cost.saturating_mul(self.unit).saturating_sub(refilled);
+        state.deficit = deficit.saturating_sub(give);
+        state.last = last;
     }
 
     fn idle_timeout_micros(&self) -> u64 {
@@ -163,6 +167,7 @@ mod tests {
     use super::*;
 
     const MS: u64 = 1_000;
+    const S: u64 = 1_000_000;
 
     #[test]
     fn seed_batch_of_twenty_then_retry_in_50ms_then_full_after_3s() {
@@ -206,25 +211,53 @@ mod tests {
         let b = TokenBucket::new(Quota::per_second(1).burst(5)).unwrap();
         let mut s = TokenBucketState::default();
         b.check(&mut s, 0, 3);
-        b.refund(&mut s, 0, 3);
+        b.refund(&mut s, 0, 0, 3);
         assert_eq!(s.deficit, 0);
-        b.refund(&mut s, 0, 3);
+        b.refund(&mut s, 0, 0, 3);
         assert_eq!(s.deficit, 0, "never fuller than fresh");
     }
 
     #[test]
-    fn late_refund_gives_back_at_most_the_refill_since() {
+    fn late_refund_gives_back_only_what_did_not_refill() {
         // Capacity 10, 1/s. 5 reserved at 0 s; by 3 s, 3 of them have refilled into the hole
         // (a bucket without the reservation was full and would have lost them); 8 pass at 3 s.
+        // Without the reservation 2 would be left: the refund gives back 5 - 3 = 2 units, not 5.
         let b = TokenBucket::new(Quota::per_second(1).burst(10)).unwrap();
         let mut s = TokenBucketState::default();
         assert!(b.check(&mut s, 0, 5).allowed());
         assert!(b.check(&mut s, 3_000 * MS, 8).allowed());
-        b.refund(&mut s, 0, 5);
-        // Without the reservation 2 would be left: the refund leaves 3 more, 3 s of refill.
-        assert_eq!(b.decide(&s, 3_000 * MS, 0).remaining(), 2 + 3);
-        b.refund(&mut s, 0, 100);
-        assert_eq!(s.deficit, 0, "never fuller than fresh");
+        b.refund(&mut s, 0, 3_000 * MS, 5);
+        assert_eq!(
+            s,
+            TokenBucketState {
+                deficit: 8 * S,
+                last: 3_000 * MS
+            }
+        );
+        assert_eq!(b.decide(&s, 3_000 * MS, 0).remaining(), 2);
+        // Refunded later still (at 4 s, as of 0 s): 4 s refilled, only 1 of 5 given back; a
+        // refund time before the last charge counts from the last charge.
+        let mut s = TokenBucketState::default();
+        assert!(b.check(&mut s, 0, 5).allowed());
+        assert!(b.check(&mut s, 3_000 * MS, 8).allowed());
+        b.refund(&mut s, 0, 4_000 * MS, 5);
+        assert_eq!(
+            s.deficit,
+            10 * S - S - S,
+            "empty at 3 s, 1 s of refill, 1 unit back"
+        );
+        let mut t = TokenBucketState::default();
+        assert!(b.check(&mut t, 0, 5).allowed());
+        assert!(b.check(&mut t, 3_000 * MS, 8).allowed());
+        b.refund(&mut t, 0, 1_000 * MS, 5);
+        assert_eq!(
+            t.deficit,
+            10 * S - 2 * S,
+            "as of the last charge at 3 s: 2 back"
+        );
+        // Everything given back at the reservation's own time: never fuller than fresh.
+        b.refund(&mut t, 3_000 * MS, 3_000 * MS, 100);
+        assert_eq!(t.deficit, 0, "never fuller than fresh");
     }
 
     #[test]

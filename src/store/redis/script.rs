@@ -229,6 +229,9 @@ pub(crate) struct Group {
     pub(crate) limits: Vec<LimitArg>,
     /// Explicit time in µs, or `None` for the server's `TIME`.
     pub(crate) now: Option<u64>,
+    /// For a refund: the time (µs) its reservation was charged at; the refund itself is applied
+    /// at `now`.
+    pub(crate) reserved_at: Option<u64>,
 }
 
 impl Group {
@@ -243,7 +246,7 @@ impl Group {
 
     /// Whether the group can go in a [`Mode::Batch`] call.
     pub(crate) fn is_single_at_server_time(&self) -> bool {
-        self.limits.len() == 1 && self.now.is_none()
+        self.limits.len() == 1 && self.now.is_none() && self.reserved_at.is_none()
     }
 }
 
@@ -277,10 +280,12 @@ pub(crate) fn pack_args<'g>(
     cmd.arg(groups.clone().count());
     for g in groups.clone() {
         // See driver.lua: '' is one limit at the server's time.
-        match (g.len(), g.now) {
-            (1, None) => cmd.arg(""),
-            (n, None) => cmd.arg(n),
-            (n, Some(now)) => cmd.arg(format!("{n}@{now}")),
+        match (g.len(), g.now, g.reserved_at) {
+            (1, None, None) => cmd.arg(""),
+            (n, None, None) => cmd.arg(n),
+            (n, Some(now), None) => cmd.arg(format!("{n}@{now}")),
+            (n, None, Some(at)) => cmd.arg(format!("{n}r{at}")),
+            (n, Some(now), Some(at)) => cmd.arg(format!("{n}@{now}r{at}")),
         };
     }
     for g in groups {

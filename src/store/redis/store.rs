@@ -318,6 +318,7 @@ impl Inner {
                 keys: Vec::with_capacity(checks.len()),
                 limits: Vec::with_capacity(checks.len()),
                 now,
+                reserved_at: None,
             };
             for c in checks {
                 let info = &self.limits[c.limit];
@@ -421,9 +422,13 @@ impl Inner {
         applied: Vec<Applied>,
         result: &mut Result<Decisions, StoreError>,
     ) {
+        // Applied now (the store's clock, or the server's TIME in the script), as of the
+        // reservation's time: the buckets give back only what has not refilled since.
+        let now = self.clock.as_ref().map(|c| c.now_micros());
         let calls = applied.iter().map(|a| {
             let mut group = a.group.clone();
-            group.now = Some(a.now);
+            group.now = now;
+            group.reserved_at = Some(a.now);
             async move {
                 let conn = self.handle().ok()?.conn;
                 let value = tokio::time::timeout(

@@ -8,7 +8,9 @@
 --          nothing); or 'r' to refund what a check charged. For 'c' and 'r':
 -- ARGV[2]  G, the number of groups. Then one header per group: '' for the common group of one
 --          limit at the server's time, else "n" (n limits) or "n@t" (at time t in µs). TIME is
---          read once, shared by every group at the server's time.
+--          read once, shared by every group at the server's time. A refund's header adds "rA",
+--          the time A (µs) its reservation was charged at ("nrA" or "n@trA"); the refund itself
+--          is applied at t (or the server's time), so the buckets can tell what refilled since.
 -- Then 2 arguments per limit, in KEYS order: the limit's index in this store's configuration
 -- and the cost. LIMIT (generated from the configuration) maps an index to the algorithm's
 -- functions (load, decide, apply, refund, and check, decide-then-apply in one call where the
@@ -19,7 +21,8 @@
 -- reset (µs), retry (µs; -1 when the cost exceeds the capacity) and corrupt (1 when the key held
 -- something unreadable, which was deleted and treated as a fresh key). When a group is
 -- rejected, its limits that would have allowed are reported as they stand, at cost 0 (as the
--- memory store does); a refund reports each limit after the refund, at cost 0.
+-- memory store does); a refund reports each limit after the refund, at cost 0, at the refund's
+-- time.
 local refund = ARGV[1] == 'r'
 local out, nout = {}, 0 -- packed pieces of the reply
 local server_now
@@ -43,12 +46,12 @@ end
 
 -- One limit on its own (the common case): no tables, small numbers without strtod. Returns the
 -- five packed integers.
-local function single(key, lim, cost, now)
+local function single(key, lim, cost, now, at)
   local load, decide, apply, give_back, check, ttl, p1, p2, p3 = LIMIT(lim)
   local corrupt, s1, s2, s3 = load(key)
   local ok, remaining, reset, retry
   if refund then
-    s1, s2, s3 = give_back(key, ttl, now, cost, p1, p2, p3, s1, s2, s3)
+    s1, s2, s3 = give_back(key, ttl, at, now, cost, p1, p2, p3, s1, s2, s3)
     ok, remaining, reset, retry = decide(now, 0, p1, p2, p3, s1, s2, s3)
   elseif check then
     ok, remaining, reset, retry = check(key, ttl, now, cost, p1, p2, p3, s1, s2, s3)
@@ -94,10 +97,10 @@ local ngroups = int(ARGV[2])
 local base = 3 + ngroups
 local first = 0
 for g = 1, ngroups do
-  local n, now = 1, ''
+  local n, now, at = 1, '', ''
   local header = ARGV[2 + g]
   if header ~= '' then
-    n, now = string.match(header, '^(%d+)@?(%d*)$')
+    n, now, at = string.match(header, '^(%d+)@?(%d*)r?(%d*)$')
     n = tonumber(n)
   end
   if now ~= '' then
@@ -108,6 +111,11 @@ for g = 1, ngroups do
       server_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
     end
     now = server_now
+  end
+  if at ~= '' then
+    at = tonumber(at)
+  else
+    at = now
   end
   if n == 1 then
     local a = base + 2 * first
@@ -125,7 +133,7 @@ for g = 1, ngroups do
     nout = nout + 1
     out[nout] = struct.pack('<i8', now)
     nout = nout + 1
-    out[nout] = single(KEYS[first + 1], lim, cost, now)
+    out[nout] = single(KEYS[first + 1], lim, cost, now, at)
   else
     nout = nout + 1
     out[nout] = struct.pack('<i8', now)
@@ -140,7 +148,7 @@ for g = 1, ngroups do
       local key = KEYS[first + j]
       local corrupt, s1, s2, s3 = load(key)
       if refund then
-        s1, s2, s3 = give_back(key, ttl, now, cost, p1, p2, p3, s1, s2, s3)
+        s1, s2, s3 = give_back(key, ttl, at, now, cost, p1, p2, p3, s1, s2, s3)
         cost = 0
       end
       local ok, remaining, reset, retry = decide(now, cost, p1, p2, p3, s1, s2, s3)

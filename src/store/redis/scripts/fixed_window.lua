@@ -43,8 +43,9 @@ end
 
 -- Gives back units charged at `now` only while the stored window is still the one they were
 -- charged to: once the window has moved on, its count is another window's and stays as it is
--- (a refund never frees units of a window it did not charge).
-local function fw_refund(key, ttl, now, cost, period, limit, _, window, count)
+-- (a refund never frees units of a window it did not charge). `now` is the reservation's time;
+-- the time the refund is applied (the fourth argument) does not matter.
+local function fw_refund(key, ttl, now, _, cost, period, limit, _, window, count)
   if window == idiv(now, period) then
     count = count - cost
     if count < 0 then

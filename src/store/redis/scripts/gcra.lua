@@ -65,10 +65,20 @@ local function gcra_check(key, ttl, now, cost, unit, per, cap, tat, sub)
   return ok, remaining, reset, retry
 end
 
-local function gcra_refund(key, ttl, now, cost, unit, per, cap, tat, sub)
+-- Gives back what a reservation of `cost` at `at` still takes from the key, applied at `now` (at
+-- least `at`: the latest time the key is known to have seen): `cost` less the refill since the
+-- reservation, so the key is never fuller than it would be had the reservation never been made.
+local function gcra_refund(key, ttl, at, now, cost, unit, per, cap, tat, sub)
+  if now < at then
+    now = at
+  end
   local before = gcra_before(now, per, tat, sub)
   if before > 0 then
-    local steps = before - cost * unit
+    local give = cost * unit - (now - at) * per
+    if give < 0 then
+      give = 0
+    end
+    local steps = before - give
     if steps < 0 then
       steps = 0
     end

@@ -180,7 +180,9 @@ end
 -- at exactly `now`. Admissions at later times are other requests' and are never touched. If the
 -- clock went back when the charge was made (it then went to the newest entry, after `now`) or
 -- the entry has left the window, nothing is given back: a refund can only ever give back less.
-local function sl_refund(key, ttl, now, cost, period, limit, _, st)
+-- `now` is the reservation's time; the time the refund is applied (the fourth argument) does not
+-- matter.
+local function sl_refund(key, ttl, now, _, cost, period, limit, _, st)
   local _, expired, used = sl_view(st, now, period)
   local start = st.start + expired
   -- Binary search for the first live entry with at >= now (entries are strictly increasing).

@@ -96,8 +96,9 @@ end
 -- Gives back units charged at `now` to the counter of the window they were charged to: the
 -- current count while `last` is still in that window, the previous count once `last` has moved
 -- one window on (the units now weigh as the previous window's), nothing later. A refund never
--- frees units of a window it did not charge.
-local function sw_refund(key, ttl, now, cost, period, limit, _, last, sprev, scur)
+-- frees units of a window it did not charge. `now` is the reservation's time; the time the
+-- refund is applied (the fourth argument) does not matter.
+local function sw_refund(key, ttl, now, _, cost, period, limit, _, last, sprev, scur)
   local charged, s = idiv(now, period), idiv(last, period)
   if s == charged then
     scur = scur - cost

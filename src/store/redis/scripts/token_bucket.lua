@@ -61,13 +61,24 @@ local function tb_check(key, ttl, now, cost, unit, per, cap, deficit, last)
   return false, idiv(cap - deficit, unit), cdiv(deficit, per), cdiv(after - cap, per)
 end
 
-local function tb_refund(key, ttl, now, cost, unit, per, cap, deficit, last)
-  deficit = tb_deficit(now, per, cap, deficit, last) - cost * unit
-  if deficit < 0 then
-    deficit = 0
-  end
+-- Gives back what a reservation of `cost` at `at` still takes from the bucket, applied at `now`:
+-- `cost` less the refill since the reservation (a bucket without it may have been full and lost
+-- that refill), so the key is never fuller than it would be had the reservation never been made.
+local function tb_refund(key, ttl, at, now, cost, unit, per, cap, deficit, last)
+  deficit = tb_deficit(now, per, cap, deficit, last)
   if now > last then
     last = now
+  end
+  local since = last - at
+  if since < 0 then
+    since = 0
+  end
+  local give = cost * unit - since * per
+  if give > 0 then
+    deficit = deficit - give
+    if deficit < 0 then
+      deficit = 0
+    end
   end
   store2(key, ttl, deficit, last)
   return deficit, last
