@@ -35,9 +35,11 @@ use crate::quota::Quota;
 /// retry_after = ceil((before - (cap - need)) / per) µs     (if rejected)
 /// apply:  (b, s) = (tat, sub) if tat >= now, else (now, 0);  steps = s + need;
 ///         tat = b + floor(steps / per);  sub = steps mod per
-/// refund: only if before > 0: steps = max(0, before - need);
-///         tat = now + floor(steps / per);  sub = steps mod per
-///         (now = the reservation's time: the TAT moves back by `need` steps, not below now)
+/// refund (of a reservation of cost at `at`, applied at now):
+///         t = max(now, at);  before = before at t;  only if before > 0:
+///         give  = max(0, need - (t - at) × per)
+///         steps = before - min(before, give)
+///         tat = t + floor(steps / per);  sub = steps mod per
 /// idle timeout = ceil(cap / per) µs
 /// ```
 ///
@@ -51,10 +53,13 @@ use crate::quota::Quota;
 /// earns anything (it is, if anything, stricter than "no time elapsed"), and a cost of 0 is
 /// always allowed.
 ///
-/// A late refund (at the reservation's time, before later requests) moves the TAT back by the
-/// whole `need`, although part of it may have been refilled since: the key may then hold up to
-/// `min(cost, ceil((latest time seen - now) × count / period))` units more than it would had
-/// the reservation never been made; a TAT in the past reads as full, never fuller.
+/// A refund moves the TAT back by what the reservation still takes: `need` less the refill
+/// since `at`, which a key without the reservation may have lost to being full. It is the
+/// token bucket's refund ([`TokenBucket`](super::TokenBucket) gives the argument) with
+/// `t = max(now, at)` for `last'`: GCRA stores no last-seen time, so `now` must be no earlier
+/// than the requests the key has seen (the refund's own clock reading) for the key never to
+/// be fuller than one that saw only what was admitted. A TAT in the past reads as full, never
+/// fuller.
 ///
 /// ```
 /// use std::time::Duration;
@@ -393,6 +398,47 @@ mod tests {
             "refunded down to full, not beyond"
         );
         assert_eq!(g.decide(&s, 10 * S, 0).remaining(), 5);
+    }
+
+    #[test]
+    fn late_refund_gives_back_only_what_did_not_refill() {
+        // Capacity 10, 1/s (as the token bucket's test): 5 reserved at 0 s, 8 admitted at 3 s
+        // (3 of the 5 refilled meanwhile); refunded at 3 s, 2 come back, as without it.
+        let g = Gcra::new(Quota::per_second(1).burst(10)).unwrap();
+        let mut s = GcraState::default();
+        assert!(g.check(&mut s, 0, 5).allowed());
+        assert!(g.check(&mut s, 3 * S, 8).allowed());
+        g.refund(&mut s, 0, 3 * S, 5);
+        assert_eq!(
+            s,
+            GcraState {
+                tat: 11 * S,
+                sub: 0
+            }
+        );
+        assert_eq!(g.decide(&s, 3 * S, 0).remaining(), 2);
+        // A refund clock reading before the reservation counts from the reservation: whole.
+        let mut s = GcraState::default();
+        assert!(g.check(&mut s, 4 * S, 5).allowed());
+        g.refund(&mut s, 4 * S, S, 5);
+        assert_eq!(s, GcraState { tat: 4 * S, sub: 0 });
+        // Refunded 9 s later, 9 of 10 refilled: 1 comes back (full, as without it), not 10.
+        assert!(g.check(&mut s, 4 * S, 10).allowed());
+        assert!(g.check(&mut s, 13 * S, 0).allowed());
+        g.refund(&mut s, 4 * S, 13 * S, 10);
+        assert_eq!(
+            s,
+            GcraState {
+                tat: 13 * S,
+                sub: 0
+            }
+        );
+        // 10 s later, all of it refilled: nothing comes back.
+        let mut s = GcraState::default();
+        assert!(g.check(&mut s, 4 * S, 10).allowed());
+        let spent = s;
+        g.refund(&mut s, 4 * S, 14 * S, 10);
+        assert_eq!(s, spent);
     }
 
     #[test]

@@ -34,10 +34,10 @@ use crate::quota::Quota;
 /// retry_after = ceil((level' + need - cap) / per) µs   (if rejected)
 /// queue_delay = ceil(level' / per) µs        (the queue ahead of the request drains)
 /// apply:  level = min(cap, level' + need); last = max(last, now)
-/// refund: level = level' - min(level', need); last = max(last, now)
-///         (now = the reservation's time; a late refund may leave up to
-///         min(cost, ceil((last - now) × count / period)) units more room than without the
-///         reservation, as the token bucket's, never an emptier queue than empty)
+/// refund (of a reservation of cost at `at`, applied at now), as the token bucket's:
+///         last' = max(last, now);  give = max(0, need - (last' - at) × per)
+///         level = level' - min(level', give); last = last'
+///         (what drained since `at` stays: never more room than without the reservation)
 /// idle timeout = ceil(cap / per) µs
 /// ```
 ///

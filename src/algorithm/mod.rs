@@ -116,23 +116,30 @@ pub trait Algorithm: sealed::Sealed + Send + Sync + Debug + 'static {
     /// Charges a request that [`decide`](Self::decide) allowed at the same `now` and `cost`.
     fn apply(&self, state: &mut Self::State, now: u64, cost: u64);
 
-    /// Gives back `cost` that a reservation charged at `now` (reserve-then-refund across
-    /// stores). `now` is the **reservation's** time: the refund may arrive after the state has
-    /// seen later times and later charges. Never makes the state fuller than a fresh key, and
-    /// gives back at most what the reservation still takes from the state as it is now:
+    /// Gives back `cost` that a reservation charged at `reserved_at` (reserve-then-refund
+    /// across stores), applied at `now`. The refund may arrive after the state has seen later
+    /// times and later charges. It gives back at most what the reservation still takes from
+    /// the state as it is now, so the key is never fuller than a key that saw only the
+    /// requests actually admitted (never fuller than a fresh key either): a refund never lets
+    /// a limit admit more than it would have had the reservation never been made.
     ///
-    /// - the windows give back only to the window or log entry the reservation charged: the
-    ///   [`FixedWindow`] while its stored window is still `now`'s; the [`SlidingWindow`] to
-    ///   the current count while `now`'s window is the stored one, to the previous count once
-    ///   it has moved on by one, nothing later; the [`SlidingLog`] to its live entry at
-    ///   exactly `now`, nothing once it has left the window. A refund never frees units of a
-    ///   window it did not charge, so it can never let a window admit more than its limit.
-    /// - the buckets ([`TokenBucket`], [`Gcra`], [`LeakyBucket`]) give `cost` back into a
-    ///   bucket that may have refilled since `now`: never fuller than a fresh key, and at most
-    ///   `rate × (last − now)` units (rounded up, at most `cost`) more than the key would hold
-    ///   had the reservation never been made, where `last` is the latest time the key has
-    ///   seen. Across stores the delay `last − now` is the round trip between reserving and
-    ///   refunding, so the excess is the refill of that round trip.
+    /// - the windows give back only to the window or log entry the reservation charged (they
+    ///   ignore `now`): the [`FixedWindow`] while its stored window is still `reserved_at`'s;
+    ///   the [`SlidingWindow`] to the current count while `reserved_at`'s window is the stored
+    ///   one, to the previous count once it has moved on by one, nothing later; the
+    ///   [`SlidingLog`] to its live entry at exactly `reserved_at`, nothing once it has left
+    ///   the window. A refund never frees units of a window it did not charge.
+    /// - the buckets ([`TokenBucket`], [`Gcra`], [`LeakyBucket`]) give back `cost` less the
+    ///   refill since the reservation, `rate × (t − reserved_at)` where `t` is the latest time
+    ///   the key is known to have seen (the token bucket's `max(last, now)`, GCRA's
+    ///   `max(now, reserved_at)`): a key without the reservation may have been full and lost
+    ///   that refill. Refunded at its own time, a reservation is given back whole; a round
+    ///   trip later, the refill of that round trip stays spent (the error only ever goes
+    ///   towards refusing). See [`TokenBucket`] for the argument.
+    ///
+    /// Pass as `now` a time no earlier than any request the key has seen (a refund's own
+    /// clock reading, taken after the reservation's answer): GCRA stores no last-seen time
+    /// and counts the refill only up to `max(now, reserved_at)`.
     fn refund(&self, state: &mut Self::State, reserved_at: u64, now: u64, cost: u64);
 
     /// Microseconds without requests after which any state is indistinguishable from a fresh

@@ -26,16 +26,30 @@ use crate::quota::Quota;
 /// reset       = ceil(after / per) µs
 /// retry_after = ceil((deficit' + need - cap) / per) µs   (if rejected)
 /// apply:  deficit = min(cap, deficit' + need); last = max(last, now)
-/// refund: deficit = deficit' - min(deficit', need); last = max(last, now)
-///         (now = the reservation's time, which may be before last: then elapsed = 0)
+/// refund (of a reservation of cost at `at`, applied at now):
+///         last'   = max(last, now)
+///         give    = max(0, need - (last' - at) × per)      (0 when at > last')
+///         deficit = deficit' - min(deficit', give); last = last'
 /// idle timeout = ceil(cap / per) µs
 /// ```
 ///
-/// A late refund (`now` before `last`) gives `need` back from the deficit as it stands, but
-/// the bucket may have refilled into the reservation's hole since `now` (refill a bucket
-/// without the reservation would have lost to being full): the key may then hold up to
-/// `min(cost, ceil((last - now) × count / period))` units more than it would had the
-/// reservation never been made, and never more than a fresh key.
+/// # Why a refund never over-admits
+///
+/// Compare the key with a *truth* key that saw exactly the requests the key admitted, without
+/// the reservation. Every other transition is applied to both alike and is monotone and
+/// 1-Lipschitz in the deficit: an admission adds the same `need` (no clamp at `cap`: it was
+/// allowed, and truth's deficit is no larger), another refund subtracts the same amount
+/// (clamped at 0), a rejection changes nothing, and the passage of time subtracts
+/// `elapsed × per` clamped at 0. So `deficit − truth` never goes below 0 and shrinks only
+/// where truth is clamped at 0 (full) by the passage of time: at most `per` steps per µs that
+/// `last` advances. Right after the reservation it is `need`; when the refund is applied,
+/// `last` has advanced from at least `at` to `last'`, so it is at least
+/// `need − (last' − at) × per`: exactly what the refund gives back, never more. With several
+/// reservations pending the bounds add up (time clamps take at most `per` per µs off the sum),
+/// so refunds in any order keep the key no fuller than truth. A clock that reads earlier than
+/// `last` (skew between the reserving and refunding clocks, or `at` before `last`) advances
+/// nothing and only makes the give-back smaller. The price: a refund a round trip late keeps
+/// the refill of that round trip spent even if truth was not full; it errs towards refusing.
 ///
 /// ```
 /// use tollgate::algorithm::{Algorithm, TokenBucket};

@@ -40,16 +40,19 @@
 //! - **Cluster, different slots** (a per-client limit plus a global ceiling): each slot's group is
 //!   decided and charged atomically in its own call (*reserve*), all groups concurrently. If any
 //!   group rejects (or fails closed), the groups that charged are given back by a refund script
-//!   (*refund*) before the response is returned; the refund restores exactly what was charged
-//!   (the algorithm's `refund`, never fuller than a fresh key), and the refunded limits are then
-//!   reported as they stand, as a single node would report them. Between reserve and refund (one
-//!   round trip) other requests see those units as spent, so a concurrent request may be refused
-//!   that a single node would have admitted: the error only ever goes that way, and no limit is
-//!   ever over-admitted. If the refund cannot be delivered (Redis fails in between), the units
+//!   (*refund*) before the response is returned, as of the reservation's time and applied at
+//!   the time of the refund (the store's clock, or the server's `TIME`); the refunded limits are
+//!   then reported as they stand, as a single node would report them. Between reserve and
+//!   refund (one round trip) other requests see those units as spent, so a concurrent request
+//!   may be refused that a single node would have admitted: the error only ever goes that way,
+//!   and no limit is ever over-admitted. If the refund cannot be delivered (Redis fails in between), the units
 //!   stay spent until they refill, counted in [`RedisStats::refund_failures`]. A refund gives
-//!   back only what its reservation charged to the same window (fixed and sliding window) or
-//!   log entry (sliding log): when the window has moved on in between, it gives back nothing
-//!   rather than units of the new window.
+//!   back only what its reservation still takes (the algorithm's
+//!   [`refund`](crate::algorithm::Algorithm::refund), mirrored by the script): to the same
+//!   window (fixed and sliding window) or log entry (sliding log), nothing once the window has
+//!   moved on; for the buckets (token, leaky, GCRA) the cost less what refilled since the
+//!   reservation, which a key without it may have lost to being full. A limit is never left
+//!   fuller than it would be had the reservation never been made.
 //!
 //! # Keys
 //!
