@@ -30,7 +30,7 @@ use tollgate::algorithm::{
 };
 use tollgate::clock::ManualClock;
 use tollgate::key::Key;
-use tollgate::store::LimitCheck;
+use tollgate::store::{Backend, LimitCheck};
 use tollgate::{Decision, Quota};
 
 fn cluster() -> &'static RedisCluster {
@@ -253,4 +253,69 @@ async fn gcra_partial_refill_refund_matches_rust() {
 #[tokio::test]
 async fn leaky_bucket_partial_refill_refund_matches_rust() {
     partial_refill_refund_is_exact(AlgorithmKind::LeakyBucket).await;
+}
+
+/// At the server's time (no store clock) the refund is applied at the server's `TIME`, as of
+/// the reservation's (the `nrA` header): a full token bucket of 2 per hour, reserved whole and
+/// refunded a round trip later, is full again, exactly as a key that never saw the
+/// reservation (what refilled into the hole meanwhile plus what is given back is the whole
+/// reservation). Without the refund it would be 2 units (an hour) short.
+#[tokio::test]
+async fn refund_at_the_server_time_restores_a_bucket_nobody_else_used() {
+    let cluster = cluster();
+    let limits = [
+        spec("user", Quota::per_hour(2), AlgorithmKind::TokenBucket),
+        spec("tenant", Quota::per_hour(1), AlgorithmKind::FixedWindow),
+    ];
+    let store = tollgate::store::redis::RedisBackend::cluster(cluster.urls())
+        .prefix(common::prefix("refund-server-time"))
+        .timeout(Duration::from_secs(3))
+        .build(&limits)
+        .unwrap();
+    let user_key = store.redis_key(0, &Key::string("carol")).unwrap();
+    let user_node = cluster.node_for(&user_key).port();
+    let tenant = (0..)
+        .map(|i| format!("tenant-{i}"))
+        .find(|t| {
+            let k = store.redis_key(1, &Key::string(t.clone())).unwrap();
+            cluster.node_for(&k).port() != user_node
+        })
+        .unwrap();
+    let both = |user: &str, cost| {
+        vec![
+            LimitCheck {
+                limit: 0,
+                key: Key::string(user.to_owned()),
+                cost,
+            },
+            LimitCheck {
+                limit: 1,
+                key: Key::string(tenant.clone()),
+                cost: 1,
+            },
+        ]
+    };
+    assert!(decide(&store, &both("dave", 1)).await.unwrap().allowed());
+    let refunds = store.stats().refunds();
+    let d = decide(&store, &both("carol", 2)).await.unwrap();
+    assert!(!d.allowed(), "the tenant is exhausted");
+    assert_eq!(
+        store.stats().refunds(),
+        refunds + 1,
+        "carol's 2 units were refunded"
+    );
+    let user = d.as_slice()[0];
+    // Reported after the refund: full, as without the reservation.
+    assert_eq!(
+        (user.remaining(), user.reset()),
+        (2, Duration::ZERO),
+        "{user:?}"
+    );
+    let alone = [LimitCheck {
+        limit: 0,
+        key: Key::string("carol"),
+        cost: 2,
+    }];
+    assert!(decide(&store, &alone).await.unwrap().allowed());
+    assert_eq!(store.stats().refund_failures(), 0);
 }

@@ -395,6 +395,35 @@ mod tests {
     }
 
     #[test]
+    fn refund_headers_carry_the_reservation_time() {
+        let args = |mode, now, reserved_at| {
+            let group = Group {
+                keys: vec!["k".into()],
+                limits: vec![LimitArg { limit: 0, cost: 3 }],
+                now,
+                reserved_at,
+            };
+            let mut cmd = redis::cmd("EVALSHA");
+            pack_args(&mut cmd, mode, std::iter::once(&group));
+            cmd.args_iter()
+                .map(|a| match a {
+                    redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                    _ => "<cursor>".to_owned(),
+                })
+                .collect::<Vec<_>>()
+        };
+        fn call(header: &str, mode: &str) -> Vec<String> {
+            ["EVALSHA", "1", "k", mode, "1", header, "0", "3"]
+                .map(String::from)
+                .to_vec()
+        }
+        assert_eq!(args(Mode::Check, None, None), call("", "c"));
+        assert_eq!(args(Mode::Check, Some(5), None), call("1@5", "c"));
+        assert_eq!(args(Mode::Refund, None, Some(7)), call("1r7", "r"));
+        assert_eq!(args(Mode::Refund, Some(9), Some(7)), call("1@9r7", "r"));
+    }
+
+    #[test]
     fn token_bucket_params_follow_the_fixed_point() {
         let spec = LimitSpec::new(
             PolicyName::new("b"),
