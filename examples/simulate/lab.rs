@@ -95,17 +95,17 @@ const PAGE: &str = r##"<!doctype html>
 <p>Every decision below is made by tollgate's real algorithms (the in-memory store, on a manual
 clock) on the server. Pick traffic and a limit such as <code>5/10s</code>,
 <code>100/min</code> or <code>10/s burst 20</code> (the burst applies to the buckets).</p>
-<form id="form" onsubmit="run(); return false;">
+<form id="form">
   <label>scenario
-    <select id="scenario" onchange="run()">
+    <select id="scenario">
       <option value="edge">edge</option>
       <option value="burst">burst</option>
       <option value="steady">steady</option>
       <option value="seam-attack">seam-attack</option>
     </select>
   </label>
-  <label>limit <input id="limit" value="5/10s" size="16" onchange="run()"></label>
-  <button id="run" type="submit">run</button>
+  <label>limit <input id="limit" value="5/10s" size="16"></label>
+  <button id="go" type="submit">run</button>
 </form>
 <p id="error"></p>
 <h2 id="title"></h2>
@@ -150,6 +150,11 @@ function row(tag, cells) {
   }
   return tr;
 }
+// Handlers are attached here, not inline: inside a form, an inline handler would resolve `run`
+// to the form's control of that id before the global function.
+document.getElementById("form").addEventListener("submit", e => { e.preventDefault(); run(); });
+document.getElementById("scenario").addEventListener("change", run);
+document.getElementById("limit").addEventListener("change", run);
 run();
 </script>
 </body>

@@ -29,7 +29,7 @@ use run::{parse_limit, simulate};
 const USAGE: &str = "\
 usage: simulate --scenario NAME [--limit 5/10s] [--store memory|redis] [--out FILE.svg]
        simulate --scenario replay FILE [...]      (one request per line: SECONDS [KEY [COST]])
-       simulate --scenario steady [--windows 20] [--seed 12]
+       simulate --scenario steady [--windows 20] [--seed 12] [--rate 2]   (Poisson; default 0.8x, 1x, 2x)
        simulate --serve [--port N]                (lab page; default port $PORT or 3000)
 scenarios: edge, burst, steady, seam-attack, replay";
 
@@ -44,6 +44,7 @@ struct Args {
     port: Option<u16>,
     windows: Option<u64>,
     seed: Option<u64>,
+    rate: Option<f64>,
 }
 
 fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -57,6 +58,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         port: None,
         windows: None,
         seed: None,
+        rate: None,
     };
     let number = |flag: &str, v: String| {
         v.parse::<u64>()
@@ -81,6 +83,17 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             }
             "--windows" => parsed.windows = Some(number("--windows", value("--windows")?)?),
             "--seed" => parsed.seed = Some(number("--seed", value("--seed")?)?),
+            "--rate" => {
+                let v = value("--rate")?;
+                parsed.rate = Some(
+                    v.parse::<f64>()
+                        .ok()
+                        .filter(|r| r.is_finite() && *r > 0.0 && *r <= 1000.0)
+                        .ok_or_else(|| {
+                            format!("--rate takes a multiple of the rate in (0, 1000], not {v:?}")
+                        })?,
+                );
+            }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -124,11 +137,17 @@ async fn run_cli(args: Args) -> Result<ExitCode, String> {
         return Ok(ExitCode::SUCCESS);
     }
     let mut scenario = Scenario::parse(&args.scenario, args.replay.as_deref())?;
-    if let Scenario::Steady { windows, seed } = &mut scenario {
+    if let Scenario::Steady {
+        windows,
+        seed,
+        rate,
+    } = &mut scenario
+    {
         *windows = args.windows.unwrap_or(*windows).max(1);
         *seed = args.seed.unwrap_or(*seed);
-    } else if args.windows.is_some() || args.seed.is_some() {
-        return Err("--windows and --seed apply to --scenario steady only".into());
+        *rate = args.rate;
+    } else if args.windows.is_some() || args.seed.is_some() || args.rate.is_some() {
+        return Err("--windows, --seed and --rate apply to --scenario steady only".into());
     }
     let quota = parse_limit(&args.limit)?;
     let sim = simulate(&scenario, &quota)?;
