@@ -203,7 +203,7 @@ fn sliding_counter_disagrees_with_the_log_on_few_poisson_decisions() {
 /// each key is its own window.
 #[test]
 fn worst_window_and_disagreements_count_exactly() {
-    let stream = parse_replay("0 a\n5 a\n9.999999 a\n10 a\n10 b 2\n").unwrap();
+    let stream = parse_replay("0 a\n5 a\n9.999999 a\n10 a\n10 b 2\n", 10 * SECOND).unwrap();
     assert_eq!(stream.keys, ["a", "b"]);
     let all = vec![true; stream.requests.len()];
     let w = worst_window(&stream, &all, 10 * SECOND);
@@ -228,10 +228,14 @@ fn worst_window_and_disagreements_count_exactly() {
     assert_eq!(bound(AlgorithmKind::TokenBucket, &quota.burst(5)), 7);
 }
 
-/// Replay logs: sorted, epoch seconds rebased, clear errors naming the line.
+/// Replay logs: sorted, epoch seconds rebased to a seam, clear errors naming the line.
 #[test]
 fn replay_parses_user_logs_and_says_what_is_wrong() {
-    let s = parse_replay("# ts key cost\n1700000010.5,bob\n1700000000 alice 2\n\n").unwrap();
+    let s = parse_replay(
+        "# ts key cost\n1700000010.5,bob\n1700000000 alice 2\n\n",
+        10 * SECOND,
+    )
+    .unwrap();
     assert_eq!(
         s.requests,
         [
@@ -247,6 +251,10 @@ fn replay_parses_user_logs_and_says_what_is_wrong() {
             }
         ]
     );
+    // Seams stay where the log's clock puts them: the origin is a multiple of the period.
+    let s = parse_replay("1700000013.5 a\n1700000021 a", 10 * SECOND).unwrap();
+    let times: Vec<u64> = s.requests.iter().map(|r| r.at).collect();
+    assert_eq!(times, [3_500_000, 11_000_000]);
     for (text, says) in [
         ("", "no requests"),
         ("abc", "line 1: the first field must be a time"),
@@ -255,9 +263,11 @@ fn replay_parses_user_logs_and_says_what_is_wrong() {
         ("1 k 1 extra", "at most three fields"),
         ("-1", "line 1"),
     ] {
-        let err = parse_replay(text).unwrap_err();
+        let err = parse_replay(text, 10 * SECOND).unwrap_err();
         assert!(err.contains(says), "{text:?}: {err}");
     }
     let long = format!("1 {}", "k".repeat(300));
-    assert!(parse_replay(&long).unwrap_err().contains("256 bytes"));
+    assert!(parse_replay(&long, 10 * SECOND)
+        .unwrap_err()
+        .contains("256 bytes"));
 }

@@ -12,7 +12,7 @@ mod sim {
     pub mod redis_store;
 }
 
-use sim::engine::{decide_memory, parse_replay, Scenario};
+use sim::engine::{decide_memory, parse_replay, Scenario, SECOND};
 use sim::redis_store::{decide_redis, differences};
 use tollgate::Quota;
 
@@ -20,8 +20,11 @@ use tollgate::Quota;
 async fn redis_decides_every_scenario_exactly_as_memory() {
     let server = support::RedisServer::start();
     let url = server.url();
-    let replay =
-        parse_replay("0 a\n0.5 b\n1 a 4\n9.9 a\n10 a\n10.1 b 3\n19.95 a\n20 a\n20 b 25\n").unwrap();
+    let replay = parse_replay(
+        "0 a\n0.5 b\n1 a 4\n9.9 a\n10 a\n10.1 b 3\n19.95 a\n20 a\n20 b 25\n",
+        10 * SECOND,
+    )
+    .unwrap();
     for limit in ["5/10s", "10/s burst 20"] {
         let quota: Quota = limit.parse().unwrap();
         let mut streams = vec![("replay".to_owned(), replay.clone())];

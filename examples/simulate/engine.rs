@@ -136,7 +136,7 @@ impl Scenario {
             Self::Replay(file) => {
                 let text = std::fs::read_to_string(file)
                     .map_err(|e| format!("cannot read the replay file {file:?}: {e}"))?;
-                parse_replay(&text).map_err(|e| format!("{file}: {e}"))?
+                parse_replay(&text, period).map_err(|e| format!("{file}: {e}"))?
             }
         })
     }
@@ -209,9 +209,11 @@ pub fn poisson(count: u64, period: u64, factors: &[f64], windows: u64, seed: u64
 }
 
 /// Parses a replay log: one request per line, `SECONDS [KEY [COST]]` (fields split by spaces,
-/// tabs or commas; blank lines and `#` comments skipped). Times are decimal seconds (epoch
-/// seconds work: the stream starts at the earliest); the stream is sorted by time.
-pub fn parse_replay(text: &str) -> Result<Stream, String> {
+/// tabs or commas; blank lines and `#` comments skipped). Times are decimal seconds; epoch
+/// seconds work: the clock's origin is the earliest time rounded down to a multiple of `period`
+/// (µs), so window seams stay where the log's own clock puts them (on the minute, for a
+/// minute's limit). The stream is sorted by time.
+pub fn parse_replay(text: &str, period: u64) -> Result<Stream, String> {
     let mut rows: Vec<(u64, String, u64)> = Vec::new();
     for (n, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -245,7 +247,7 @@ pub fn parse_replay(text: &str) -> Result<Stream, String> {
         return Err("no requests: expected one line per request, SECONDS [KEY [COST]]".to_owned());
     }
     rows.sort_by_key(|r| r.0);
-    let origin = rows[0].0;
+    let origin = rows[0].0 - rows[0].0 % period.max(1);
     let mut stream = Stream::default();
     let mut index = std::collections::HashMap::new();
     for (at, key, cost) in rows {
