@@ -27,7 +27,7 @@
 //! | [`TokenBucket`] | 16 bytes | up to capacity, then the rate | admits capacity + rate × t in any span t |
 //! | [`Gcra`] | 16 bytes | same as token bucket | same as token bucket, stored as the time it is full again |
 //! | [`FixedWindow`] | 16 bytes | whole window at once | 2× the limit across a window seam |
-//! | [`SlidingWindow`] | 24 bytes | up to the limit | approximates; under-counts end-of-window bursts |
+//! | [`SlidingWindow`] | 24 bytes | up to the limit | approximates; under-counts end-of-window bursts (up to 2× in one period against a seam attack) |
 //! | [`SlidingLog`] | 40 bytes + 16 per distinct admission time in the window (at most the limit, itself at most [`SlidingLog::MAX_COUNT`]) | up to the limit | exact; memory grows with the limit |
 //! | [`LeakyBucket`] | 16 bytes | queue of capacity, drained at the rate | meters like the token bucket; as a shaper, requests wait |
 //!

@@ -19,9 +19,11 @@ use crate::quota::{Quota, MAX_EXACT};
 /// 1 that is Cloudflare's `estimate < limit`.
 ///
 /// It smooths the fixed window's seam for two counters per key. Its error is known and
-/// one-sided: a burst crammed into the end of the previous window is under-counted, so slightly
-/// more than `limit` can pass in a true sliding window right after a seam (never more than the
-/// limit in any single aligned window).
+/// one-sided: a burst crammed into the end of the previous window is under-counted once the
+/// window turns, so an attacker who bursts just before a seam and then trickles requests through
+/// the next window gets up to `2 × limit` through in one sliding period (the simulator's
+/// `seam-attack` measures 10 at 5 per 10 s and 199 at 100/min). It never passes more than the
+/// limit in a single aligned window; use the sliding log where every period must hold.
 ///
 /// # Exact arithmetic
 ///
