@@ -12,6 +12,9 @@
 //! The distinct-key flood against a victim's budget lives with the memory store's eviction
 //! tests. Every request here goes to loopback and each test sends at most a few hundred.
 
+mod serve;
+use serve::serve;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
@@ -23,21 +26,6 @@ use tollgate::clock::ManualClock;
 use tollgate::key::{ClientIp, ForwardedHeader, HeaderKey, PeerIp};
 use tollgate::store::{MemoryBackend, MemoryStore};
 use tollgate::{Limit, Quota, RateLimitLayer};
-
-/// Serves `app` on a free loopback port with connection info (for `PeerIp` / `ClientIp`).
-async fn serve(app: Router) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    addr
-}
 
 fn client() -> reqwest::Client {
     reqwest::Client::builder()

@@ -4,7 +4,8 @@
 //! per-key memory, measured as the process's resident set. Bounded in count; time is a manual
 //! clock, so nothing depends on the machine's speed.
 
-use std::net::SocketAddr;
+mod serve;
+use serve::serve_url as serve;
 
 use axum::routing::get;
 use axum::Router;
@@ -14,20 +15,6 @@ use tollgate::clock::ManualClock;
 use tollgate::key::{HeaderKey, Key};
 use tollgate::store::{Backend, LimitSpec, MemoryBackend};
 use tollgate::{Limit, PolicyName, Quota, RateLimitLayer};
-
-async fn serve(app: Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    format!("http://{addr}")
-}
 
 async fn status(http: &reqwest::Client, base: &str, api_key: &str) -> StatusCode {
     http.get(base)

@@ -1,7 +1,9 @@
 //! The layer in a real axum server on 127.0.0.1, exercised with a real HTTP client. Time is a
 //! manual clock, so nothing depends on how fast the test runs.
 
-use std::net::SocketAddr;
+mod serve;
+use serve::serve_url as serve;
+
 use std::time::Duration;
 
 use axum::routing::{get, post};
@@ -13,20 +15,6 @@ use tollgate::headers::ResetFormat;
 use tollgate::key::{GlobalKey, PeerIp};
 use tollgate::store::MemoryBackend;
 use tollgate::{Decision, Limit, Quota, RateLimitLayer};
-
-async fn serve(app: Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    format!("http://{addr}")
-}
 
 fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()

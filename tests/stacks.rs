@@ -5,6 +5,9 @@
 //! `Router::layer` only accepts services whose error is `Infallible`, so none of them needs
 //! `HandleErrorLayer`.
 
+mod serve;
+use serve::serve_url as serve;
+
 use std::convert::Infallible;
 use std::io::Read;
 use std::net::SocketAddr;
@@ -39,20 +42,6 @@ fn per_ip(n: u64) -> RateLimitLayer {
 
 fn timeout() -> TimeoutLayer {
     TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, Duration::from_millis(200))
-}
-
-async fn serve(app: Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    format!("http://{addr}")
 }
 
 /// A client that neither decompresses nor follows proxies; the timeout only guards against a hang.
