@@ -1,7 +1,7 @@
 //! Client IPs behind trusted proxies, through real TCP connections from 127.0.0.1: forwarding
 //! headers are believed only from trusted peers, and only their rightmost untrusted hop.
 
-use std::net::SocketAddr;
+mod serve;
 
 use axum::routing::get;
 use axum::Router;
@@ -15,17 +15,7 @@ async fn serve(key: impl KeyExtractor) -> String {
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(layer);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    format!("http://{addr}/")
+    format!("{}/", serve::serve_url(app).await)
 }
 
 async fn status(url: &str, xff: Option<&str>) -> StatusCode {

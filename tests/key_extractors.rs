@@ -3,8 +3,10 @@
 //! spoofing cases, and the matched route as seen by `Router::layer` and `Router::route_layer`.
 #![cfg(feature = "axum")]
 
+mod serve;
+use serve::serve_url as serve;
+
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::{Extension, Request};
@@ -40,21 +42,6 @@ fn extracting(
 
 async fn echo(Extension(Extracted(outcome)): Extension<Extracted>) -> String {
     outcome
-}
-
-/// Serves `app` with connection info on an ephemeral port and returns its base URL.
-async fn serve(app: Router) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    format!("http://{addr}")
 }
 
 async fn get_text(url: &str, headers: &[(&str, &str)]) -> String {
