@@ -175,11 +175,7 @@ async fn bench_store(
     let r = drive(sample, concurrency, move |k| {
         let s = s.clone();
         async move {
-            let checks = [LimitCheck {
-                limit: 0,
-                key: Key::int(k),
-                cost: 1,
-            }];
+            let checks = [LimitCheck::new(0, Key::int(k), 1)];
             let d = match s.check(&checks) {
                 Checked::Ready(r) => r,
                 Checked::Pending(f) => f.await,

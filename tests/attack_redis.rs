@@ -414,11 +414,7 @@ fn hostile_limit_names_and_keys_never_panic_or_leak_client_keys() {
         rt.block_on(async {
             for k in &keys {
                 let checks: Vec<LimitCheck<'_>> = (0..names.len())
-                    .map(|limit| LimitCheck {
-                        limit,
-                        key: Key::bytes(&k[..]),
-                        cost: 1,
-                    })
+                    .map(|limit| LimitCheck::new(limit, Key::bytes(&k[..]), 1))
                     .collect();
                 for expect in [true, true, false] {
                     let d = decide(&store, &checks).await.expect("decided");
@@ -428,11 +424,7 @@ fn hostile_limit_names_and_keys_never_panic_or_leak_client_keys() {
             // Corrupt the secret client's state: the reset is logged, without the key.
             let key = store.redis_key(0, &Key::bytes(secret.as_bytes())).unwrap();
             let _: () = server.cmd(&["SET", &key, "garbage"]);
-            let checks = [LimitCheck {
-                limit: 0,
-                key: Key::bytes(secret.as_bytes()),
-                cost: 1,
-            }];
+            let checks = [LimitCheck::new(0, Key::bytes(secret.as_bytes()), 1)];
             decide(&store, &checks).await.expect("decided");
             assert_eq!(store.stats().corrupt_resets(), 1);
         })

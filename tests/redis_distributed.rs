@@ -330,11 +330,11 @@ async fn batched_checks_of_another_limit_and_cost_spend_exactly_the_capacity() {
         for _ in 0..25 {
             let store = store.clone();
             tasks.push(tokio::spawn(async move {
-                let checks = [tollgate::store::LimitCheck {
-                    limit: 1,
-                    key: tollgate::key::Key::string("k"),
-                    cost: 3,
-                }];
+                let checks = [tollgate::store::LimitCheck::new(
+                    1,
+                    tollgate::key::Key::string("k"),
+                    3,
+                )];
                 common::decide(&*store, &checks).await.unwrap().allowed()
             }));
         }

@@ -332,21 +332,9 @@ async fn mixed_policies_when_redis_is_unreachable() {
         .unwrap();
     let key = Key::string("x");
     let all = [
-        LimitCheck {
-            limit: 0,
-            key: key.clone(),
-            cost: 1,
-        },
-        LimitCheck {
-            limit: 1,
-            key: key.clone(),
-            cost: 1,
-        },
-        LimitCheck {
-            limit: 2,
-            key: key.clone(),
-            cost: 1,
-        },
+        LimitCheck::new(0, key.clone(), 1),
+        LimitCheck::new(1, key.clone(), 1),
+        LimitCheck::new(2, key.clone(), 1),
     ];
     let start = Instant::now();
     let err = decide(&s, &all).await.unwrap_err();

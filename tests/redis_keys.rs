@@ -52,16 +52,8 @@ async fn hostile_keys_cannot_escape_the_prefix_or_choose_a_slot() {
         // Both limits of the client, one scoped to a route, in one call: one slot, so no
         // CROSSSLOT error, and it is decided.
         let checks = [
-            LimitCheck {
-                limit: 0,
-                key: key.clone(),
-                cost: 1,
-            },
-            LimitCheck {
-                limit: 1,
-                key: scoped.clone(),
-                cost: 1,
-            },
+            LimitCheck::new(0, key.clone(), 1),
+            LimitCheck::new(1, scoped.clone(), 1),
         ];
         let d = decide(&store, &checks).await.expect("decided");
         assert!(d.allowed());

@@ -113,23 +113,11 @@ async fn late_refund(kind: AlgorithmKind, user: Quota, t1: u64) -> Decision {
     let tenant_node = cluster.node_for(&tenant_key);
     let both = |user: &str| {
         vec![
-            LimitCheck {
-                limit: 0,
-                key: Key::string(user.to_owned()),
-                cost: 1,
-            },
-            LimitCheck {
-                limit: 1,
-                key: Key::string(tenant.clone()),
-                cost: 1,
-            },
+            LimitCheck::new(0, Key::string(user.to_owned()), 1),
+            LimitCheck::new(1, Key::string(tenant.clone()), 1),
         ]
     };
-    let alice_alone = [LimitCheck {
-        limit: 0,
-        key: Key::string("alice"),
-        cost: 1,
-    }];
+    let alice_alone = [LimitCheck::new(0, Key::string("alice"), 1)];
 
     // Bob spends the tenant's one request of the hour.
     clock.set_micros(T0);
@@ -283,16 +271,8 @@ async fn refund_at_the_server_time_restores_a_bucket_nobody_else_used() {
         .unwrap();
     let both = |user: &str, cost| {
         vec![
-            LimitCheck {
-                limit: 0,
-                key: Key::string(user.to_owned()),
-                cost,
-            },
-            LimitCheck {
-                limit: 1,
-                key: Key::string(tenant.clone()),
-                cost: 1,
-            },
+            LimitCheck::new(0, Key::string(user.to_owned()), cost),
+            LimitCheck::new(1, Key::string(tenant.clone()), 1),
         ]
     };
     assert!(decide(&store, &both("dave", 1)).await.unwrap().allowed());
@@ -311,11 +291,7 @@ async fn refund_at_the_server_time_restores_a_bucket_nobody_else_used() {
         (2, Duration::ZERO),
         "{user:?}"
     );
-    let alone = [LimitCheck {
-        limit: 0,
-        key: Key::string("carol"),
-        cost: 2,
-    }];
+    let alone = [LimitCheck::new(0, Key::string("carol"), 2)];
     assert!(decide(&store, &alone).await.unwrap().allowed());
     assert_eq!(store.stats().refund_failures(), 0);
 }

@@ -352,16 +352,8 @@ async fn random_multi_limit_streams_decide_identically_on_every_backend() {
             }
             let client = format!("c{}", rng.below(2));
             let checks = [
-                LimitCheck {
-                    limit: 0,
-                    key: Key::string(client.clone()),
-                    cost: rng.below(4),
-                },
-                LimitCheck {
-                    limit: 1,
-                    key: Key::string(client).scoped("GET", "/x"),
-                    cost: rng.below(2),
-                },
+                LimitCheck::new(0, Key::string(client.clone()), rng.below(4)),
+                LimitCheck::new(1, Key::string(client).scoped("GET", "/x"), rng.below(2)),
             ];
             let m = decide(&memory, &checks).await.unwrap();
             let n = decide(&node, &checks).await.unwrap();
@@ -403,16 +395,8 @@ async fn a_clients_limits_are_all_or_nothing_on_every_backend() {
     let clustered = cluster_store(&cluster().urls(), "aon", &c3, &limits);
     let user = Key::int(42);
     let checks = [
-        LimitCheck {
-            limit: 0,
-            key: user.clone(),
-            cost: 1,
-        },
-        LimitCheck {
-            limit: 1,
-            key: user.clone(),
-            cost: 1,
-        },
+        LimitCheck::new(0, user.clone(), 1),
+        LimitCheck::new(1, user.clone(), 1),
     ];
     let mut answers = Vec::new();
     for store in [&node, &clustered] {
@@ -437,11 +421,7 @@ async fn a_clients_limits_are_all_or_nothing_on_every_backend() {
         }
     }
     // And the state agrees: the next burst-only check sees 2 remaining before it is charged.
-    let burst_only = [LimitCheck {
-        limit: 0,
-        key: user.clone(),
-        cost: 0,
-    }];
+    let burst_only = [LimitCheck::new(0, user.clone(), 0)];
     for store in [&node, &clustered] {
         assert_eq!(
             decide(store, &burst_only).await.unwrap().as_slice()[0].remaining(),
@@ -482,16 +462,8 @@ async fn cross_slot_limits_reserve_then_refund_in_a_cluster() {
             ("bob", 1),
         ] {
             let checks = [
-                LimitCheck {
-                    limit: 0,
-                    key: Key::string(who),
-                    cost,
-                },
-                LimitCheck {
-                    limit: 1,
-                    key: Key::global(),
-                    cost,
-                },
+                LimitCheck::new(0, Key::string(who), cost),
+                LimitCheck::new(1, Key::global(), cost),
             ];
             let d = if store_is_memory {
                 decide(&memory, &checks).await.unwrap()
@@ -512,11 +484,7 @@ async fn cross_slot_limits_reserve_then_refund_in_a_cluster() {
         "global"
     );
     assert_eq!(stats.refunds(), 2);
-    let alice = [LimitCheck {
-        limit: 0,
-        key: Key::string("alice"),
-        cost: 0,
-    }];
+    let alice = [LimitCheck::new(0, Key::string("alice"), 0)];
     assert_eq!(
         decide(&clustered, &alice).await.unwrap().as_slice()[0].remaining(),
         3
@@ -553,16 +521,8 @@ async fn refunds_restore_exactly_for_every_algorithm() {
                 "drained".to_owned()
             };
             let checks = [
-                LimitCheck {
-                    limit: 0,
-                    key: Key::string("alice"),
-                    cost,
-                },
-                LimitCheck {
-                    limit: 1,
-                    key: Key::string(ceiling),
-                    cost: 1,
-                },
+                LimitCheck::new(0, Key::string("alice"), cost),
+                LimitCheck::new(1, Key::string(ceiling), 1),
             ];
             let m = decide(&memory, &checks).await.unwrap();
             let c = decide(&clustered, &checks).await.unwrap();

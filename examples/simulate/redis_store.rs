@@ -45,11 +45,7 @@ pub async fn decide_redis(
     for r in &stream.requests {
         clock.set_micros(r.at);
         for (limit, decisions) in out.iter_mut().enumerate() {
-            let checks = [LimitCheck {
-                limit,
-                key: keys[r.key].clone(),
-                cost: r.cost,
-            }];
+            let checks = [LimitCheck::new(limit, keys[r.key].clone(), r.cost)];
             let result = match store.check(&checks) {
                 Checked::Ready(r) => r,
                 Checked::Pending(f) => f.await,

@@ -107,11 +107,7 @@ impl Harness {
     }
 
     fn decide(&self, store: &RedisStore, key: &Key<'_>, cost: u64) -> Decision {
-        let checks = [LimitCheck {
-            limit: 0,
-            key: key.clone(),
-            cost,
-        }];
+        let checks = [LimitCheck::new(0, key.clone(), cost)];
         let result = match store.check(&checks) {
             Checked::Ready(r) => r,
             Checked::Pending(f) => self.runtime.block_on(f),

@@ -308,11 +308,8 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
             return Begin::Proceed(req, None);
         }
     }
-    let mut checks: [LimitCheck<'_>; N] = std::array::from_fn(|_| LimitCheck {
-        limit: 0,
-        key: Key::global(),
-        cost: 0,
-    });
+    let mut checks: [LimitCheck<'_>; N] =
+        std::array::from_fn(|_| LimitCheck::new(0, Key::global(), 0));
     let mut plan = Plan {
         limit: [0; MAX_LIMITS],
         cost: [0; MAX_LIMITS],
@@ -358,11 +355,7 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
         }
         plan.limit[n] = i as u8;
         plan.cost[n] = cost;
-        checks[n] = LimitCheck {
-            limit: i,
-            key,
-            cost,
-        };
+        checks[n] = LimitCheck::new(i, key, cost);
         n += 1;
     }
     plan.len = n as u8;

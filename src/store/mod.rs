@@ -15,12 +15,14 @@ use crate::key::Key;
 use crate::quota::Quota;
 
 pub mod memory;
+mod plan_quota;
 #[cfg(feature = "redis")]
 pub mod redis;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisBackend, RedisStore};
 pub use memory::{MemoryBackend, MemoryStore};
+pub use plan_quota::PlanQuota;
 
 /// The most limits one layer may hold. Stack layers for more.
 pub const MAX_LIMITS: usize = 8;
@@ -99,7 +101,23 @@ pub enum FailurePolicy {
 }
 
 /// One limit to check for one request.
+///
+/// ```
+/// use tollgate::key::Key;
+/// use tollgate::store::{LimitCheck, PlanQuota};
+/// use tollgate::{AlgorithmKind, Quota};
+///
+/// // Limit 0, for alice, one unit, at the limit's own quota.
+/// let check = LimitCheck::new(0, Key::string("alice"), 1);
+/// assert!(check.quota.is_none());
+///
+/// // The same, at the quota of alice's plan.
+/// let pro = PlanQuota::new(AlgorithmKind::TokenBucket, Quota::per_minute(1_000)).unwrap();
+/// let check = check.with_quota(&pro);
+/// assert_eq!(check.quota.unwrap().capacity(), 1_000);
+/// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct LimitCheck<'a> {
     /// Index of the limit in the slice given to [`Backend::build`].
     pub limit: usize,
@@ -107,6 +125,31 @@ pub struct LimitCheck<'a> {
     pub key: Key<'a>,
     /// Units to spend.
     pub cost: u64,
+    /// The quota that applies to this request, when it is not the limit's own (a plan chosen
+    /// per request, or a per-key override). Its algorithm is always the limit's.
+    pub quota: Option<&'a PlanQuota>,
+}
+
+impl<'a> LimitCheck<'a> {
+    /// Checks `key` against limit `limit` (its index in the slice given to
+    /// [`Backend::build`]) at the limit's own quota, spending `cost`.
+    #[inline]
+    pub fn new(limit: usize, key: Key<'a>, cost: u64) -> Self {
+        Self {
+            limit,
+            key,
+            cost,
+            quota: None,
+        }
+    }
+
+    /// Decides this check at `quota` instead of the limit's own quota.
+    #[inline]
+    #[must_use]
+    pub fn with_quota(mut self, quota: &'a PlanQuota) -> Self {
+        self.quota = Some(quota);
+        self
+    }
 }
 
 /// Up to [`MAX_LIMITS`] decisions, one per [`LimitCheck`], in the same order.
@@ -114,6 +157,8 @@ pub struct LimitCheck<'a> {
 pub struct Decisions {
     items: [Decision; MAX_LIMITS],
     len: usize,
+    /// The store's clock reading the checks were decided at, when the store reports it.
+    at: Option<u64>,
 }
 
 impl Default for Decisions {
@@ -121,6 +166,7 @@ impl Default for Decisions {
         Self {
             items: [Decision::allowed_with(0, 0, Duration::ZERO); MAX_LIMITS],
             len: 0,
+            at: None,
         }
     }
 }
@@ -139,6 +185,20 @@ impl Decisions {
     pub fn push(&mut self, d: Decision) {
         self.items[self.len] = d;
         self.len += 1;
+    }
+
+    /// The time (µs on the store's clock: the memory store's [`Clock`](crate::clock::Clock),
+    /// Redis `TIME`) at which the checks were decided and charged, when the store reports it.
+    /// [`Store::refund`] takes it back to give a reservation back exactly.
+    #[inline]
+    pub fn decided_at(&self) -> Option<u64> {
+        self.at
+    }
+
+    /// Records the time the checks were decided at (see [`decided_at`](Self::decided_at)).
+    #[inline]
+    pub fn set_decided_at(&mut self, at: u64) {
+        self.at = Some(at);
     }
 
     /// The decisions, in check order.
@@ -277,13 +337,56 @@ pub trait Store: Send + Sync + 'static {
     /// Checks every limit in `checks` and charges them only if all allow. Returns one decision
     /// per check, in order, each attributed to its limit's name.
     fn check(&self, checks: &[LimitCheck<'_>]) -> Checked<Self::Future>;
+
+    /// Gives back what an allowed [`check`](Self::check) of the same `checks` charged at
+    /// `reserved_at` (its [`Decisions::decided_at`]): the layer's charge-by-outcome refunds a
+    /// request whose response is not to be counted. A refund never makes a key fuller than a
+    /// key that never saw the reservation (see [`Algorithm::refund`](crate::algorithm::Algorithm::refund)),
+    /// so refunds arriving late never let a limit admit more than its quota.
+    ///
+    /// Returns one decision per check, as it stands after the refund, at cost 0. The default
+    /// answers an error: a store of your own supports charge-by-outcome by implementing it.
+    fn refund(&self, checks: &[LimitCheck<'_>], reserved_at: u64) -> Checked<Self::Future> {
+        let _ = (checks, reserved_at);
+        Checked::Ready(Err(StoreError::new(
+            crate::error::StoreErrorKind::Other,
+            "this store cannot give charges back; implement Store::refund to count by outcome",
+        )))
+    }
+
+    /// A store deciding `limits` that keeps this store's state (and connections) for every
+    /// limit of the same name and algorithm: a policy reload builds the new configuration's
+    /// store this way, so counters survive it. Limits that are new get fresh state; limits
+    /// that are gone are dropped. A check at a different quota than the one a key's state was
+    /// written under keeps what the key spent (see [`PlanQuota`]).
+    ///
+    /// The default answers an error: the store cannot be reloaded.
+    fn reconfigure(&self, limits: &[LimitSpec]) -> Result<Self, ConfigError>
+    where
+        Self: Sized,
+    {
+        let _ = limits;
+        Err(ConfigError::new(
+            "store",
+            "this store cannot be reconfigured while serving; implement Store::reconfigure, or rebuild the layer",
+        ))
+    }
 }
 
-impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
+impl<S: Store> Store for std::sync::Arc<S> {
     type Future = S::Future;
 
     #[inline]
     fn check(&self, checks: &[LimitCheck<'_>]) -> Checked<Self::Future> {
         (**self).check(checks)
+    }
+
+    #[inline]
+    fn refund(&self, checks: &[LimitCheck<'_>], reserved_at: u64) -> Checked<Self::Future> {
+        (**self).refund(checks, reserved_at)
+    }
+
+    fn reconfigure(&self, limits: &[LimitSpec]) -> Result<Self, ConfigError> {
+        (**self).reconfigure(limits).map(std::sync::Arc::new)
     }
 }

@@ -26,11 +26,7 @@ pub async fn decide<S: Store>(
 
 /// One limit, one key.
 pub async fn one<S: Store>(store: &S, key: &str, cost: u64) -> Result<Decision, StoreError> {
-    let checks = [LimitCheck {
-        limit: 0,
-        key: Key::string(key.to_owned()),
-        cost,
-    }];
+    let checks = [LimitCheck::new(0, Key::string(key.to_owned()), cost)];
     decide(store, &checks).await.map(|d| d.as_slice()[0])
 }
 

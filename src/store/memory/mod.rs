@@ -46,8 +46,8 @@
 //!     .unwrap();
 //! let user = Key::int(42);
 //! let checks = [
-//!     LimitCheck { limit: 0, key: user.clone(), cost: 1 },
-//!     LimitCheck { limit: 1, key: user.clone(), cost: 1 },
+//!     LimitCheck::new(0, user.clone(), 1),
+//!     LimitCheck::new(1, user.clone(), 1),
 //! ];
 //! let check = |store: &tollgate::store::MemoryStore<ManualClock>| match store.check(&checks) {
 //!     Checked::Ready(decisions) => decisions.unwrap(),

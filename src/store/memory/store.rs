@@ -388,13 +388,7 @@ mod tests {
             ],
             MemoryBackend::new().max_keys(1).shards(1),
         );
-        let checks = |k: u64| {
-            [0, 1].map(|limit| LimitCheck {
-                limit,
-                key: Key::int(k),
-                cost: 1,
-            })
-        };
+        let checks = |k: u64| [0, 1].map(|limit| LimitCheck::new(limit, Key::int(k), 1));
         assert!(check(&store, &checks(0)).allowed());
         // Key 1 finds both tables full of key 0 (not recovered): both limits use their
         // overflow bucket, which admits 2 per day for "per-key".
@@ -543,16 +537,8 @@ mod tests {
             let (store, _) = store_with(&limits, MemoryBackend::new().max_keys(100).shards(1));
             let user = Key::string("user");
             let checks = [
-                LimitCheck {
-                    limit: 0,
-                    key: user.clone(),
-                    cost: 1,
-                },
-                LimitCheck {
-                    limit: 1,
-                    key: user.clone(),
-                    cost: 1,
-                },
+                LimitCheck::new(0, user.clone(), 1),
+                LimitCheck::new(1, user.clone(), 1),
             ];
             assert!(check(&store, &checks).allowed(), "{kind}");
             let rejected = check(&store, &checks);
@@ -599,16 +585,8 @@ mod tests {
         );
         let user = Key::string("user");
         let checks = [
-            LimitCheck {
-                limit: 0,
-                key: user.clone(),
-                cost: 1,
-            },
-            LimitCheck {
-                limit: 1,
-                key: user.clone(),
-                cost: 1,
-            },
+            LimitCheck::new(0, user.clone(), 1),
+            LimitCheck::new(1, user.clone(), 1),
         ];
         let first = check(&store, &checks);
         assert!(first.allowed());
@@ -648,16 +626,8 @@ mod tests {
             check(
                 &store,
                 &[
-                    LimitCheck {
-                        limit: 0,
-                        key: Key::string(k),
-                        cost: 1,
-                    },
-                    LimitCheck {
-                        limit: 1,
-                        key: Key::global(),
-                        cost: 1,
-                    },
+                    LimitCheck::new(0, Key::string(k), 1),
+                    LimitCheck::new(1, Key::global(), 1),
                 ],
             )
             .allowed()
@@ -676,31 +646,15 @@ mod tests {
         );
         let key = Key::int(1);
         let out_of_range = [
-            LimitCheck {
-                limit: 0,
-                key: key.clone(),
-                cost: 1,
-            },
-            LimitCheck {
-                limit: 2,
-                key: key.clone(),
-                cost: 1,
-            },
+            LimitCheck::new(0, key.clone(), 1),
+            LimitCheck::new(2, key.clone(), 1),
         ];
         assert!(store.check_all(&out_of_range).is_err());
         assert!(store.check_all(&out_of_range[1..]).is_err());
         assert!(store.check_one(9, &key, 1).is_err());
         let twice = [
-            LimitCheck {
-                limit: 0,
-                key: key.clone(),
-                cost: 1,
-            },
-            LimitCheck {
-                limit: 0,
-                key: key.clone(),
-                cost: 1,
-            },
+            LimitCheck::new(0, key.clone(), 1),
+            LimitCheck::new(0, key.clone(), 1),
         ];
         let err = store.check_all(&twice).unwrap_err();
         assert!(err.to_string().contains("twice"), "{err}");
@@ -859,16 +813,8 @@ mod tests {
                     let store = &store;
                     s.spawn(move || {
                         let checks = [
-                            LimitCheck {
-                                limit: 0,
-                                key: Key::int(u),
-                                cost: 1,
-                            },
-                            LimitCheck {
-                                limit: 1,
-                                key: Key::global(),
-                                cost: 1,
-                            },
+                            LimitCheck::new(0, Key::int(u), 1),
+                            LimitCheck::new(1, Key::global(), 1),
                         ];
                         (0..60).filter(|_| check(store, &checks).allowed()).count() as u64
                     })
@@ -887,11 +833,7 @@ mod tests {
     fn memory_future_is_uninhabited() {
         assert_eq!(std::mem::size_of::<MemoryFuture>(), 0);
         let (store, _) = store_with(&[tb("a", Quota::per_minute(1))], MemoryBackend::new());
-        let checks = [LimitCheck {
-            limit: 0,
-            key: Key::global(),
-            cost: 1,
-        }];
+        let checks = [LimitCheck::new(0, Key::global(), 1)];
         assert!(matches!(store.check(&checks), Checked::Ready(Ok(_))));
     }
 }

@@ -149,7 +149,7 @@
 //! let store = RedisBackend::new("redis://127.0.0.1:6379")
 //!     .timeout(Duration::from_millis(10))
 //!     .build(&limits)?;
-//! let check = [LimitCheck { limit: 0, key: Key::string("alice"), cost: 1 }];
+//! let check = [LimitCheck::new(0, Key::string("alice"), 1)];
 //! let decisions = match store.check(&check) {
 //!     Checked::Ready(r) => r?,
 //!     Checked::Pending(f) => f.await?,

@@ -171,11 +171,7 @@ impl Store for RedisStore {
         let local: Vec<LimitCheck<'static>> = checks
             .iter()
             .filter(|c| matches!(inner.policies[c.limit], FailurePolicy::Local { .. }))
-            .map(|c| LimitCheck {
-                limit: c.limit,
-                key: c.key.clone().into_owned(),
-                cost: c.cost,
-            })
+            .map(|c| LimitCheck::new(c.limit, c.key.clone().into_owned(), c.cost))
             .collect();
         Checked::Pending(RedisFuture {
             inner: Box::pin(inner.clone().run(plan, fallback, local)),
