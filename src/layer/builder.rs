@@ -3,8 +3,12 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::layer::{RateLimitLayer, Shared};
-use super::limit::Limit;
+use arc_swap::ArcSwap;
+
+use super::audit::{AuditEvent, AuditFn};
+use super::layer::{RateLimitLayer, Shared, Snapshot};
+use super::limit::{CompiledLimit, Limit};
+use super::overrides::OverrideTable;
 use crate::error::ConfigError;
 use crate::headers::{policy_field, RateLimitHeaders, ResetFormat};
 use crate::request::RequestView;
@@ -39,6 +43,7 @@ pub struct RateLimitLayerBuilder<B = MemoryBackend> {
     headers: RateLimitHeaders,
     rejection: Option<Box<dyn Rejection>>,
     skip: Option<Box<super::layer::SkipFn>>,
+    audit: Option<Box<AuditFn>>,
 }
 
 impl RateLimitLayerBuilder<MemoryBackend> {
@@ -50,6 +55,7 @@ impl RateLimitLayerBuilder<MemoryBackend> {
             headers: RateLimitHeaders::new(),
             rejection: None,
             skip: None,
+            audit: None,
         }
     }
 }
@@ -68,6 +74,7 @@ impl<B: fmt::Debug> fmt::Debug for RateLimitLayerBuilder<B> {
             .field("headers", &self.headers)
             .field("rejection", &self.rejection.as_ref().map(|_| ".."))
             .field("skip", &self.skip.is_some())
+            .field("audit", &self.audit.is_some())
             .finish()
     }
 }
@@ -88,7 +95,22 @@ impl<B> RateLimitLayerBuilder<B> {
             headers: self.headers,
             rejection: self.rejection,
             skip: self.skip,
+            audit: self.audit,
         }
+    }
+
+    /// Adds limits (e.g. a policy file's). See [`limit`](Self::limit).
+    pub fn limits(mut self, limits: impl IntoIterator<Item = Limit>) -> Self {
+        self.limits.extend(limits);
+        self
+    }
+
+    /// Called with the audit event of every [reload](RateLimitLayer::reload) and
+    /// [override](RateLimitLayer::set_override), besides the `tracing` event on target
+    /// `tollgate::audit`.
+    pub fn on_audit(mut self, sink: impl Fn(&AuditEvent) + Send + Sync + 'static) -> Self {
+        self.audit = Some(Box::new(sink));
+        self
     }
 
     /// Which rate-limit headers to write (default: [`RateLimitHeaders::new`]).
@@ -146,51 +168,63 @@ impl<B> RateLimitLayerBuilder<B> {
 impl<B: Backend> RateLimitLayerBuilder<B> {
     /// Validates the configuration and builds the layer and its store.
     pub fn build(self) -> Result<RateLimitLayer<B::Store>, ConfigError> {
-        if self.limits.is_empty() {
-            return Err(ConfigError::new(
-                "limits",
-                "no limit configured; add one, e.g. .limit(Limit::new(\"per-ip\", Quota::per_second(10)).key(PeerIp::new()))",
-            ));
-        }
-        if self.limits.len() > MAX_LIMITS {
-            return Err(ConfigError::new(
-                "limits",
-                format!(
-                    "{} limits configured but a layer holds at most {MAX_LIMITS}; stack a second RateLimitLayer for the rest",
-                    self.limits.len()
-                ),
-            ));
-        }
-        for (i, limit) in self.limits.iter().enumerate() {
-            if self.limits[..i].iter().any(|l| l.name() == limit.name()) {
-                return Err(ConfigError::new(
-                    "limit.name",
-                    format!(
-                        "two limits are named \"{}\"; names identify limits in headers and stores, give each a distinct one",
-                        limit.name()
-                    ),
-                ));
-            }
-        }
-        let limits = self
-            .limits
-            .iter()
-            .map(Limit::compile)
-            .collect::<Result<Box<[_]>, _>>()?;
-        let specs: Vec<LimitSpec> = self.limits.iter().map(Limit::spec).collect();
+        let (limits, specs) = compile_limits(&self.limits)?;
         let store = self.backend.build(&specs)?;
         let policy_header = policy_field(limits.iter().map(|l| (l.name.as_str(), &l.quota)));
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
-                limits,
-                store,
+                current: ArcSwap::from_pointee(Snapshot {
+                    limits,
+                    store,
+                    policy_header,
+                }),
                 headers: self.headers,
                 rejection: self
                     .rejection
                     .unwrap_or_else(|| Box::new(DefaultRejection::new())),
                 skip: self.skip,
-                policy_header,
+                overrides: OverrideTable::default(),
+                audit: self.audit,
+                reloading: std::sync::Mutex::new(0),
             }),
         })
     }
+}
+
+/// Validates `limits` as a layer's set: at least one, at most [`MAX_LIMITS`], unique names.
+pub(crate) fn compile_limits(
+    limits: &[Limit],
+) -> Result<(Box<[CompiledLimit]>, Vec<LimitSpec>), ConfigError> {
+    if limits.is_empty() {
+        return Err(ConfigError::new(
+            "limits",
+            "no limit configured; add one, e.g. .limit(Limit::new(\"per-ip\", Quota::per_second(10)).key(PeerIp::new()))",
+        ));
+    }
+    if limits.len() > MAX_LIMITS {
+        return Err(ConfigError::new(
+            "limits",
+            format!(
+                "{} limits configured but a layer holds at most {MAX_LIMITS}; stack a second RateLimitLayer for the rest",
+                limits.len()
+            ),
+        ));
+    }
+    for (i, limit) in limits.iter().enumerate() {
+        if limits[..i].iter().any(|l| l.name() == limit.name()) {
+            return Err(ConfigError::new(
+                "limit.name",
+                format!(
+                    "two limits are named \"{}\"; names identify limits in headers and stores, give each a distinct one",
+                    limit.name()
+                ),
+            ));
+        }
+    }
+    let compiled = limits
+        .iter()
+        .map(Limit::compile)
+        .collect::<Result<Box<[_]>, _>>()?;
+    let specs: Vec<LimitSpec> = limits.iter().map(Limit::spec).collect();
+    Ok((compiled, specs))
 }

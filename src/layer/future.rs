@@ -1,5 +1,6 @@
-//! [`ResponseFuture`]: waits for the store when it answers asynchronously, then for the inner
-//! service, and writes rate-limit headers on the way out.
+//! [`ResponseFuture`]: waits for a plan lookup or the store when they answer asynchronously,
+//! then for the inner service, writes rate-limit headers on the way out, and gives back charges
+//! the response does not keep.
 
 use std::fmt;
 use std::future::Future;
@@ -12,39 +13,56 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::body::ResponseBody;
-use super::layer::Shared;
-use super::service::{finish, Finish, Outcome, Plan};
+use super::layer::{Shared, Snapshot};
+use super::service::{
+    begin, finish, shadow_done, shadow_step, Applied, Begin, Finish, Followup, Outcome,
+};
 use crate::response::RejectionBody;
-use crate::store::Store;
+use crate::store::{Checked, Store};
 
-/// What a pending store check needs to finish the request.
-struct Waiting<S, ReqBody, St> {
+/// What a pending step needs to finish the request.
+struct Waiting<S, ReqBody, St: Store> {
     req: Request<ReqBody>,
     inner: S,
-    plan: Plan,
     shared: Arc<Shared<St>>,
+    step: Step<St>,
 }
+
+/// Which step is pending.
+enum Step<St: Store> {
+    Lookup,
+    Check(Applied, Arc<Snapshot<St>>, Option<Followup<St>>),
+    Shadow(Outcome, Followup<St>),
+}
+
+type Lookup = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 pin_project! {
     /// Response future of [`RateLimit`](super::RateLimit).
     ///
     /// With a store that decides synchronously (the in-memory store) it is the inner service's
     /// future plus the headers to write; with a networked store it first waits for the check.
-    /// No allocation either way.
+    /// No allocation either way, unless a limit decides by outcome or in shadow.
+    #[project = FutureProj]
     pub struct ResponseFuture<S, ReqBody, St>
     where
         S: Service<Request<ReqBody>>,
         St: Store,
     {
         #[pin]
-        state: State<St::Future, S::Future, Waiting<S, ReqBody, St>>,
+        state: State<St::Future, S::Future, Waiting<S, ReqBody, St>, S::Response>,
         outcome: Option<Outcome>,
+        followup: Option<Followup<St>>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<C, F, W> {
+    enum State<C, F, W, R> {
+        Resolving {
+            lookup: Option<Lookup>,
+            waiting: Option<W>,
+        },
         Checking {
             #[pin]
             check: C,
@@ -53,6 +71,11 @@ pin_project! {
         Inner {
             #[pin]
             future: F,
+        },
+        Refunding {
+            #[pin]
+            refund: C,
+            response: Option<R>,
         },
         Rejected {
             response: Option<Response<RejectionBody>>,
@@ -65,10 +88,15 @@ where
     S: Service<Request<ReqBody>>,
     St: Store,
 {
-    pub(crate) fn inner(future: S::Future, outcome: Option<Outcome>) -> Self {
+    pub(crate) fn inner(
+        future: S::Future,
+        outcome: Option<Outcome>,
+        followup: Option<Followup<St>>,
+    ) -> Self {
         Self {
             state: State::Inner { future },
             outcome,
+            followup,
         }
     }
 
@@ -78,27 +106,48 @@ where
                 response: Some(response),
             },
             outcome: None,
+            followup: None,
         }
     }
 
-    pub(crate) fn checking(
-        check: St::Future,
-        req: Request<ReqBody>,
-        inner: S,
-        plan: Plan,
-        shared: Arc<Shared<St>>,
-    ) -> Self {
-        Self {
-            state: State::Checking {
+    /// A request waiting for a lookup or the store (`begin` is neither `Proceed` nor `Reject`).
+    pub(crate) fn waiting(begin: Begin<ReqBody, St>, inner: S, shared: Arc<Shared<St>>) -> Self {
+        let state = match begin {
+            Begin::Resolve(lookup, req) => State::Resolving {
+                lookup: Some(lookup),
+                waiting: Some(Waiting {
+                    req,
+                    inner,
+                    shared,
+                    step: Step::Lookup,
+                }),
+            },
+            Begin::Pending(check, req, applied, snapshot, followup) => State::Checking {
                 check,
                 waiting: Some(Waiting {
                     req,
                     inner,
-                    plan,
                     shared,
+                    step: Step::Check(applied, snapshot, followup),
                 }),
             },
+            Begin::Shadow(check, req, outcome, followup) => State::Checking {
+                check,
+                waiting: Some(Waiting {
+                    req,
+                    inner,
+                    shared,
+                    step: Step::Shadow(outcome, followup),
+                }),
+            },
+            Begin::Proceed(..) | Begin::Reject(..) => {
+                unreachable!("ResponseFuture::waiting is only called for pending steps")
+            }
+        };
+        Self {
+            state,
             outcome: None,
+            followup: None,
         }
     }
 }
@@ -110,8 +159,10 @@ where
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
+            State::Resolving { .. } => "resolving",
             State::Checking { .. } => "checking",
             State::Inner { .. } => "inner",
+            State::Refunding { .. } => "refunding",
             State::Rejected { .. } => "rejected",
         };
         f.debug_struct("ResponseFuture")
@@ -130,35 +181,89 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
+            // What the pending step produced: the next `Begin`, to be turned into a state.
+            let next: Begin<ReqBody, St>;
+            let waiting: Waiting<S, ReqBody, St>;
             match this.state.as_mut().project() {
-                StateProj::Checking { check, waiting } => {
+                StateProj::Resolving { lookup, waiting: w } => {
+                    if let Some(f) = lookup.as_mut() {
+                        ready!(f.as_mut().poll(cx));
+                    }
+                    *lookup = None;
+                    waiting = w.take().expect("ResponseFuture polled after completion");
+                    let Waiting {
+                        req, inner, shared, ..
+                    } = waiting;
+                    next = begin(&shared, req, true);
+                    advance(&mut this, next, inner, shared);
+                    continue;
+                }
+                StateProj::Checking { check, waiting: w } => {
                     let result = ready!(check.poll(cx));
+                    waiting = w.take().expect("ResponseFuture polled after completion");
                     let Waiting {
                         req,
-                        mut inner,
-                        plan,
+                        inner,
                         shared,
-                    } = waiting
-                        .take()
-                        .expect("ResponseFuture polled after completion");
-                    match finish(&shared, req, &plan, result) {
-                        Finish::Proceed(req, outcome) => {
-                            let future = inner.call(req);
-                            *this.outcome = Some(outcome);
-                            this.state.set(State::Inner { future });
+                        step,
+                    } = waiting;
+                    next = match step {
+                        Step::Check(applied, snapshot, mut followup) => {
+                            match finish(
+                                &shared,
+                                &snapshot,
+                                req,
+                                &applied,
+                                result,
+                                followup.as_mut(),
+                            ) {
+                                Finish::Proceed(req, outcome) => match followup {
+                                    Some(f) if !f.shadow_is_empty() => {
+                                        shadow_step(&shared, req, Some(outcome), f)
+                                    }
+                                    f => Begin::Proceed(req, Some(outcome), f),
+                                },
+                                Finish::Reject(response) => Begin::Reject(response),
+                            }
                         }
-                        Finish::Reject(response) => {
-                            this.state.set(State::Rejected { response: None });
-                            return Poll::Ready(Ok(response.map(ResponseBody::rejection)));
+                        Step::Shadow(mut outcome, followup) => {
+                            shadow_done(&followup, result, &mut outcome);
+                            Begin::Proceed(req, Some(outcome), Some(followup))
                         }
-                    }
+                        Step::Lookup => unreachable!("a lookup is not a store check"),
+                    };
+                    advance(&mut this, next, inner, shared);
+                    continue;
                 }
                 StateProj::Inner { future } => {
-                    let mut response = ready!(future.poll(cx))?;
-                    if let Some(outcome) = this.outcome.take() {
-                        outcome.apply(&mut response);
+                    let response = ready!(future.poll(cx))?;
+                    let refund = this
+                        .followup
+                        .as_ref()
+                        .and_then(|f| f.refund(response.status()));
+                    match refund {
+                        Some(Checked::Pending(refund)) => {
+                            this.state.set(State::Refunding {
+                                refund,
+                                response: Some(response),
+                            });
+                            continue;
+                        }
+                        Some(Checked::Ready(Err(error))) => {
+                            tracing::warn!(error = %error, "rate-limit store could not give a charge back");
+                        }
+                        _ => {}
                     }
-                    return Poll::Ready(Ok(response.map(ResponseBody::inner)));
+                    return Poll::Ready(Ok(respond(this.outcome, response)));
+                }
+                StateProj::Refunding { refund, response } => {
+                    if let Err(error) = ready!(refund.poll(cx)) {
+                        tracing::warn!(error = %error, "rate-limit store could not give a charge back");
+                    }
+                    let response = response
+                        .take()
+                        .expect("ResponseFuture polled after completion");
+                    return Poll::Ready(Ok(respond(this.outcome, response)));
                 }
                 StateProj::Rejected { response } => {
                     let response = response
@@ -167,6 +272,75 @@ where
                     return Poll::Ready(Ok(response.map(ResponseBody::rejection)));
                 }
             }
+        }
+    }
+}
+
+/// Writes the headers on the inner service's response.
+fn respond<B>(
+    outcome: &mut Option<Outcome>,
+    mut response: Response<B>,
+) -> Response<ResponseBody<B>> {
+    if let Some(outcome) = outcome.take() {
+        outcome.apply(&mut response);
+    }
+    response.map(ResponseBody::inner)
+}
+
+/// Moves the future to the state for `next`.
+fn advance<S, ReqBody, St>(
+    this: &mut FutureProj<'_, S, ReqBody, St>,
+    next: Begin<ReqBody, St>,
+    mut inner: S,
+    shared: Arc<Shared<St>>,
+) where
+    S: Service<Request<ReqBody>>,
+    St: Store,
+{
+    match next {
+        Begin::Proceed(req, outcome, followup) => {
+            let future = inner.call(req);
+            *this.outcome = outcome;
+            *this.followup = followup;
+            this.state.set(State::Inner { future });
+        }
+        Begin::Reject(response) => {
+            this.state.set(State::Rejected {
+                response: Some(response),
+            });
+        }
+        Begin::Resolve(lookup, req) => {
+            this.state.set(State::Resolving {
+                lookup: Some(lookup),
+                waiting: Some(Waiting {
+                    req,
+                    inner,
+                    shared,
+                    step: Step::Lookup,
+                }),
+            });
+        }
+        Begin::Pending(check, req, applied, snapshot, followup) => {
+            this.state.set(State::Checking {
+                check,
+                waiting: Some(Waiting {
+                    req,
+                    inner,
+                    shared,
+                    step: Step::Check(applied, snapshot, followup),
+                }),
+            });
+        }
+        Begin::Shadow(check, req, outcome, followup) => {
+            this.state.set(State::Checking {
+                check,
+                waiting: Some(Waiting {
+                    req,
+                    inner,
+                    shared,
+                    step: Step::Shadow(outcome, followup),
+                }),
+            });
         }
     }
 }

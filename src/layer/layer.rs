@@ -5,8 +5,12 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
+use arc_swap::ArcSwap;
+
+use super::audit::AuditFn;
 use super::builder::RateLimitLayerBuilder;
 use super::limit::{CompiledLimit, Limit};
+use super::overrides::OverrideTable;
 use super::service::RateLimit;
 use crate::error::ConfigError;
 use crate::headers::RateLimitHeaders;
@@ -16,15 +20,48 @@ use crate::store::memory::{MemoryBackend, MemoryStore};
 
 pub(crate) type SkipFn = dyn Fn(&RequestView<'_>) -> bool + Send + Sync;
 
-/// Everything a [`RateLimit`] service needs, behind one `Arc`.
-pub(crate) struct Shared<St> {
+/// The limits and the store deciding them: swapped as a whole by a reload.
+pub(crate) struct Snapshot<St> {
     pub(crate) limits: Box<[CompiledLimit]>,
     pub(crate) store: St,
+    /// `RateLimit-Policy` for a request checked against every limit (rendered once).
+    pub(crate) policy_header: Option<http::HeaderValue>,
+}
+
+/// Everything a [`RateLimit`] service needs, behind one `Arc`.
+pub(crate) struct Shared<St> {
+    /// The current limits and store; a reload swaps it (lock-free reads on the request path).
+    pub(crate) current: ArcSwap<Snapshot<St>>,
     pub(crate) headers: RateLimitHeaders,
     pub(crate) rejection: Box<dyn Rejection>,
     pub(crate) skip: Option<Box<SkipFn>>,
-    /// `RateLimit-Policy` for a request checked against every limit (rendered once).
-    pub(crate) policy_header: Option<http::HeaderValue>,
+    /// Per-key overrides, kept across reloads.
+    pub(crate) overrides: OverrideTable,
+    /// Called with every reload's and override's audit event.
+    pub(crate) audit: Option<Box<AuditFn>>,
+    /// Serialises reloads (never taken on the request path).
+    pub(crate) reloading: std::sync::Mutex<u64>,
+}
+
+/// The store of a [`RateLimitLayer`], as of the call: it derefs to the store. After a
+/// [`reload`](RateLimitLayer::reload) the layer decides with a store that shares this one's
+/// state; hold this only briefly.
+pub struct StoreRef<St> {
+    snapshot: Arc<Snapshot<St>>,
+}
+
+impl<St> std::ops::Deref for StoreRef<St> {
+    type Target = St;
+
+    fn deref(&self) -> &St {
+        &self.snapshot.store
+    }
+}
+
+impl<St: fmt::Debug> fmt::Debug for StoreRef<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.snapshot.store.fmt(f)
+    }
 }
 
 /// Applies rate limits to every request of the services it wraps. See the
@@ -54,9 +91,11 @@ impl RateLimitLayer {
 }
 
 impl<St> RateLimitLayer<St> {
-    /// The store deciding this layer's requests (to inspect or share it).
-    pub fn store(&self) -> &St {
-        &self.shared.store
+    /// The store deciding this layer's requests (to inspect it); it derefs to `St`.
+    pub fn store(&self) -> StoreRef<St> {
+        StoreRef {
+            snapshot: self.shared.current.load_full(),
+        }
     }
 
     /// The header configuration.
@@ -76,7 +115,7 @@ impl<St> Clone for RateLimitLayer<St> {
 impl<St> fmt::Debug for RateLimitLayer<St> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
-            .field("limits", &self.shared.limits)
+            .field("limits", &self.shared.current.load().limits)
             .field("headers", &self.shared.headers)
             .field("skip", &self.shared.skip.is_some())
             .finish_non_exhaustive()

@@ -10,9 +10,13 @@ use crate::cost::Cost;
 use crate::decision::PolicyName;
 use crate::error::ConfigError;
 use crate::key::{KeyError, KeyExtractor};
+use crate::plan::{Charge, Mode, Plan, PlanResolver, UnknownPlan};
 use crate::quota::Quota;
 use crate::request::RequestView;
-use crate::store::{FailurePolicy, LimitSpec};
+use crate::store::{FailurePolicy, LimitSpec, PlanQuota};
+
+/// A predicate choosing the requests a limit applies to.
+pub(crate) type WhenFn = dyn Fn(&RequestView<'_>) -> bool + Send + Sync;
 
 /// What a limit does with a request for which its key extractor finds no key.
 ///
@@ -108,6 +112,12 @@ pub struct Limit {
     cost: Option<Arc<dyn Cost>>,
     on_missing_key: MissingKey,
     on_store_error: Option<FailurePolicy>,
+    plans: Vec<Plan>,
+    resolver: Option<Arc<dyn PlanResolver>>,
+    on_unknown_plan: UnknownPlan,
+    when: Option<Arc<WhenFn>>,
+    mode: Mode,
+    charge: Charge,
 }
 
 impl fmt::Debug for Limit {
@@ -120,6 +130,12 @@ impl fmt::Debug for Limit {
             .field("cost", &self.cost.as_ref().map(|c| c.max_cost()))
             .field("on_missing_key", &self.on_missing_key)
             .field("on_store_error", &self.on_store_error)
+            .field("plans", &self.plans)
+            .field("resolver", &self.resolver.as_ref().map(|_| ".."))
+            .field("on_unknown_plan", &self.on_unknown_plan)
+            .field("when", &self.when.as_ref().map(|_| ".."))
+            .field("mode", &self.mode)
+            .field("charge", &self.charge)
             .finish()
     }
 }
@@ -138,7 +154,83 @@ impl Limit {
             cost: None,
             on_missing_key: MissingKey::default(),
             on_store_error: None,
+            plans: Vec::new(),
+            resolver: None,
+            on_unknown_plan: UnknownPlan::default(),
+            when: None,
+            mode: Mode::default(),
+            charge: Charge::default(),
         }
+    }
+
+    /// Adds a named plan: a quota a [resolver](Self::resolve_plan) can choose per request. See
+    /// [`plan`](crate::plan).
+    #[must_use]
+    pub fn plan(mut self, plan: Plan) -> Self {
+        self.plans.push(plan);
+        self
+    }
+
+    /// Chooses the plan of each request (default: none, every request is decided at the limit's
+    /// own quota).
+    #[must_use]
+    pub fn resolve_plan(mut self, resolver: impl PlanResolver) -> Self {
+        self.resolver = Some(Arc::new(resolver));
+        self
+    }
+
+    /// What to do with a request whose plan the resolver does not know (default: decide it at
+    /// the limit's own quota).
+    #[must_use]
+    pub fn on_unknown_plan(mut self, outcome: UnknownPlan) -> Self {
+        self.on_unknown_plan = outcome;
+        self
+    }
+
+    /// Applies this limit only to requests matching `predicate` (a route, a method); the others
+    /// are not counted by it.
+    ///
+    /// ```
+    /// use tollgate::key::PeerIp;
+    /// use tollgate::{Limit, Quota, RequestView};
+    ///
+    /// let logins = Limit::new("login", Quota::per_minute(3))
+    ///     .key(PeerIp::new())
+    ///     .when(|req: &RequestView<'_>| req.method() == "POST" && req.uri().path() == "/login");
+    /// # let _ = logins;
+    /// ```
+    #[must_use]
+    pub fn when(
+        mut self,
+        predicate: impl Fn(&RequestView<'_>) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.when = Some(Arc::new(predicate));
+        self
+    }
+
+    /// Enforce (the default) or shadow: see [`Mode`].
+    #[must_use]
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Which requests count: every admitted one (the default) or by response status. See
+    /// [`Charge`].
+    #[must_use]
+    pub fn charge(mut self, charge: Charge) -> Self {
+        self.charge = charge;
+        self
+    }
+
+    /// The limit's plans.
+    pub fn plans(&self) -> &[Plan] {
+        &self.plans
+    }
+
+    /// The limit's mode.
+    pub fn current_mode(&self) -> Mode {
+        self.mode
     }
 
     /// The algorithm enforcing the quota (default: [`AlgorithmKind::TokenBucket`]).
@@ -257,25 +349,109 @@ impl Limit {
                 ));
             }
         }
+        if let UnknownPlan::Reject { status } = self.on_unknown_plan {
+            if !(status.is_client_error() || status.is_server_error()) {
+                return Err(bad(
+                    "limit.on_unknown_plan",
+                    format!("rejecting with {status} is not a refusal; use a 4xx or 5xx status, or UnknownPlan::Default"),
+                ));
+            }
+        }
+        let base = PlanQuota::new(self.algorithm, self.quota)
+            .map_err(|e| bad(e.field(), e.message().to_owned()))?;
+        let mut plans: Vec<CompiledPlan> = Vec::with_capacity(self.plans.len());
+        for plan in &self.plans {
+            let pname = plan.name().as_str();
+            if pname.is_empty() || !pname.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+                return Err(bad(
+                    "limit.plans.name",
+                    format!("plan name {pname:?} must be non-empty printable ASCII without spaces, e.g. \"pro\""),
+                ));
+            }
+            if plans.iter().any(|p| p.name == plan.name()) {
+                return Err(bad(
+                    "limit.plans.name",
+                    format!("plan \"{pname}\" is defined twice; plan names must be unique within a limit"),
+                ));
+            }
+            let quota = PlanQuota::new(self.algorithm, *plan.quota())
+                .map_err(|e| bad(e.field(), format!("plan \"{pname}\": {}", e.message())))?;
+            if let Some(max) = self.cost.as_ref().and_then(|c| c.max_cost()) {
+                if max > quota.capacity() {
+                    return Err(bad(
+                        "limit.cost",
+                        format!(
+                            "plan \"{pname}\": the cost function can charge {max} units but the quota {} holds at most {}; raise the plan's burst or lower the cost",
+                            plan.quota(),
+                            quota.capacity()
+                        ),
+                    ));
+                }
+            }
+            plans.push(CompiledPlan {
+                name: plan.name(),
+                quota,
+                link: plan.link_url().map(Arc::from),
+            });
+        }
+        if !plans.is_empty() && self.resolver.is_none() {
+            return Err(bad(
+                "limit.resolve_plan",
+                String::from("the limit has plans but nothing chooses between them; add .resolve_plan(..), e.g. a PlanFromHeader or a closure"),
+            ));
+        }
         Ok(CompiledLimit {
             name: self.name,
             quota: self.quota,
+            algorithm: self.algorithm,
             capacity,
             key,
             cost: self.cost.clone(),
             on_missing_key: self.on_missing_key,
+            base,
+            plans: plans.into_boxed_slice(),
+            resolver: self.resolver.clone(),
+            on_unknown_plan: self.on_unknown_plan,
+            when: self.when.clone(),
+            mode: self.mode,
+            charge: self.charge.clone(),
+            explicit_quota: false,
+            shadow_rejections: std::sync::atomic::AtomicU64::new(0),
         })
     }
+}
+
+/// A plan, compiled for its limit's algorithm.
+#[derive(Debug)]
+pub(crate) struct CompiledPlan {
+    pub(crate) name: PolicyName,
+    pub(crate) quota: PlanQuota,
+    #[allow(dead_code)] // until rejections carry the plan's link
+    pub(crate) link: Option<Arc<str>>,
 }
 
 /// A validated limit, as the service uses it.
 pub(crate) struct CompiledLimit {
     pub(crate) name: PolicyName,
     pub(crate) quota: Quota,
+    pub(crate) algorithm: AlgorithmKind,
     pub(crate) capacity: u64,
     pub(crate) key: Arc<dyn KeyExtractor>,
     pub(crate) cost: Option<Arc<dyn Cost>>,
     pub(crate) on_missing_key: MissingKey,
+    /// The limit's own quota, compiled: passed explicitly when `explicit_quota`.
+    pub(crate) base: PlanQuota,
+    pub(crate) plans: Box<[CompiledPlan]>,
+    pub(crate) resolver: Option<Arc<dyn PlanResolver>>,
+    pub(crate) on_unknown_plan: UnknownPlan,
+    pub(crate) when: Option<Arc<WhenFn>>,
+    pub(crate) mode: Mode,
+    pub(crate) charge: Charge,
+    /// Whether checks at the limit's own quota name it (after a reload the store's tables may
+    /// have been built for an earlier quota of the limit).
+    pub(crate) explicit_quota: bool,
+    /// Would-be rejections of a shadow limit (sampled logging).
+    pub(crate) shadow_rejections: std::sync::atomic::AtomicU64,
 }
 
 impl CompiledLimit {

@@ -134,18 +134,23 @@
 //! # }
 //! ```
 
+mod audit;
 mod body;
 mod builder;
 mod future;
 #[allow(clippy::module_inception)]
 mod layer;
 mod limit;
+mod observe;
+mod overrides;
+mod reload;
 mod service;
 
+pub use audit::{AuditEvent, Change};
 pub use body::ResponseBody;
 pub use builder::RateLimitLayerBuilder;
 pub use future::ResponseFuture;
-pub use layer::RateLimitLayer;
+pub use layer::{RateLimitLayer, StoreRef};
 pub use limit::{Limit, MissingKey};
 pub use service::RateLimit;
 

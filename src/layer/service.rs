@@ -11,19 +11,27 @@ use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::future::ResponseFuture;
-use super::layer::{RateLimitLayer, Shared};
-use super::limit::Limit;
-use crate::decision::Decision;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+
+use super::layer::{RateLimitLayer, Shared, Snapshot};
+use super::limit::{CompiledPlan, Limit};
+use super::observe;
+use super::overrides::Active;
+use crate::decision::{Decision, PolicyName};
 use crate::error::{ConfigError, StoreError, StoreErrorKind};
 use crate::headers::{
     policy_field, ratelimit_field, set_retry_after_if_absent, RateLimitHeaders, RATELIMIT,
     RATELIMIT_POLICY,
 };
 use crate::key::Key;
+use crate::plan::{Mode, Resolution, UnknownPlan};
+use crate::quota::Quota;
 use crate::request::RequestView;
 use crate::response::{RejectReason, Rejected, RejectionBody};
 use crate::store::memory::MemoryStore;
-use crate::store::{Checked, Decisions, LimitCheck, Store, MAX_LIMITS};
+use crate::store::{Checked, Decisions, LimitCheck, PlanQuota, Store, MAX_LIMITS};
 
 /// Rate-limits requests to the inner service `S`. Created by [`RateLimitLayer`]; see the
 /// [module docs](crate::layer).
@@ -84,7 +92,7 @@ impl<S: fmt::Debug, St> fmt::Debug for RateLimit<S, St> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
-            .field("limits", &self.shared.limits)
+            .field("limits", &self.shared.current.load().limits)
             .finish_non_exhaustive()
     }
 }
@@ -104,33 +112,174 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        match begin(&self.shared, req) {
-            Begin::Proceed(req, outcome) => ResponseFuture::inner(self.inner.call(req), outcome),
+        match begin(&self.shared, req, false) {
+            Begin::Proceed(req, outcome, followup) => {
+                ResponseFuture::inner(self.inner.call(req), outcome, followup)
+            }
             Begin::Reject(response) => ResponseFuture::rejected(response),
-            Begin::Pending(check, req, plan) => {
-                // The store answers later: keep the instance that was polled ready for then, and
-                // leave a fresh clone in its place (it will be polled ready before its own call).
+            begin => {
+                // The store (or a plan lookup) answers later: keep the instance that was polled
+                // ready for then, and leave a fresh clone in its place (it will be polled ready
+                // before its own call).
                 let clone = self.inner.clone();
                 let inner = mem::replace(&mut self.inner, clone);
-                ResponseFuture::checking(check, req, inner, plan, Arc::clone(&self.shared))
+                ResponseFuture::waiting(begin, inner, Arc::clone(&self.shared))
             }
         }
     }
 }
 
-/// Which limits were checked for a request, at what cost, in check order.
+/// Which limits were checked for a request, at what cost and quota, in check order.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Plan {
+pub(crate) struct Applied {
     limit: [u8; MAX_LIMITS],
     cost: [u64; MAX_LIMITS],
+    /// Index into the limit's plans, or [`NO_PLAN`] / [`OVERRIDDEN`].
+    plan: [u8; MAX_LIMITS],
     len: u8,
-    /// The first check whose cost exceeds its limit's capacity (all costs were zeroed: a peek).
+    /// The first check whose cost exceeds its quota's capacity (all costs were zeroed: a peek).
     too_costly: Option<u8>,
+    /// The quota of the first check decided at a per-key override (for rejection bodies).
+    override_quota: Option<Quota>,
 }
 
-impl Plan {
+/// The check is decided at the limit's own quota.
+const NO_PLAN: u8 = u8::MAX;
+/// The check is decided at a per-key override's quota.
+const OVERRIDDEN: u8 = u8::MAX - 1;
+
+impl Applied {
+    fn new() -> Self {
+        Self {
+            limit: [0; MAX_LIMITS],
+            cost: [0; MAX_LIMITS],
+            plan: [NO_PLAN; MAX_LIMITS],
+            len: 0,
+            too_costly: None,
+            override_quota: None,
+        }
+    }
+
     fn checks(&self) -> impl Iterator<Item = (usize, u64)> + Clone + '_ {
         (0..usize::from(self.len)).map(|i| (usize::from(self.limit[i]), self.cost[i]))
+    }
+
+    /// The quota check `i` was decided at.
+    fn quota<'s, St>(&'s self, snapshot: &'s Snapshot<St>, i: usize) -> &'s Quota {
+        let limit = &snapshot.limits[usize::from(self.limit[i])];
+        match self.plan[i] {
+            NO_PLAN => &limit.quota,
+            OVERRIDDEN => self.override_quota.as_ref().unwrap_or(&limit.quota),
+            p => limit.plans[usize::from(p)].quota.quota(),
+        }
+    }
+
+    /// The plan check `i` was decided at, if one.
+    fn plan<'s, St>(&self, snapshot: &'s Snapshot<St>, i: usize) -> Option<&'s CompiledPlan> {
+        let limit = &snapshot.limits[usize::from(self.limit[i])];
+        limit.plans.get(usize::from(self.plan[i]))
+    }
+
+    /// Whether every check is at its limit's own quota.
+    fn at_own_quotas(&self) -> bool {
+        self.plan[..usize::from(self.len)]
+            .iter()
+            .all(|&p| p == NO_PLAN)
+    }
+}
+
+/// A check that outlives the request: a shadow limit checked after the enforcing ones, or a
+/// charge to give back when the response says so.
+#[derive(Debug)]
+pub(crate) struct OwnedCheck {
+    limit: usize,
+    key: Key<'static>,
+    cost: u64,
+    quota: Option<PlanQuota>,
+    plan: Option<PolicyName>,
+}
+
+impl OwnedCheck {
+    fn as_check(&self) -> LimitCheck<'_> {
+        let check = LimitCheck::new(self.limit, self.key.clone(), self.cost);
+        match &self.quota {
+            Some(q) => check.with_quota(q),
+            None => check,
+        }
+    }
+}
+
+/// Work after the enforcing check: shadow limits, and charges decided by the response.
+pub(crate) struct Followup<St> {
+    snapshot: Arc<Snapshot<St>>,
+    shadow: Vec<OwnedCheck>,
+    by_outcome: Vec<OwnedCheck>,
+    reserved_at: Option<u64>,
+}
+
+impl<St: Store> Followup<St> {
+    /// Whether no shadow limit waits to be checked.
+    pub(crate) fn shadow_is_empty(&self) -> bool {
+        self.shadow.is_empty()
+    }
+
+    /// Records the shadow decisions: counted, sampled in the log, and folded into the headers
+    /// when the limit asks for them.
+    fn record_shadow(&self, result: Result<Decisions, StoreError>, outcome: Option<&mut Outcome>) {
+        let decisions = match result {
+            Ok(decisions) => decisions,
+            Err(error) => {
+                tracing::warn!(error = %error, "rate-limit store failed on a shadow limit; ignored");
+                return;
+            }
+        };
+        let mut shown = Decisions::new();
+        for (d, check) in decisions.as_slice().iter().zip(&self.shadow) {
+            let limit = &self.snapshot.limits[check.limit];
+            let plan = check.plan.map_or("", |p| p.as_str());
+            if d.allowed() {
+                observe::decision(limit.name, check.plan, observe::Verdict::Allowed, d);
+            } else {
+                observe::decision(limit.name, check.plan, observe::Verdict::ShadowRejected, d);
+                let n = limit.shadow_rejections.fetch_add(1, Ordering::Relaxed) + 1;
+                if n.is_power_of_two() || n.is_multiple_of(1000) {
+                    tracing::info!(policy = %limit.name, plan, would_be_rejections = n, remaining = d.remaining(), "shadow limit would have refused this request");
+                }
+            }
+            if matches!(limit.mode, Mode::Shadow { headers: true }) {
+                let seen = if d.allowed() {
+                    *d
+                } else {
+                    Decision::allowed_with(d.limit(), 0, d.reset())
+                };
+                shown.push(seen.with_policy(limit.name));
+            }
+        }
+        if let (Some(outcome), false) = (outcome, shown.is_empty()) {
+            outcome.fold_in(&shown);
+        }
+    }
+
+    /// The refund of the charges this response does not keep, if any.
+    pub(crate) fn refund(&self, status: http::StatusCode) -> Option<Checked<St::Future>> {
+        if self.by_outcome.is_empty() {
+            return None;
+        }
+        let refund: Vec<LimitCheck<'_>> = self
+            .by_outcome
+            .iter()
+            .filter(|c| !self.snapshot.limits[c.limit].charge.keeps(status))
+            .map(OwnedCheck::as_check)
+            .collect();
+        if refund.is_empty() {
+            return None;
+        }
+        let Some(at) = self.reserved_at else {
+            tracing::warn!("the rate-limit store reports no decision time; charge by outcome cannot give this request back");
+            return None;
+        };
+        tracing::trace!(refunds = refund.len(), %status, "response not counted; giving the charge back");
+        Some(self.snapshot.store.refund(&refund, at))
     }
 }
 
@@ -146,21 +295,23 @@ pub(crate) struct Outcome {
 impl Outcome {
     fn new<St>(
         shared: &Shared<St>,
-        plan: &Plan,
+        snapshot: &Snapshot<St>,
+        applied: &Applied,
         decisions: &Decisions,
         reported: Decision,
     ) -> Self {
         let ietf = if shared.headers.writes_ietf() {
-            let policy = if usize::from(plan.len) == shared.limits.len() {
-                shared.policy_header.clone()
-            } else {
-                policy_field(plan.checks().map(|(limit, _)| {
-                    (
-                        shared.limits[limit].name.as_str(),
-                        &shared.limits[limit].quota,
-                    )
-                }))
-            };
+            let policy =
+                if usize::from(applied.len) == snapshot.limits.len() && applied.at_own_quotas() {
+                    snapshot.policy_header.clone()
+                } else {
+                    policy_field((0..usize::from(applied.len)).map(|i| {
+                        (
+                            snapshot.limits[usize::from(applied.limit[i])].name.as_str(),
+                            applied.quota(snapshot, i),
+                        )
+                    }))
+                };
             policy.zip(ratelimit_field(decisions.as_slice().iter()))
         } else {
             None
@@ -169,6 +320,25 @@ impl Outcome {
             headers: shared.headers,
             reported,
             ietf,
+        }
+    }
+
+    /// Adds shadow decisions that show in headers: the tighter one wins `X-RateLimit-*`.
+    fn fold_in(&mut self, shown: &Decisions) {
+        for d in shown.as_slice() {
+            if d.is_tighter_than(&self.reported) {
+                self.reported = *d;
+            }
+        }
+        if let Some((_, ratelimit)) = &mut self.ietf {
+            if let Some(more) = ratelimit_field(shown.as_slice().iter()) {
+                let mut joined = ratelimit.as_bytes().to_vec();
+                joined.extend_from_slice(b", ");
+                joined.extend_from_slice(more.as_bytes());
+                if let Ok(v) = HeaderValue::from_bytes(&joined) {
+                    *ratelimit = v;
+                }
+            }
         }
     }
 
@@ -267,13 +437,23 @@ fn merge_extensions(
 // Large variants by design: boxing the decisions would allocate on every request, and these
 // values only live on the stack between the store check and the future.
 #[allow(clippy::large_enum_variant)]
-pub(crate) enum Begin<ReqBody, F> {
+pub(crate) enum Begin<ReqBody, St: Store> {
     /// Call the inner service (with an outcome to report, unless no limit applied).
-    Proceed(Request<ReqBody>, Option<Outcome>),
+    Proceed(Request<ReqBody>, Option<Outcome>, Option<Followup<St>>),
     /// Answer with this response without calling the inner service.
     Reject(Response<RejectionBody>),
     /// Wait for the store.
-    Pending(F, Request<ReqBody>, Plan),
+    Pending(
+        St::Future,
+        Request<ReqBody>,
+        Applied,
+        Arc<Snapshot<St>>,
+        Option<Followup<St>>,
+    ),
+    /// Wait for the shadow limits' check, then call the inner service.
+    Shadow(St::Future, Request<ReqBody>, Outcome, Followup<St>),
+    /// Wait for a plan lookup, then begin again.
+    Resolve(Pin<Box<dyn Future<Output = ()> + Send>>, Request<ReqBody>),
 }
 
 /// The result of a store check.
@@ -283,41 +463,61 @@ pub(crate) enum Finish<ReqBody> {
     Reject(Response<RejectionBody>),
 }
 
-/// Skip predicate, key and cost extraction, and the store check.
-fn begin<ReqBody, St: Store>(
+/// Skip predicate, key, plan and cost extraction, and the store check. `looked_up`: a plan
+/// lookup already ran for this request (a second one is treated as an unknown plan).
+pub(crate) fn begin<ReqBody, St: Store>(
     shared: &Arc<Shared<St>>,
     req: Request<ReqBody>,
-) -> Begin<ReqBody, St::Future> {
+    looked_up: bool,
+) -> Begin<ReqBody, St> {
     // Size the on-stack check buffer to the layer: one limit is the common case, and building
     // (and dropping) eight `LimitCheck`s for it costs more than the check itself.
-    if shared.limits.len() == 1 {
-        begin_with::<1, _, _>(shared, req)
+    let snapshot = shared.current.load();
+    if snapshot.limits.len() == 1 {
+        begin_with::<1, _, _>(shared, &snapshot, req, looked_up)
     } else {
-        begin_with::<MAX_LIMITS, _, _>(shared, req)
+        begin_with::<MAX_LIMITS, _, _>(shared, &snapshot, req, looked_up)
     }
 }
 
-/// [`begin`] with room for `N` checks (`N >= shared.limits.len()`).
+/// Refuses with the layer's rejection for `reason`.
+fn refuse<St>(
+    shared: &Shared<St>,
+    view: RequestView<'_>,
+    reason: RejectReason<'_>,
+) -> Response<RejectionBody> {
+    let decisions = Decisions::new();
+    let rejected = Rejected::new(view, reason, &decisions);
+    shared.rejection.reject(&rejected)
+}
+
+/// [`begin`] with room for `N` checks (`N >= snapshot.limits.len()`).
 fn begin_with<const N: usize, ReqBody, St: Store>(
     shared: &Arc<Shared<St>>,
+    snapshot: &Arc<Snapshot<St>>,
     req: Request<ReqBody>,
-) -> Begin<ReqBody, St::Future> {
+    looked_up: bool,
+) -> Begin<ReqBody, St> {
     let view = RequestView::new(&req);
     if let Some(skip) = &shared.skip {
         if skip(&view) {
-            return Begin::Proceed(req, None);
+            return Begin::Proceed(req, None, None);
         }
     }
     let mut checks: [LimitCheck<'_>; N] =
         std::array::from_fn(|_| LimitCheck::new(0, Key::global(), 0));
-    let mut plan = Plan {
-        limit: [0; MAX_LIMITS],
-        cost: [0; MAX_LIMITS],
-        len: 0,
-        too_costly: None,
-    };
+    // Quotas of per-key overrides, lent to the checks.
+    let mut overridden: [Option<PlanQuota>; N] = [None; N];
+    let mut keys: [Option<Key<'_>>; N] = std::array::from_fn(|_| None);
+    let mut applied = Applied::new();
+    let mut followup: Option<Followup<St>> = None;
     let mut n = 0;
-    for (i, limit) in shared.limits.iter().enumerate() {
+    for (i, limit) in snapshot.limits.iter().enumerate() {
+        if let Some(when) = &limit.when {
+            if !when(&view) {
+                continue;
+            }
+        }
         let key = match limit.key.extract(&view) {
             Ok(key) => key,
             Err(error) => match limit.on_missing_key.status_for(&error) {
@@ -335,71 +535,248 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
                     } else {
                         tracing::debug!(policy = %limit.name, reason = %error, %status, "no rate-limit key; request refused");
                     }
-                    let decisions = Decisions::new();
-                    let rejected = Rejected::new(
-                        view,
-                        RejectReason::MissingKey {
-                            policy: limit.name,
-                            error: &error,
-                            status,
-                        },
-                        &decisions,
-                    );
-                    return Begin::Reject(shared.rejection.reject(&rejected));
+                    let reason = RejectReason::MissingKey {
+                        policy: limit.name,
+                        error: &error,
+                        status,
+                    };
+                    return Begin::Reject(refuse(shared, view, reason));
                 }
             },
         };
-        let cost = limit.cost(&view);
-        if cost > limit.capacity && plan.too_costly.is_none() {
-            plan.too_costly = Some(n as u8);
+        // Per-key overrides first (they outrank plans), then the plan.
+        let mut plan = NO_PLAN;
+        match shared.overrides.get(limit.name, &key) {
+            Some(Active::Exempt) => continue,
+            Some(Active::Block) => {
+                tracing::debug!(policy = %limit.name, "key blocked by an override; request refused");
+                return Begin::Reject(refuse(
+                    shared,
+                    view,
+                    RejectReason::Blocked { policy: limit.name },
+                ));
+            }
+            Some(Active::Quota(q)) => {
+                overridden[n] = Some(q);
+                plan = OVERRIDDEN;
+                if applied.override_quota.is_none() {
+                    applied.override_quota = Some(*q.quota());
+                }
+            }
+            None => {
+                if let Some(resolver) = &limit.resolver {
+                    let resolution = match resolver.resolve(&view, &key) {
+                        Resolution::Lookup(lookup) if !looked_up => {
+                            drop((key, keys, checks));
+                            return Begin::Resolve(lookup, req);
+                        }
+                        Resolution::Lookup(_) => Resolution::Unknown,
+                        other => other,
+                    };
+                    let known = match resolution {
+                        Resolution::Plan(name) => limit.plans.iter().position(|p| p.name == name),
+                        Resolution::Default => None,
+                        _ => None,
+                    };
+                    match (known, resolution) {
+                        (Some(p), _) => plan = p as u8,
+                        (None, Resolution::Default) => {}
+                        (None, _) => {
+                            if let UnknownPlan::Reject { status } = limit.on_unknown_plan {
+                                tracing::debug!(policy = %limit.name, %status, "no plan for this request; refused");
+                                return Begin::Reject(refuse(
+                                    shared,
+                                    view,
+                                    RejectReason::UnknownPlan {
+                                        policy: limit.name,
+                                        status,
+                                    },
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
         }
-        plan.limit[n] = i as u8;
-        plan.cost[n] = cost;
-        checks[n] = LimitCheck::new(i, key, cost);
+        let cost = limit.cost(&view);
+        let capacity = match plan {
+            NO_PLAN => limit.capacity,
+            OVERRIDDEN => overridden[n].map_or(limit.capacity, |q| q.capacity()),
+            p => limit.plans[usize::from(p)].quota.capacity(),
+        };
+        let plan_name = limit.plans.get(usize::from(plan)).map(|p| p.name);
+        if limit.mode.is_shadow() || limit.charge.by_outcome() {
+            let owned = OwnedCheck {
+                limit: i,
+                key: key.clone().into_owned(),
+                cost: if cost > capacity { 0 } else { cost },
+                quota: match plan {
+                    NO_PLAN if limit.explicit_quota => Some(limit.base),
+                    NO_PLAN => None,
+                    OVERRIDDEN => overridden[n],
+                    p => Some(limit.plans[usize::from(p)].quota),
+                },
+                plan: plan_name,
+            };
+            let f = followup.get_or_insert_with(|| Followup {
+                snapshot: Arc::clone(snapshot),
+                shadow: Vec::new(),
+                by_outcome: Vec::new(),
+                reserved_at: None,
+            });
+            if limit.mode.is_shadow() {
+                // Decided on its own after the enforcing limits allowed: never refuses.
+                f.shadow.push(owned);
+                continue;
+            }
+            f.by_outcome.push(owned);
+        }
+        if cost > capacity && applied.too_costly.is_none() {
+            applied.too_costly = Some(n as u8);
+        }
+        applied.limit[n] = i as u8;
+        applied.cost[n] = cost;
+        applied.plan[n] = plan;
+        keys[n] = Some(key);
         n += 1;
     }
-    plan.len = n as u8;
+    applied.len = n as u8;
     if n == 0 {
-        return Begin::Proceed(req, None);
+        drop((keys, checks));
+        return match followup {
+            Some(f) if !f.shadow.is_empty() => shadow_step(shared, req, None, f),
+            f => Begin::Proceed(req, None, f),
+        };
     }
-    if plan.too_costly.is_some() {
+    for (j, key) in keys.iter_mut().enumerate().take(n) {
+        let i = usize::from(applied.limit[j]);
+        let limit = &snapshot.limits[i];
+        let check = LimitCheck::new(i, key.take().unwrap_or_else(Key::global), applied.cost[j]);
+        checks[j] = match applied.plan[j] {
+            NO_PLAN if limit.explicit_quota => check.with_quota(&limit.base),
+            NO_PLAN => check,
+            OVERRIDDEN => match &overridden[j] {
+                Some(q) => check.with_quota(q),
+                None => check,
+            },
+            p => check.with_quota(&limit.plans[usize::from(p)].quota),
+        };
+    }
+    if applied.too_costly.is_some() {
         // The request can never pass: charge nothing, only read the limits for the headers.
         for check in &mut checks[..n] {
             check.cost = 0;
         }
     }
-    let checked = shared.store.check(&checks[..n]);
-    drop(checks);
+    let checked = snapshot.store.check(&checks[..n]);
+    drop((keys, checks));
     match checked {
-        Checked::Ready(result) => match finish(shared, req, &plan, result) {
-            Finish::Proceed(req, outcome) => Begin::Proceed(req, Some(outcome)),
-            Finish::Reject(response) => Begin::Reject(response),
-        },
-        Checked::Pending(future) => Begin::Pending(future, req, plan),
+        Checked::Ready(result) => {
+            match finish(shared, snapshot, req, &applied, result, followup.as_mut()) {
+                Finish::Proceed(req, outcome) => match followup {
+                    Some(f) if !f.shadow.is_empty() => shadow_step(shared, req, Some(outcome), f),
+                    f => Begin::Proceed(req, Some(outcome), f),
+                },
+                Finish::Reject(response) => Begin::Reject(response),
+            }
+        }
+        Checked::Pending(future) => {
+            Begin::Pending(future, req, applied, Arc::clone(snapshot), followup)
+        }
     }
 }
 
-/// Turns the store's answer into a rejection, or a request ready for the inner service.
-pub(crate) fn finish<ReqBody, St>(
-    shared: &Arc<Shared<St>>,
-    mut req: Request<ReqBody>,
-    plan: &Plan,
+/// Checks the shadow limits of a request the enforcing limits allowed.
+pub(crate) fn shadow_step<ReqBody, St: Store>(
+    _shared: &Arc<Shared<St>>,
+    req: Request<ReqBody>,
+    mut outcome: Option<Outcome>,
+    followup: Followup<St>,
+) -> Begin<ReqBody, St> {
+    let checks: Vec<LimitCheck<'_>> = followup.shadow.iter().map(OwnedCheck::as_check).collect();
+    // Each shadow limit on its own: one refusing never keeps another from being charged, as it
+    // would not had they enforced in separate layers.
+    let checked = if checks.len() == 1 {
+        followup.snapshot.store.check(&checks)
+    } else {
+        let mut all = Decisions::new();
+        let mut pending = None;
+        for check in &checks {
+            match followup.snapshot.store.check(std::slice::from_ref(check)) {
+                Checked::Ready(Ok(d)) => {
+                    if let Some(first) = d.as_slice().first() {
+                        all.push(*first);
+                    }
+                }
+                Checked::Ready(Err(e)) => {
+                    tracing::warn!(error = %e, "rate-limit store failed on a shadow limit; ignored");
+                    all.push(Decision::allowed_with(0, 0, Duration::ZERO));
+                }
+                Checked::Pending(f) => {
+                    // A networked store: decided together (all-or-nothing among shadow limits).
+                    pending = Some(f);
+                    break;
+                }
+            }
+        }
+        match pending {
+            Some(_) => followup.snapshot.store.check(&checks),
+            None => Checked::Ready(Ok(all)),
+        }
+    };
+    drop(checks);
+    match checked {
+        Checked::Ready(result) => {
+            followup.record_shadow(result, outcome.as_mut());
+            Begin::Proceed(req, outcome, Some(followup))
+        }
+        Checked::Pending(future) => match outcome {
+            Some(outcome) => Begin::Shadow(future, req, outcome, followup),
+            None => {
+                // No enforcing limit applied: nothing to report but the shadow decisions.
+                let outcome = Outcome {
+                    headers: RateLimitHeaders::default().x_ratelimit(false),
+                    reported: Decision::allowed_with(0, 0, Duration::ZERO),
+                    ietf: None,
+                };
+                Begin::Shadow(future, req, outcome, followup)
+            }
+        },
+    }
+}
+
+/// Finishes a pending shadow check.
+pub(crate) fn shadow_done<St: Store>(
+    followup: &Followup<St>,
     result: Result<Decisions, StoreError>,
+    outcome: &mut Outcome,
+) {
+    followup.record_shadow(result, Some(outcome));
+}
+
+/// Turns the store's answer into a rejection, or a request ready for the inner service.
+pub(crate) fn finish<ReqBody, St: Store>(
+    shared: &Arc<Shared<St>>,
+    snapshot: &Snapshot<St>,
+    mut req: Request<ReqBody>,
+    applied: &Applied,
+    result: Result<Decisions, StoreError>,
+    followup: Option<&mut Followup<St>>,
 ) -> Finish<ReqBody> {
     let result = result.and_then(|mut decisions| {
-        if decisions.len() != usize::from(plan.len) {
+        if decisions.len() != usize::from(applied.len) {
             return Err(StoreError::new(
                 StoreErrorKind::InvalidResponse,
                 format!(
                     "store returned {} decisions for {} checks",
                     decisions.len(),
-                    plan.len
+                    applied.len
                 ),
             ));
         }
         // Attribute every decision to its limit, whatever the store did.
-        for (d, (limit, _)) in decisions.as_mut_slice().iter_mut().zip(plan.checks()) {
-            *d = d.with_policy(shared.limits[limit].name);
+        for (d, (limit, _)) in decisions.as_mut_slice().iter_mut().zip(applied.checks()) {
+            *d = d.with_policy(snapshot.limits[limit].name);
         }
         Ok(decisions)
     });
@@ -407,24 +784,26 @@ pub(crate) fn finish<ReqBody, St>(
     let mut decisions = match result {
         Ok(decisions) => decisions,
         Err(error) => {
+            observe::store_error(&error);
             let empty = Decisions::new();
             let view = RequestView::new(&req);
-            if let Some(i) = plan.too_costly {
+            if let Some(i) = applied.too_costly {
                 // Refused whatever the store says; without its numbers, report capacity only.
                 let i = usize::from(i);
-                let limit = &shared.limits[usize::from(plan.limit[i])];
-                let decision =
-                    Decision::impossible(limit.capacity, 0, Duration::ZERO).with_policy(limit.name);
+                let limit = &snapshot.limits[usize::from(applied.limit[i])];
+                let quota = applied.quota(snapshot, i);
+                let decision = Decision::impossible(quota.burst_size(), 0, Duration::ZERO)
+                    .with_policy(limit.name);
                 let rejected = Rejected::new(
                     view,
                     RejectReason::CostExceedsCapacity {
                         decision: &decision,
-                        quota: &limit.quota,
-                        cost: plan.cost[i],
+                        quota,
+                        cost: applied.cost[i],
                     },
                     &empty,
                 );
-                tracing::debug!(policy = %limit.name, cost = plan.cost[i], capacity = limit.capacity, "request costs more than the limit holds");
+                tracing::debug!(policy = %limit.name, cost = applied.cost[i], capacity = quota.burst_size(), "request costs more than the limit holds");
                 return Finish::Reject(shared.rejection.reject(&rejected));
             }
             tracing::warn!(error = %error, "rate-limit store failed; request refused");
@@ -443,7 +822,7 @@ pub(crate) fn finish<ReqBody, St>(
 
     // Which decision refuses the request, if any: a cost above capacity first, then the
     // store's first rejection.
-    let refusal = match plan.too_costly {
+    let refusal = match applied.too_costly {
         Some(i) => {
             let i = usize::from(i);
             let d = decisions.as_slice()[i];
@@ -461,32 +840,49 @@ pub(crate) fn finish<ReqBody, St>(
                 .reported()
                 .copied()
                 .unwrap_or_else(|| Decision::allowed_with(0, 0, Duration::ZERO));
-            let outcome = Outcome::new(shared, plan, &decisions, reported);
-            let several = shared.limits.len() > 1;
+            for (j, d) in decisions.as_slice().iter().enumerate() {
+                let plan = applied.plan(snapshot, j).map(|p| p.name);
+                observe::decision(d.policy(), plan, observe::Verdict::Allowed, d);
+            }
+            if let Some(f) = followup {
+                f.reserved_at = decisions.decided_at();
+            }
+            let outcome = Outcome::new(shared, snapshot, applied, &decisions, reported);
+            let several = snapshot.limits.len() > 1;
             merge_extensions(req.extensions_mut(), &decisions, &reported, several);
             Finish::Proceed(req, outcome)
         }
         Some(i) => {
             let decision = decisions.as_slice()[i];
-            let limit = &shared.limits[usize::from(plan.limit[i])];
+            let limit = &snapshot.limits[usize::from(applied.limit[i])];
+            let quota = applied.quota(snapshot, i);
+            let plan = applied.plan(snapshot, i);
+            let plan_name = plan.map_or("", |p| p.name.as_str());
             let view = RequestView::new(&req);
             let reason = if decision.is_impossible() {
-                tracing::debug!(policy = %limit.name, cost = plan.cost[i], capacity = limit.capacity, "request costs more than the limit holds");
+                tracing::debug!(policy = %limit.name, plan = plan_name, cost = applied.cost[i], capacity = quota.burst_size(), "request costs more than the limit holds");
                 RejectReason::CostExceedsCapacity {
                     decision: &decision,
-                    quota: &limit.quota,
-                    cost: plan.cost[i],
+                    quota,
+                    cost: applied.cost[i],
                 }
             } else {
+                observe::decision(
+                    limit.name,
+                    plan.map(|p| p.name),
+                    observe::Verdict::Rejected,
+                    &decision,
+                );
                 tracing::debug!(
                     policy = %limit.name,
+                    plan = plan_name,
                     remaining = decision.remaining(),
                     retry_after_ms = decision.retry_after().map_or(0, |d| d.as_millis() as u64),
                     "request rate limited"
                 );
                 RejectReason::RateLimited {
                     decision: &decision,
-                    quota: &limit.quota,
+                    quota,
                 }
             };
             let rejected = Rejected::new(view, reason, &decisions);
@@ -494,7 +890,7 @@ pub(crate) fn finish<ReqBody, St>(
             if let Some(secs) = rejected.retry_after_secs() {
                 set_retry_after_if_absent(response.headers_mut(), secs);
             }
-            Outcome::new(shared, plan, &decisions, decision).apply(&mut response);
+            Outcome::new(shared, snapshot, applied, &decisions, decision).apply(&mut response);
             Finish::Reject(response)
         }
     }

@@ -91,6 +91,19 @@ pub enum RejectReason<'a> {
         /// What went wrong.
         error: &'a StoreError,
     },
+    /// The limit's plan resolver knows no plan for this request and the limit refuses such
+    /// requests ([`UnknownPlan::Reject`](crate::plan::UnknownPlan::Reject)).
+    UnknownPlan {
+        /// The limit.
+        policy: PolicyName,
+        /// The status the limit was configured to answer with.
+        status: StatusCode,
+    },
+    /// The key is blocked by a runtime [`Override::Block`](crate::plan::Override::Block).
+    Blocked {
+        /// The limit whose override blocks the key.
+        policy: PolicyName,
+    },
 }
 
 /// Everything a [`Rejection`] needs: the request, the reason and every decision made.
@@ -147,6 +160,8 @@ impl<'a> Rejected<'a> {
             RejectReason::CostExceedsCapacity { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             RejectReason::MissingKey { status, .. } => status,
             RejectReason::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            RejectReason::UnknownPlan { status, .. } => status,
+            RejectReason::Blocked { .. } => StatusCode::FORBIDDEN,
         }
     }
 
@@ -308,6 +323,18 @@ impl DefaultRejection {
                     None => problem,
                 }
             }
+            RejectReason::UnknownPlan { policy, .. } => {
+                ProblemDetails::new(status, &ty("unknown-plan"), "No Plan For This Client")
+                    .detail(&format!(
+                        "Rate limit \"{policy}\" has no plan for this client; check the API key."
+                    ))
+                    .member_str("policy", policy.as_str())
+            }
+            RejectReason::Blocked { policy } => {
+                ProblemDetails::new(status, &ty("blocked"), "Forbidden")
+                    .detail(&format!("Rate limit \"{policy}\" blocks this client."))
+                    .member_str("policy", policy.as_str())
+            }
         }
     }
 
@@ -327,6 +354,12 @@ impl DefaultRejection {
                 format!("rate limit \"{policy}\" cannot identify the client")
             }
             RejectReason::StoreUnavailable { .. } => String::from("rate limiter unavailable"),
+            RejectReason::UnknownPlan { policy, .. } => {
+                format!("rate limit \"{policy}\" has no plan for this client")
+            }
+            RejectReason::Blocked { policy } => {
+                format!("rate limit \"{policy}\" blocks this client")
+            }
         }
     }
 }
@@ -341,7 +374,10 @@ impl DefaultRejection {
             | RejectReason::CostExceedsCapacity {
                 decision, quota, ..
             } => Some((decision.policy().as_str(), quota)),
-            RejectReason::MissingKey { .. } | RejectReason::StoreUnavailable { .. } => None,
+            RejectReason::MissingKey { .. }
+            | RejectReason::StoreUnavailable { .. }
+            | RejectReason::UnknownPlan { .. }
+            | RejectReason::Blocked { .. } => None,
         };
         super::grpc_details::StatusDetails {
             retry_after_secs: rejected.retry_after_secs(),
