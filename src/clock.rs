@@ -13,11 +13,29 @@
 //! clock.advance(Duration::from_millis(1500));
 //! assert_eq!(clock.now_micros() - t0, 1_500_000);
 //! ```
+//!
+//! Calendar-aligned windows ([`Quota::aligned`](crate::Quota::aligned),
+//! [`Quota::per_month`](crate::Quota::per_month)) need the wall-clock time too:
+//! [`Clock::unix_offset_micros`] maps a clock's readings to Unix time, without changing them.
+//!
+//! ```
+//! use tollgate::clock::{Clock, ManualClock, SystemClock};
+//!
+//! let system = SystemClock::new();
+//! let unix_now = system.now_micros() + system.unix_offset_micros();
+//! assert!(unix_now > 1_700_000_000_000_000); // after November 2023
+//!
+//! // A manual clock reads Unix time from 1970 unless told otherwise.
+//! let manual = ManualClock::new();
+//! assert_eq!(manual.unix_offset_micros(), 0);
+//! manual.set_unix_offset_micros(1_709_157_599_000_000); // its zero is 2024-02-28T21:59:59Z
+//! assert_eq!(manual.now_micros() + manual.unix_offset_micros(), 1_709_157_599_000_000);
+//! ```
 
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 /// A monotonic source of time in microseconds.
 ///
@@ -52,6 +70,21 @@ use std::time::{Duration, Instant};
 pub trait Clock: Send + Sync + Debug + 'static {
     /// Microseconds since this clock's origin.
     fn now_micros(&self) -> u64;
+
+    /// Unix time of this clock's origin, in microseconds since 1970-01-01T00:00:00Z:
+    /// `now_micros() + unix_offset_micros()` is the wall-clock time. Only calendar-aligned
+    /// windows ([`Calendar`](crate::quota::Calendar)) read it; everything else runs on
+    /// [`now_micros`](Self::now_micros) alone.
+    ///
+    /// The default asks the system's wall clock on every call (`SystemTime::now()` less
+    /// `now_micros()`), which is right for any clock that runs at the speed of real time, at
+    /// the price of a system call per calendar-aligned check. The clocks of this module capture
+    /// it once, when they are created ([`ManualClock`] lets you set it), so a later step of the
+    /// wall clock (a manual change, a leap smear) moves their calendar windows by at most that
+    /// step; NTP's gradual slewing moves the monotonic clock too and is followed.
+    fn unix_offset_micros(&self) -> u64 {
+        unix_now_micros().saturating_sub(self.now_micros())
+    }
 }
 
 impl<C: Clock + ?Sized> Clock for Arc<C> {
@@ -59,19 +92,40 @@ impl<C: Clock + ?Sized> Clock for Arc<C> {
     fn now_micros(&self) -> u64 {
         (**self).now_micros()
     }
+
+    #[inline]
+    fn unix_offset_micros(&self) -> u64 {
+        (**self).unix_offset_micros()
+    }
 }
 
-/// The default clock: [`std::time::Instant`], microseconds since the clock was created.
+/// The system's wall clock, in µs since the Unix epoch (0 before it).
+fn unix_now_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, duration_to_micros)
+}
+
+/// The Unix time (µs) of an origin taken at monotonic instant `origin`, read now.
+fn unix_origin_micros(origin_elapsed: Duration) -> u64 {
+    unix_now_micros().saturating_sub(duration_to_micros(origin_elapsed))
+}
+
+/// The default clock: [`std::time::Instant`], microseconds since the clock was created. Its
+/// [Unix offset](Clock::unix_offset_micros) is the wall-clock time it was created at.
 #[derive(Debug, Clone, Copy)]
 pub struct SystemClock {
     origin: Instant,
+    unix_origin: u64,
 }
 
 impl SystemClock {
     /// A clock whose origin is now.
     pub fn new() -> Self {
+        let origin = Instant::now();
         Self {
-            origin: Instant::now(),
+            origin,
+            unix_origin: unix_origin_micros(origin.elapsed()),
         }
     }
 }
@@ -87,13 +141,20 @@ impl Clock for SystemClock {
     fn now_micros(&self) -> u64 {
         duration_to_micros(self.origin.elapsed())
     }
+
+    #[inline]
+    fn unix_offset_micros(&self) -> u64 {
+        self.unix_origin
+    }
 }
 
 /// A clock on [`tokio::time::Instant`], so `#[tokio::test(start_paused = true)]` and
-/// `tokio::time::advance` drive the limiter.
+/// `tokio::time::advance` drive the limiter. Its [Unix offset](Clock::unix_offset_micros) is
+/// the wall-clock time it was created at, so paused time moves calendar windows too.
 #[derive(Debug, Clone, Copy)]
 pub struct TokioClock {
     origin: tokio::time::Instant,
+    unix_origin: u64,
 }
 
 impl TokioClock {
@@ -101,6 +162,7 @@ impl TokioClock {
     pub fn new() -> Self {
         Self {
             origin: tokio::time::Instant::now(),
+            unix_origin: unix_now_micros(),
         }
     }
 }
@@ -116,14 +178,22 @@ impl Clock for TokioClock {
     fn now_micros(&self) -> u64 {
         duration_to_micros(self.origin.elapsed())
     }
+
+    #[inline]
+    fn unix_offset_micros(&self) -> u64 {
+        self.unix_origin
+    }
 }
 
 /// A clock that moves only when told to: for tests and simulations.
 ///
-/// Clones share the same time.
+/// Clones share the same time. Its [Unix offset](Clock::unix_offset_micros) is 0 unless
+/// [set](Self::set_unix_offset_micros): its readings are then Unix time, and
+/// `clock.set_micros(t)` puts it at Unix time `t`.
 #[derive(Debug, Clone, Default)]
 pub struct ManualClock {
     micros: Arc<AtomicU64>,
+    unix_offset: Arc<AtomicU64>,
 }
 
 impl ManualClock {
@@ -143,12 +213,23 @@ impl ManualClock {
     pub fn set_micros(&self, micros: u64) {
         self.micros.fetch_max(micros, Ordering::SeqCst);
     }
+
+    /// Sets the Unix time (µs since 1970-01-01T00:00:00Z) of this clock's zero, for every clone.
+    /// Set it before checks are made: windows already charged keep their calendar index.
+    pub fn set_unix_offset_micros(&self, micros: u64) {
+        self.unix_offset.store(micros, Ordering::SeqCst);
+    }
 }
 
 impl Clock for ManualClock {
     #[inline]
     fn now_micros(&self) -> u64 {
         self.micros.load(Ordering::SeqCst)
+    }
+
+    #[inline]
+    fn unix_offset_micros(&self) -> u64 {
+        self.unix_offset.load(Ordering::SeqCst)
     }
 }
 
@@ -173,6 +254,7 @@ impl Clock for ManualClock {
 pub struct QuantaClock {
     clock: quanta::Clock,
     origin: u64,
+    unix_origin: u64,
 }
 
 #[cfg(feature = "quanta")]
@@ -181,7 +263,11 @@ impl QuantaClock {
     pub fn new() -> Self {
         let clock = quanta::Clock::new();
         let origin = clock.raw();
-        Self { clock, origin }
+        Self {
+            clock,
+            origin,
+            unix_origin: unix_now_micros(),
+        }
     }
 }
 
@@ -198,6 +284,11 @@ impl Clock for QuantaClock {
     fn now_micros(&self) -> u64 {
         // A counter read a hair behind the origin (another core) counts as the origin.
         self.clock.delta_as_nanos(self.origin, self.clock.raw()) / 1_000
+    }
+
+    #[inline]
+    fn unix_offset_micros(&self) -> u64 {
+        self.unix_origin
     }
 }
 
@@ -235,6 +326,8 @@ struct CoarseShared {
     /// Whether the updating thread runs; if not, every read asks the system.
     ticking: AtomicBool,
     origin: Instant,
+    /// Unix time (µs) at `origin`.
+    unix_origin: u64,
     resolution: Duration,
 }
 
@@ -250,10 +343,12 @@ impl CoarseClock {
     /// A clock updated every `resolution` (raised to at least
     /// [`MIN_RESOLUTION`](Self::MIN_RESOLUTION)), whose origin is now.
     pub fn with_resolution(resolution: Duration) -> Self {
+        let origin = Instant::now();
         let shared = Arc::new(CoarseShared {
             micros: AtomicU64::new(0),
             ticking: AtomicBool::new(true),
-            origin: Instant::now(),
+            origin,
+            unix_origin: unix_origin_micros(origin.elapsed()),
             resolution: resolution.max(Self::MIN_RESOLUTION),
         });
         let weak = Arc::downgrade(&shared);
@@ -298,6 +393,11 @@ impl Clock for CoarseClock {
             duration_to_micros(self.shared.origin.elapsed())
         }
     }
+
+    #[inline]
+    fn unix_offset_micros(&self) -> u64 {
+        self.shared.unix_origin
+    }
 }
 
 /// Converts a duration to whole microseconds, saturating at `u64::MAX`.
@@ -324,6 +424,46 @@ mod quanta_tests {
         }
         let elapsed = clock.now_micros() - t0;
         assert!((1_500..200_000).contains(&elapsed), "{elapsed} µs for 2 ms");
+    }
+}
+
+#[cfg(test)]
+mod unix_tests {
+    use super::*;
+
+    /// A clock that keeps the trait's default offset.
+    #[derive(Debug)]
+    struct Frozen(u64);
+
+    impl Clock for Frozen {
+        fn now_micros(&self) -> u64 {
+            self.0
+        }
+    }
+
+    #[test]
+    fn every_clock_maps_to_unix_time() {
+        let before = unix_now_micros();
+        let clocks: Vec<Box<dyn Clock>> = vec![
+            Box::new(SystemClock::new()),
+            Box::new(Arc::new(SystemClock::new())),
+            Box::new(CoarseClock::new()),
+            Box::new(Frozen(5_000_000)),
+        ];
+        for clock in &clocks {
+            let unix = clock.now_micros() + clock.unix_offset_micros();
+            // Within a minute of the wall clock: the reads are microseconds apart, and the
+            // coarse clock lags by at most its resolution.
+            assert!(
+                unix.abs_diff(before) < 60_000_000,
+                "{clock:?}: {unix} vs {before}"
+            );
+        }
+        let manual = ManualClock::new();
+        let copy = manual.clone();
+        manual.set_unix_offset_micros(42);
+        assert_eq!(copy.unix_offset_micros(), 42);
+        assert_eq!(Arc::new(copy).unix_offset_micros(), 42);
     }
 }
 

@@ -20,11 +20,39 @@
 //! assert_eq!("5/15min".parse::<Quota>().unwrap(), Quota::per(Duration::from_secs(900), 5));
 //! ```
 //!
+//! # Calendar-aligned windows
+//!
+//! With the [`FixedWindow`](crate::algorithm::FixedWindow) algorithm, an hourly or daily quota
+//! can follow the calendar in a fixed UTC offset ([`Quota::aligned`]), and
+//! [`Quota::per_month`] counts per calendar month: the windows are the local hours, days or
+//! months, whatever the process start or the first request. See [`Calendar`].
+//!
+//! ```
+//! use tollgate::quota::{Calendar, UtcOffset};
+//! use tollgate::Quota;
+//!
+//! // 10,000 a day, the day running from midnight to midnight in UTC+2.
+//! let daily = Quota::per_day(10_000).aligned(UtcOffset::hours(2));
+//! assert_eq!(daily.calendar(), Some(Calendar::Daily { utc_offset: UtcOffset::hours(2) }));
+//! assert_eq!("10000/d aligned +02:00".parse::<Quota>().unwrap(), daily);
+//!
+//! // 1,000,000 a calendar month (UTC unless aligned).
+//! let monthly: Quota = "1000000/month".parse().unwrap();
+//! assert_eq!(monthly, Quota::per_month(1_000_000));
+//! assert_eq!(monthly.aligned(UtcOffset::hours(-5)).to_string(), "1000000/month aligned -05:00");
+//!
+//! // Only whole hours, days and months have a calendar.
+//! assert_eq!(Quota::per_minute(10).aligned(UtcOffset::UTC).validate().unwrap_err().field(), "quota.calendar");
+//! ```
+//!
 //! # Text grammar
 //!
 //! ```text
-//! quota  = rate [ SP+ "burst" SP+ digits ]        (spaces around words only, never inside the rate)
+//! quota  = rate [ SP+ "burst" SP+ digits ] [ SP+ "aligned" SP+ offset ]
+//!                                                 (spaces around words only, never inside the rate)
 //! rate   = digits "/" [ digits ] unit             ("10/s", "5/15min", "2/500ms")
+//!        | digits "/" [ "1" ] ( "month" | "months" )   (a calendar month, "1000/month")
+//! offset = "UTC" | "Z" | ( "+" | "-" ) hh [ ":" mm ]  ("+02:00", "-05:30"; see UtcOffset)
 //! digits = 1*( "0"-"9" )                          (no sign, no separators; below 2^53)
 //! unit   = "us" | "µs" | "micro" | "micros" | "microsecond" | "microseconds"
 //!        | "ms" | "milli" | "millis" | "millisecond" | "milliseconds"
@@ -66,6 +94,10 @@ use std::time::Duration;
 use crate::clock::duration_to_micros;
 use crate::error::ConfigError;
 
+mod calendar;
+
+pub use calendar::{Calendar, UtcOffset};
+
 /// The largest integer every backend represents exactly (Lua numbers are IEEE doubles).
 pub const MAX_EXACT: u64 = 1 << 53;
 
@@ -75,6 +107,7 @@ pub struct Quota {
     count: u64,
     period: Duration,
     burst: Option<u64>,
+    calendar: Option<Calendar>,
 }
 
 impl Quota {
@@ -84,6 +117,7 @@ impl Quota {
             count,
             period,
             burst: None,
+            calendar: None,
         }
     }
 
@@ -105,6 +139,71 @@ impl Quota {
     /// `count` per day (86,400 s).
     pub const fn per_day(count: u64) -> Self {
         Self::per(Duration::from_secs(86_400), count)
+    }
+
+    /// `count` per calendar month, in UTC unless [`aligned`](Self::aligned) to another offset:
+    /// windows from midnight on the first to midnight on the first of the next month (28 to 31
+    /// days). Only the [`FixedWindow`](crate::algorithm::FixedWindow) algorithm takes it; its
+    /// [`period`](Self::period) is the longest month, 31 days.
+    ///
+    /// ```
+    /// use tollgate::quota::{Calendar, UtcOffset};
+    /// use tollgate::Quota;
+    ///
+    /// let q = Quota::per_month(50_000);
+    /// assert_eq!(q.calendar(), Some(Calendar::Monthly { utc_offset: UtcOffset::UTC }));
+    /// assert_eq!(q.to_string(), "50000/month");
+    /// ```
+    pub const fn per_month(count: u64) -> Self {
+        Self {
+            count,
+            period: Duration::from_secs(31 * 86_400),
+            burst: None,
+            calendar: Some(Calendar::Monthly {
+                utc_offset: UtcOffset::UTC,
+            }),
+        }
+    }
+
+    /// Aligns the windows to the calendar in `utc_offset`: an hourly quota
+    /// ([`per_hour`](Self::per_hour)) resets on the local hour, a daily one
+    /// ([`per_day`](Self::per_day)) at local midnight, a monthly one
+    /// ([`per_month`](Self::per_month)) at local midnight on the first. Only the
+    /// [`FixedWindow`](crate::algorithm::FixedWindow) algorithm takes it (the others have no
+    /// windows to align); any other period is refused by [`validate`](Self::validate).
+    ///
+    /// ```
+    /// use tollgate::quota::UtcOffset;
+    /// use tollgate::Quota;
+    ///
+    /// let q = Quota::per_day(100).aligned(UtcOffset::minutes(330)); // midnight in India
+    /// assert!(q.validate().is_ok());
+    /// assert_eq!(q.to_string(), "100/d aligned +05:30");
+    /// ```
+    #[must_use]
+    pub const fn aligned(mut self, utc_offset: UtcOffset) -> Self {
+        self.calendar = Some(match self.calendar {
+            Some(Calendar::Monthly { .. }) => Calendar::Monthly { utc_offset },
+            _ if self.period.as_secs() == 3600 && self.period.subsec_nanos() == 0 => {
+                Calendar::Hourly { utc_offset }
+            }
+            // Daily, or a period with no calendar, which `validate` refuses.
+            _ => Calendar::Daily { utc_offset },
+        });
+        self
+    }
+
+    /// The calendar the windows follow, if the quota is [aligned](Self::aligned) or
+    /// [monthly](Self::per_month).
+    pub const fn calendar(&self) -> Option<Calendar> {
+        self.calendar
+    }
+
+    /// The same quota with `calendar` (for quotas derived from another: a local fallback's share).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) const fn with_calendar(mut self, calendar: Option<Calendar>) -> Self {
+        self.calendar = calendar;
+        self
     }
 
     /// Sets the burst: the bucket capacity of token bucket, GCRA and leaky bucket. Window
@@ -212,6 +311,7 @@ impl Quota {
                 "the period is too long; use at most 100 years",
             ));
         }
+        self.validate_calendar()?;
         let fp = self.fixed_point();
         match self.burst_size().checked_mul(fp.unit) {
             Some(cap) if cap < MAX_EXACT => Ok(()),
@@ -225,6 +325,28 @@ impl Quota {
                 ),
             )),
         }
+    }
+}
+
+impl Quota {
+    /// A calendar's offset is within ±18 h and its period is the calendar's unit.
+    fn validate_calendar(&self) -> Result<(), ConfigError> {
+        let Some(calendar) = self.calendar else {
+            return Ok(());
+        };
+        calendar.utc_offset().validate()?;
+        if self.period_micros() != calendar.longest_window_micros() {
+            return Err(ConfigError::new(
+                "quota.calendar",
+                format!(
+                    "only hourly, daily and monthly quotas follow the calendar, and this one is {} \
+                     per {:?}; use Quota::per_hour(n), Quota::per_day(n) or Quota::per_month(n) \
+                     with .aligned(..), or drop .aligned(..)",
+                    self.count, self.period
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -254,6 +376,16 @@ impl fmt::Debug for Quota {
 impl fmt::Display for Quota {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/", self.count)?;
+        if let Some(Calendar::Monthly { utc_offset }) = self.calendar {
+            f.write_str("month")?;
+            if let Some(b) = self.burst {
+                write!(f, " burst {b}")?;
+            }
+            if utc_offset != UtcOffset::UTC {
+                write!(f, " aligned {utc_offset}")?;
+            }
+            return Ok(());
+        }
         let micros = self.period_micros();
         const UNITS: [(u64, &str); 5] = [
             (86_400_000_000, "d"),
@@ -274,11 +406,14 @@ impl fmt::Display for Quota {
         if let Some(b) = self.burst {
             write!(f, " burst {b}")?;
         }
+        if let Some(calendar) = self.calendar {
+            write!(f, " aligned {}", calendar.utc_offset())?;
+        }
         Ok(())
     }
 }
 
-/// Parses the text grammar of the [module docs](self): `COUNT/[N]UNIT [burst B]`.
+/// Parses the text grammar of the [module docs](self): `COUNT/[N]UNIT [burst B] [aligned OFFSET]`.
 impl FromStr for Quota {
     type Err = ConfigError;
 
@@ -315,25 +450,60 @@ impl FromStr for Quota {
         } else {
             whole(n).ok_or_else(|| bad("the period multiplier is too large"))?
         };
-        let unit_micros = unit_micros(unit).ok_or_else(|| {
-            bad(&format!(
-                "unknown time unit {unit:?} (units are case-sensitive: us, ms, s, min, h or d)"
-            ))
-        })?;
-        let burst = match (words.next(), words.next(), words.next()) {
-            (None, _, _) => None,
-            (Some("burst"), Some(b), None) => {
-                Some(whole(b).ok_or_else(|| bad("the burst is not a whole number of digits"))?)
+        let monthly = matches!(unit, "month" | "months");
+        if monthly && n != 1 {
+            return Err(bad(
+                "a calendar month cannot be multiplied: write \"/month\"",
+            ));
+        }
+        let unit_micros = match unit_micros(unit) {
+            Some(u) => u,
+            None if monthly => 0,
+            None => {
+                return Err(bad(&format!(
+                    "unknown time unit {unit:?} (units are case-sensitive: us, ms, s, min, h, d or month)"
+                )))
             }
-            (Some("burst"), None, _) => return Err(bad("\"burst\" needs a number after it")),
-            _ => return Err(bad("only \"burst N\" may follow the rate")),
         };
-        let micros = n
-            .checked_mul(unit_micros)
-            .ok_or_else(|| bad("the period overflows"))?;
-        let mut quota = Quota::per(Duration::from_micros(micros), count);
+        let (mut burst, mut aligned) = (None, None);
+        while let Some(word) = words.next() {
+            match (word, words.next()) {
+                ("burst", Some(b)) if burst.is_none() => {
+                    burst = Some(
+                        whole(b).ok_or_else(|| bad("the burst is not a whole number of digits"))?,
+                    );
+                }
+                ("aligned", Some(o)) if aligned.is_none() => {
+                    aligned = Some(o.parse::<UtcOffset>().map_err(|e| {
+                        ConfigError::new(e.field(), format!("cannot parse {s:?}: {}", e.message()))
+                    })?);
+                }
+                ("burst", None) => return Err(bad("\"burst\" needs a number after it")),
+                ("aligned", None) => {
+                    return Err(bad(
+                        "\"aligned\" needs a UTC offset after it, e.g. +02:00 or UTC",
+                    ))
+                }
+                _ => {
+                    return Err(bad(
+                        "only \"burst N\" and \"aligned OFFSET\" may follow the rate, once each",
+                    ))
+                }
+            }
+        }
+        let mut quota = if monthly {
+            Quota::per_month(count)
+        } else {
+            let micros = n
+                .checked_mul(unit_micros)
+                .ok_or_else(|| bad("the period overflows"))?;
+            Quota::per(Duration::from_micros(micros), count)
+        };
         if let Some(b) = burst {
             quota = quota.burst(b);
+        }
+        if let Some(o) = aligned {
+            quota = quota.aligned(o);
         }
         quota.validate().map_err(|e| {
             ConfigError::new(e.field(), format!("cannot parse {s:?}: {}", e.message()))
@@ -549,6 +719,67 @@ mod tests {
             "quota.burst"
         );
         assert!(Quota::per_day(100_000).validate().is_ok());
+    }
+
+    #[test]
+    fn calendar_quotas_parse_print_and_validate() {
+        let cases = [
+            (
+                "100/d aligned +02:00",
+                Quota::per_day(100).aligned(UtcOffset::hours(2)),
+            ),
+            (
+                "100/h aligned UTC",
+                Quota::per_hour(100).aligned(UtcOffset::UTC),
+            ),
+            ("7/month", Quota::per_month(7)),
+            (
+                "7/month aligned -05:30",
+                Quota::per_month(7).aligned(UtcOffset::minutes(-330)),
+            ),
+        ];
+        for (text, want) in cases {
+            let q: Quota = text.parse().unwrap();
+            assert_eq!(q, want, "{text}");
+            assert_eq!(q.to_string(), text);
+            q.validate().unwrap();
+        }
+        for (text, alias) in [
+            ("7/months", "7/month"),
+            ("7/1month", "7/month"),
+            ("100/day aligned Z", "100/d aligned UTC"),
+            ("100/24h aligned UTC+2", "100/d aligned +02:00"),
+            ("3/month aligned UTC", "3/month"),
+        ] {
+            assert_eq!(text.parse::<Quota>().unwrap().to_string(), alias, "{text}");
+        }
+        assert_eq!(
+            Quota::per_hour(1).aligned(UtcOffset::hours(3)).calendar(),
+            Some(Calendar::Hourly {
+                utc_offset: UtcOffset::hours(3)
+            })
+        );
+        assert_ne!(
+            Quota::per_month(5),
+            Quota::per(Duration::from_secs(31 * 86_400), 5)
+        );
+        let field = |text: &str| text.parse::<Quota>().unwrap_err().field();
+        assert_eq!(field("5/15min aligned UTC"), "quota.calendar");
+        assert_eq!(field("5/2d aligned UTC"), "quota.calendar");
+        assert_eq!(field("5/d aligned +19:00"), "quota.utc_offset");
+        assert_eq!(field("5/d aligned +2x"), "quota.utc_offset");
+        assert_eq!(field("5/2month"), "quota");
+        assert_eq!(field("5/d aligned"), "quota");
+        assert_eq!(field("5/d aligned UTC aligned UTC"), "quota");
+        let err = "5/min aligned UTC".parse::<Quota>().unwrap_err();
+        assert!(err.message().contains("Quota::per_day"), "{err}");
+        assert!(err.message().starts_with("cannot parse"), "{err}");
+        let err = Quota::per_day(1)
+            .aligned(UtcOffset::hours(-20))
+            .validate()
+            .unwrap_err();
+        assert_eq!(err.field(), "quota.utc_offset");
+        assert!(err.message().contains("-20:00"), "{err}");
     }
 
     #[test]

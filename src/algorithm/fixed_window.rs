@@ -1,11 +1,11 @@
-//! Fixed window: one counter per window, windows aligned to the clock's origin.
+//! Fixed window: one counter per window, windows aligned to the clock's origin or the calendar.
 
 use std::time::Duration;
 
 use super::{reject_window_burst, Algorithm};
 use crate::decision::Decision;
 use crate::error::ConfigError;
-use crate::quota::Quota;
+use crate::quota::{Calendar, Quota};
 
 /// Fixed window: at most `count` units per window of `period`, windows cut from the clock's
 /// origin (`[k × period, (k + 1) × period)`), so every key's windows line up.
@@ -14,6 +14,30 @@ use crate::quota::Quota;
 /// spends a whole window's worth just before a seam and another just after gets **twice the
 /// limit** in a moment. Use it for daily or monthly quotas, where that does not matter; use
 /// [`SlidingWindow`](super::SlidingWindow) or [`SlidingLog`](super::SlidingLog) where it does.
+///
+/// # Calendar windows
+///
+/// A quota [aligned](Quota::aligned) to the calendar, or [monthly](Quota::per_month), has the
+/// local hours, days or months of a fixed UTC offset as its windows (see
+/// [`Calendar`]). Then `now` is **Unix time** in µs: Redis `TIME`, or the memory store's clock
+/// plus its [`unix_offset_micros`](crate::clock::Clock::unix_offset_micros). A month's window
+/// is 28 to 31 days, and `reset` / `retry_after` run to its real end:
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::algorithm::{Algorithm, FixedWindow};
+/// use tollgate::quota::UtcOffset;
+/// use tollgate::Quota;
+///
+/// let fw = FixedWindow::new(Quota::per_day(2).aligned(UtcOffset::hours(2))).unwrap();
+/// let mut state = Default::default();
+/// // 2024-02-28T21:59:59Z is 23:59:59 in UTC+2: one second before local midnight.
+/// let t = 1_709_157_599_000_000;
+/// assert!(fw.check(&mut state, t, 2).allowed());
+/// let d = fw.check(&mut state, t, 1);
+/// assert_eq!(d.retry_after(), Some(Duration::from_secs(1)));
+/// assert!(fw.check(&mut state, t + 1_000_000, 2).allowed(), "a new local day");
+/// ```
 ///
 /// # Exact arithmetic
 ///
@@ -33,6 +57,19 @@ use crate::quota::Quota;
 ///         if window == floor(now / P): count = count - min(count, cost)
 ///         else nothing (the window charged is gone: never free a newer window's units)
 /// idle timeout = P µs
+/// ```
+///
+/// With a [`Calendar`] (offset `O` µs, `local = max(now + O, 0)`), `floor(now / P)` becomes
+/// the calendar's window index and `(w + 1) × P` its end, `end(w)`, in Unix µs:
+///
+/// ```text
+/// hourly, daily (H = 3.6e9 or 8.64e10 µs):
+///     index(now) = floor(local / H)                 end(w) = (w + 1) × H - O
+/// monthly (D = 8.64e10 µs; civil_from_days / days_from_civil of Howard Hinnant):
+///     (y, m)     = civil_from_days(floor(local / D))
+///     index(now) = (y - 1970) × 12 + m - 1          (months since January 1970, local)
+///     end(w)     = days_from_civil(1970 + floor((w + 1) / 12), (w + 1) mod 12 + 1, 1) × D - O
+/// reset, retry_after = end(w) - now;   idle timeout = P (31 days for months)
 /// ```
 ///
 /// ```
@@ -56,12 +93,14 @@ pub struct FixedWindow {
     period: u64,
     /// Units per window `L`.
     limit: u64,
+    /// The calendar the windows follow, if any (then `now` is Unix time).
+    calendar: Option<Calendar>,
 }
 
 /// Per-key state of a [`FixedWindow`]: the window last charged and its count.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct FixedWindowState {
-    /// Index of the window last charged: `floor(now / period)`.
+    /// Index of the window last charged: `floor(now / period)`, or the calendar's index.
     pub window: u64,
     /// Units charged in that window.
     pub count: u64,
@@ -79,13 +118,23 @@ impl FixedWindow {
             quota,
             period: quota.period_micros(),
             limit: quota.count(),
+            calendar: quota.calendar(),
         })
+    }
+
+    /// The index of the window holding `now`: `floor(now / P)`, or the calendar's window.
+    #[inline]
+    pub(crate) fn window_index(&self, now: u64) -> u64 {
+        match &self.calendar {
+            None => now / self.period,
+            Some(calendar) => calendar.window_of(now),
+        }
     }
 
     /// `(w, used)`: the effective window at `now` and the units already charged in it.
     #[inline]
     fn window_at(&self, state: &FixedWindowState, now: u64) -> (u64, u64) {
-        let w = now / self.period;
+        let w = self.window_index(now);
         if w > state.window {
             (w, 0)
         } else {
@@ -99,9 +148,11 @@ impl FixedWindow {
     fn until_end(&self, w: u64, now: u64) -> u64 {
         // Saturating throughout: `w` may be `u64::MAX` (a stored or hostile state, or
         // `now = u64::MAX` with a 1 µs period), where the window "ends" at the end of time.
-        w.saturating_add(1)
-            .saturating_mul(self.period)
-            .saturating_sub(now)
+        let end = match &self.calendar {
+            None => w.saturating_add(1).saturating_mul(self.period),
+            Some(calendar) => calendar.window_end(w),
+        };
+        end.saturating_sub(now)
     }
 }
 
@@ -142,7 +193,7 @@ impl Algorithm for FixedWindow {
     /// Gives back `cost` only while the stored window is the one `now` (the reservation's
     /// time) charged; once the window has moved on, its count is another window's.
     fn refund(&self, state: &mut FixedWindowState, reserved_at: u64, _now: u64, cost: u64) {
-        if state.window == reserved_at / self.period {
+        if state.window == self.window_index(reserved_at) {
             state.count = state.count.saturating_sub(cost);
         }
     }

@@ -111,6 +111,7 @@ impl Gcra {
     /// Returns a [`ConfigError`] when [`Quota::validate`] does.
     pub fn new(quota: Quota) -> Result<Self, ConfigError> {
         quota.validate()?;
+        super::reject_calendar(&quota, "gcra")?;
         let fp = quota.fixed_point();
         // `validate` keeps `burst × unit` below 2^53.
         let cap = quota.burst_size() * fp.unit;

@@ -79,6 +79,8 @@ impl LeakyBucket {
     ///
     /// Returns a [`ConfigError`] when [`Quota::validate`] does.
     pub fn new(quota: Quota) -> Result<Self, ConfigError> {
+        quota.validate()?;
+        super::reject_calendar(&quota, "leaky_bucket")?;
         Ok(Self {
             bucket: TokenBucket::new(quota)?,
         })

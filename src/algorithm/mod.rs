@@ -265,6 +265,20 @@ pub(crate) fn reject_window_burst(quota: &Quota, name: &str) -> Result<(), Confi
     Ok(())
 }
 
+/// Rejects a calendar-aligned quota ([`Quota::aligned`], [`Quota::per_month`]) for an
+/// algorithm with no fixed windows to align.
+pub(crate) fn reject_calendar(quota: &Quota, name: &str) -> Result<(), ConfigError> {
+    if quota.calendar().is_some() {
+        return Err(ConfigError::new(
+            "quota.calendar",
+            format!(
+                "{name} has no fixed windows to align to the calendar ({quota}); use the fixed_window algorithm for calendar-aligned quotas, or drop .aligned(..)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -292,6 +306,10 @@ mod tests {
                     | AlgorithmKind::SlidingLog
             );
             assert_eq!(kind.validate(&bursty).is_err(), windowed, "{kind}");
+            let daily = Quota::per_day(100).aligned(crate::quota::UtcOffset::hours(2));
+            let refused = kind.validate(&daily).err().map(|e| e.field());
+            let want = (kind != AlgorithmKind::FixedWindow).then_some("quota.calendar");
+            assert_eq!(refused, want, "{kind}");
             assert!(kind.validate(&Quota::per_minute(100)).is_ok(), "{kind}");
             assert!(kind.validate(&Quota::per_minute(0)).is_err(), "{kind}");
         }

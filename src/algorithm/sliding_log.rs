@@ -156,6 +156,7 @@ impl SlidingLog {
     pub fn new(quota: Quota) -> Result<Self, ConfigError> {
         quota.validate()?;
         reject_window_burst(&quota, "sliding_log")?;
+        super::reject_calendar(&quota, "sliding_log")?;
         if quota.count() > Self::MAX_COUNT {
             return Err(ConfigError::new(
                 "quota.count",

@@ -127,6 +127,7 @@ impl SlidingWindow {
     pub fn new(quota: Quota) -> Result<Self, ConfigError> {
         quota.validate()?;
         reject_window_burst(&quota, "sliding_window")?;
+        super::reject_calendar(&quota, "sliding_window")?;
         let (period, limit) = (quota.period_micros(), quota.count());
         match limit.checked_mul(period) {
             Some(product) if product < MAX_EXACT => Ok(Self {

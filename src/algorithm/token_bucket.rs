@@ -83,6 +83,7 @@ impl TokenBucket {
     /// `quota.period()`.
     pub fn new(quota: Quota) -> Result<Self, ConfigError> {
         quota.validate()?;
+        super::reject_calendar(&quota, "token_bucket")?;
         let fp = quota.fixed_point();
         Ok(Self {
             quota,

@@ -131,7 +131,11 @@
 //! read once per check outside any lock. Reading it costs more than the rest of the check
 //! (about 35 ns of CPU time against 22 ns on the 2-core machines of `benches/memory.rs`);
 //! `QuantaClock` (feature `quanta`, about 25 ns) or [`CoarseClock`](crate::clock::CoarseClock)
-//! (about 1 ns, at a resolution of 1 ms) make it cheaper.
+//! (about 1 ns, at a resolution of 1 ms) make it cheaper. A calendar-aligned limit
+//! ([`Quota::aligned`](crate::Quota::aligned), [`Quota::per_month`](crate::Quota::per_month))
+//! decides on the clock's Unix time, `now_micros() + unix_offset_micros()`
+//! ([`Clock::unix_offset_micros`](crate::clock::Clock::unix_offset_micros)); the others on
+//! `now_micros()` alone.
 
 mod backend;
 mod shard;

@@ -101,7 +101,7 @@ impl<C: Clock> MemoryStore<C> {
     ) -> Result<Decision, StoreError> {
         let table = self.table(limit)?;
         let fp = self.fingerprint(key);
-        Ok(table.check(fp, self.clock.now_micros(), cost))
+        Ok(table.check(fp, self.now_for(table, self.clock.now_micros()), cost))
     }
 
     /// [`Store::check`] without the [`Checked`] wrapper: decides every check, all-or-nothing,
@@ -116,7 +116,8 @@ impl<C: Clock> MemoryStore<C> {
             [one] => {
                 let table = self.table(one.limit)?;
                 let fp = self.fingerprint(&one.key);
-                decisions.push(table.check(fp, self.clock.now_micros(), one.cost));
+                let now = self.now_for(table, self.clock.now_micros());
+                decisions.push(table.check(fp, now, one.cost));
             }
             many => self.check_many(many, &mut decisions)?,
         }
@@ -148,18 +149,21 @@ impl<C: Clock> MemoryStore<C> {
         for (fp, check) in fps.iter_mut().zip(checks) {
             *fp = self.fingerprint(&check.key);
         }
-        let now = self.clock.now_micros();
+        let clock_now = self.clock.now_micros();
+        // Each check's time: the clock's, or its Unix time for a calendar-aligned limit.
+        let mut nows = [clock_now; MAX_LIMITS];
 
         let mut locked: [Option<AnyLocked<'_>>; MAX_LIMITS] = Default::default();
         for (table, &i) in self.tables.iter().zip(&position) {
             if i != NONE {
-                locked[i] = Some(table.lock(fps[i], now, checks[i].cost));
+                nows[i] = self.now_for(table, clock_now);
+                locked[i] = Some(table.lock(fps[i], nows[i], checks[i].cost));
             }
         }
         let locked = &mut locked[..checks.len()];
 
         let mut all_allowed = true;
-        for (slot, check) in locked.iter_mut().zip(checks) {
+        for ((slot, check), &now) in locked.iter_mut().zip(checks).zip(&nows) {
             if let Some(shard) = slot {
                 let decision = shard.decide(now, check.cost);
                 all_allowed &= decision.allowed();
@@ -167,7 +171,9 @@ impl<C: Clock> MemoryStore<C> {
             }
         }
         let reported = decisions.as_mut_slice();
-        for ((slot, check), decision) in locked.iter_mut().zip(checks).zip(reported) {
+        for (((slot, check), decision), &now) in
+            locked.iter_mut().zip(checks).zip(reported).zip(&nows)
+        {
             if let Some(shard) = slot {
                 if all_allowed {
                     shard.apply(now, check.cost);
@@ -242,6 +248,17 @@ impl<C: Clock> MemoryStore<C> {
                 "limit index {limit} is out of range: this store holds {} limits",
                 self.tables.len()
             ))),
+        }
+    }
+
+    /// The time `table` decides at, given the clock's reading `now`: `now` itself, or for a
+    /// calendar-aligned limit its Unix time (`now + unix_offset_micros()`).
+    #[inline]
+    fn now_for(&self, table: &AnyTable, now: u64) -> u64 {
+        if table.wall_clock() {
+            now.saturating_add(self.clock.unix_offset_micros())
+        } else {
+            now
         }
     }
 

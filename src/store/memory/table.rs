@@ -39,6 +39,8 @@ pub(crate) struct Table<A: Algorithm> {
     overflowed: AtomicU64,
     /// When (clock µs, plus 1; 0 = never) the overflow was last logged.
     warned: AtomicU64,
+    /// Whether the quota follows the calendar: then `now` is the clock's Unix time.
+    wall_clock: bool,
 }
 
 impl<A: Algorithm> fmt::Debug for Table<A> {
@@ -76,13 +78,14 @@ impl<A: Algorithm> Table<A> {
             })
             .collect::<Box<[_]>>();
         Self {
-            algorithm,
             name,
             mask: shards.len() - 1,
             shards,
             overflow: Padded(Mutex::new(A::State::default())),
             overflowed: AtomicU64::new(0),
             warned: AtomicU64::new(0),
+            wall_clock: algorithm.quota().calendar().is_some(),
+            algorithm,
         }
     }
 
@@ -341,6 +344,12 @@ impl AnyTable {
 
     pub(crate) fn overflowed(&self) -> u64 {
         dispatch!(AnyTable, self, t => t.overflowed())
+    }
+
+    /// Whether this limit decides on wall-clock (Unix) time: a calendar-aligned quota.
+    #[inline]
+    pub(crate) fn wall_clock(&self) -> bool {
+        dispatch!(AnyTable, self, t => t.wall_clock)
     }
 
     pub(crate) fn shards(&self) -> usize {

@@ -377,7 +377,9 @@ impl RedisBackend {
 
     /// Decides at `clock`'s time instead of the Redis server's `TIME`. For tests and
     /// simulations: in production, application clocks that disagree would let instances mint
-    /// tokens, which server time prevents.
+    /// tokens, which server time prevents. Like `TIME`, the time sent is Unix time:
+    /// `clock.now_micros() + clock.unix_offset_micros()` (a [`ManualClock`](crate::clock::ManualClock)'s
+    /// offset is 0 unless set), so calendar-aligned windows fall where the memory store puts them.
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Some(Arc::new(clock));
         self
@@ -629,7 +631,7 @@ fn local_quota(spec: &LimitSpec, share: f64) -> Result<Quota, ConfigError> {
     }
     let q = spec.quota();
     let scale = |n: u64| ((n as f64 * share).floor() as u64).max(1);
-    let mut local = Quota::per(q.period(), scale(q.count()));
+    let mut local = Quota::per(q.period(), scale(q.count())).with_calendar(q.calendar());
     if q.has_explicit_burst() {
         local = local.burst(scale(q.burst_size()));
     }

@@ -100,8 +100,12 @@ pub(crate) fn limit_info(spec: &LimitSpec, name_enc: String) -> Result<LimitInfo
         }
         AlgorithmKind::FixedWindow => {
             let a = FixedWindow::new(quota)?;
+            // p3 = 0: windows of p1 µs from the epoch; else a calendar (see fixed_window.lua).
+            let (period, calendar) = quota
+                .calendar()
+                .map_or((quota.period_micros(), 0), |c| c.script_params());
             (
-                [quota.period_micros(), quota.count(), 0],
+                [period, quota.count(), calendar],
                 a.idle_timeout_micros(),
                 a.decide(&Default::default(), 0, 0).limit(),
             )

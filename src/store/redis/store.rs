@@ -148,7 +148,7 @@ impl Store for RedisStore {
                 ),
             )));
         }
-        let now = inner.clock.as_ref().map(|c| c.now_micros());
+        let now = inner.clock.as_ref().map(|c| unix_micros(&**c));
         let mut limits = [0usize; MAX_LIMITS];
         for (slot, c) in limits.iter_mut().zip(checks) {
             *slot = c.limit;
@@ -420,7 +420,7 @@ impl Inner {
     ) {
         // Applied now (the store's clock, or the server's TIME in the script), as of the
         // reservation's time: the buckets give back only what has not refilled since.
-        let now = self.clock.as_ref().map(|c| c.now_micros());
+        let now = self.clock.as_ref().map(|c| unix_micros(&**c));
         let calls = applied.iter().map(|a| {
             let mut group = a.group.clone();
             group.now = now;
@@ -809,4 +809,12 @@ fn kind_of(e: &redis::RedisError) -> StoreErrorKind {
     } else {
         StoreErrorKind::Other
     }
+}
+
+/// A configured clock's time in the domain of Redis `TIME`: Unix µs (its reading plus its
+/// [`unix_offset_micros`](Clock::unix_offset_micros), 0 for a `ManualClock` left alone).
+fn unix_micros(clock: &dyn Clock) -> u64 {
+    clock
+        .now_micros()
+        .saturating_add(clock.unix_offset_micros())
 }
