@@ -346,13 +346,13 @@ mod redis {
         let mut compared = 0;
         for t in times(&cases) {
             clock.set_micros(t - offset);
-            for limit in 0..limits.len() {
+            for (limit, spec) in limits.iter().enumerate() {
                 for key in ["a", "b"] {
                     let cost = rng.below(3);
                     let checks = [LimitCheck::new(limit, Key::string(key), cost)];
                     let m = decide(&memory, &checks).await.unwrap();
                     let r = decide(&redis, &checks).await.unwrap();
-                    let what = format!("{} {key} cost {cost} at {t}", limits[limit].name());
+                    let what = format!("{} {key} cost {cost} at {t}", spec.name());
                     same(&m.as_slice()[0], &r.as_slice()[0], &what);
                     compared += 1;
                 }

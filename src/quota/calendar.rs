@@ -1,26 +1,6 @@
 //! Calendar-aligned windows: [`Calendar`] and [`UtcOffset`].
 //!
-//! A fixed window normally starts wherever the store's clock puts it. A calendar-aligned
-//! quota's windows are the hours, days or months of the calendar in a fixed offset from UTC:
-//! a daily quota in `UtcOffset::hours(2)` resets at midnight UTC+2, a monthly one on the first
-//! of each month. Offsets are fixed (no daylight-saving rules): pick the offset your customers'
-//! billing day is written in.
-//!
-//! The arithmetic is integer-only (Howard Hinnant's `days_from_civil` / `civil_from_days`), on
-//! Unix microseconds, so the Redis script computes the same windows bit for bit.
-//!
-//! ```
-//! use tollgate::quota::{Calendar, UtcOffset};
-//!
-//! // 2024-02-29T23:30:00Z, in microseconds since the Unix epoch.
-//! let t = 1_709_249_400_000_000;
-//! let month = Calendar::Monthly { utc_offset: UtcOffset::UTC };
-//! // February 2024 ends at 2024-03-01T00:00:00Z.
-//! assert_eq!(month.window_end(month.window_of(t)), 1_709_251_200_000_000);
-//! // At UTC+2 it is already 01:30 on March 1: that month ends on 2024-03-31T22:00:00Z.
-//! let local = Calendar::Monthly { utc_offset: UtcOffset::hours(2) };
-//! assert_eq!(local.window_end(local.window_of(t)), 1_711_922_400_000_000);
-//! ```
+//! See [`Calendar`] (this private module's docs are on the types).
 
 use std::fmt;
 use std::str::FromStr;
@@ -116,7 +96,7 @@ impl fmt::Display for UtcOffset {
         let sign = if self.seconds < 0 { '-' } else { '+' };
         let s = self.seconds.unsigned_abs();
         write!(f, "{sign}{:02}:{:02}", s / 3600, s / 60 % 60)?;
-        if s % 60 != 0 {
+        if !s.is_multiple_of(60) {
             write!(f, ":{:02}", s % 60)?;
         }
         Ok(())
@@ -180,8 +160,29 @@ impl FromStr for UtcOffset {
     }
 }
 
-/// Which calendar a fixed window's windows follow, and in which UTC offset. See the
-/// [module docs](self).
+/// Which calendar a fixed window's windows follow, and in which UTC offset.
+///
+/// A fixed window normally starts wherever the store's clock puts it. A calendar-aligned
+/// quota's windows are the hours, days or months of the calendar in a fixed offset from UTC:
+/// a daily quota in `UtcOffset::hours(2)` resets at midnight UTC+2, a monthly one on the first
+/// of each month. Offsets are fixed (no daylight-saving rules): pick the offset your customers'
+/// billing day is written in.
+///
+/// The arithmetic is integer-only (Howard Hinnant's `days_from_civil` / `civil_from_days`), on
+/// Unix microseconds, so the Redis script computes the same windows bit for bit.
+///
+/// ```
+/// use tollgate::quota::{Calendar, UtcOffset};
+///
+/// // 2024-02-29T23:30:00Z, in microseconds since the Unix epoch.
+/// let t = 1_709_249_400_000_000;
+/// let month = Calendar::Monthly { utc_offset: UtcOffset::UTC };
+/// // February 2024 ends at 2024-03-01T00:00:00Z.
+/// assert_eq!(month.window_end(month.window_of(t)), 1_709_251_200_000_000);
+/// // At UTC+2 it is already 01:30 on March 1: that month ends on 2024-03-31T22:00:00Z.
+/// let local = Calendar::Monthly { utc_offset: UtcOffset::hours(2) };
+/// assert_eq!(local.window_end(local.window_of(t)), 1_711_922_400_000_000);
+/// ```
 ///
 /// A quota gets one with [`Quota::aligned`](crate::Quota::aligned) (an hourly or daily quota)
 /// or [`Quota::per_month`](crate::Quota::per_month); only the
