@@ -48,6 +48,14 @@ impl PolicyName {
     pub fn as_str(&self) -> &'static str {
         self.0
     }
+
+    /// An address that is the same for every copy of this name (names are interned): a cheap
+    /// map key. [`PolicyName::DEFAULT`] and an interned `"default"` have different ids.
+    #[cfg(feature = "metrics")]
+    #[inline]
+    pub(crate) fn id(self) -> usize {
+        std::ptr::from_ref::<&'static str>(self.0) as usize
+    }
 }
 
 impl Default for PolicyName {
@@ -77,7 +85,8 @@ impl fmt::Display for PolicyName {
 /// - [`retry_after`](Self::retry_after): zero when allowed; when rejected, how long until this
 ///   same request would be allowed (always positive), or `None` if it never can be (its cost is
 ///   larger than the limit);
-/// - [`policy`](Self::policy): the name of the limit that decided.
+/// - [`policy`](Self::policy): the name of the limit that decided;
+/// - [`plan`](Self::plan): the limit's plan that decided, when the limit has plans.
 ///
 /// ```
 /// use std::time::Duration;
@@ -89,16 +98,18 @@ impl fmt::Display for PolicyName {
 /// assert_eq!(d.retry_after_secs_ceil(), Some(1));
 /// ```
 // Times are held as whole microseconds (the unit of all limiter arithmetic), `retry_after` with
-// `NEVER` for "impossible", so that a decision is 48 bytes: it is copied into the store's answer,
-// the request and the response extensions on every request.
+// `NEVER` for "impossible" and 0 for "allowed" (a rejection's is at least 1 µs, so no flag is
+// needed), so that a decision is 48 bytes: it is copied into the store's answer, the request and
+// the response extensions on every request.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Decision {
     limit: u64,
     remaining: u64,
     reset_us: u64,
+    /// 0: allowed; `NEVER`: impossible; otherwise the wait of a rejection (at least 1).
     retry_after_us: u64,
     policy: PolicyName,
-    allowed: bool,
+    plan: Option<PolicyName>,
 }
 
 /// `retry_after_us` of a decision that can never succeed.
@@ -115,24 +126,24 @@ impl Decision {
     /// An allowed decision.
     pub fn allowed_with(limit: u64, remaining: u64, reset: Duration) -> Self {
         Self {
-            allowed: true,
             limit,
             remaining: remaining.min(limit),
             reset_us: micros_ceil(reset),
             retry_after_us: 0,
             policy: PolicyName::DEFAULT,
+            plan: None,
         }
     }
 
     /// A rejected decision that would succeed after `retry_after` (clamped to at least 1 µs).
     pub fn rejected(limit: u64, remaining: u64, reset: Duration, retry_after: Duration) -> Self {
         Self {
-            allowed: false,
             limit,
             remaining: remaining.min(limit),
             reset_us: micros_ceil(reset),
             retry_after_us: micros_ceil(retry_after).max(1),
             policy: PolicyName::DEFAULT,
+            plan: None,
         }
     }
 
@@ -140,12 +151,12 @@ impl Decision {
     /// helps, so there is no retry delay.
     pub fn impossible(limit: u64, remaining: u64, reset: Duration) -> Self {
         Self {
-            allowed: false,
             limit,
             remaining: remaining.min(limit),
             reset_us: micros_ceil(reset),
             retry_after_us: NEVER,
             policy: PolicyName::DEFAULT,
+            plan: None,
         }
     }
 
@@ -157,10 +168,23 @@ impl Decision {
         self
     }
 
+    /// The same decision, made by the limit's plan `plan` (set by the layer when the limit
+    /// has plans).
+    #[must_use]
+    #[inline]
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "called by the layer once plans are wired")
+    )]
+    pub(crate) fn with_plan(mut self, plan: PolicyName) -> Self {
+        self.plan = Some(plan);
+        self
+    }
+
     /// Whether the request may proceed.
     #[inline]
     pub fn allowed(&self) -> bool {
-        self.allowed
+        self.retry_after_us == 0
     }
 
     /// The limit's size: bucket capacity, or the count allowed per window.
@@ -198,7 +222,7 @@ impl Decision {
     /// `Retry-After` must be. `Some(0)` when allowed, `None` when impossible.
     pub fn retry_after_secs_ceil(&self) -> Option<u64> {
         let d = self.retry_after()?;
-        if self.allowed {
+        if self.allowed() {
             return Some(0);
         }
         Some(ceil_secs(d).max(1))
@@ -208,6 +232,21 @@ impl Decision {
     #[inline]
     pub fn policy(&self) -> PolicyName {
         self.policy
+    }
+
+    /// The plan of the limit that decided (`"free"`, `"pro"`), or `None` when the limit has no
+    /// plans or the request was decided by the limit's own quota.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::Decision;
+    ///
+    /// let d = Decision::allowed_with(5, 4, Duration::from_secs(1));
+    /// assert_eq!(d.plan(), None);
+    /// ```
+    #[inline]
+    pub fn plan(&self) -> Option<PolicyName> {
+        self.plan
     }
 
     /// How close to exhaustion this limit is, as `remaining / limit` compared without floats.
@@ -229,7 +268,8 @@ impl fmt::Debug for Decision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Decision")
             .field("policy", &self.policy)
-            .field("allowed", &self.allowed)
+            .field("plan", &self.plan)
+            .field("allowed", &self.allowed())
             .field("limit", &self.limit)
             .field("remaining", &self.remaining)
             .field("reset", &self.reset())
@@ -286,7 +326,31 @@ mod tests {
     #[test]
     fn decisions_stay_small() {
         assert_eq!(std::mem::size_of::<PolicyName>(), 8);
+        assert_eq!(std::mem::size_of::<Option<PolicyName>>(), 8);
         assert!(std::mem::size_of::<Decision>() <= 48);
+    }
+
+    #[test]
+    fn allowed_is_told_by_the_retry_delay() {
+        let allowed = Decision::allowed_with(5, 4, Duration::from_secs(1));
+        assert!(allowed.allowed() && !allowed.is_impossible());
+        let rejected = Decision::rejected(5, 0, Duration::ZERO, Duration::ZERO);
+        assert!(!rejected.allowed(), "a zero wait is still a rejection");
+        let impossible = Decision::impossible(5, 5, Duration::ZERO);
+        assert!(!impossible.allowed() && impossible.is_impossible());
+    }
+
+    #[test]
+    fn a_plan_travels_with_the_decision() {
+        let free = PolicyName::new("free");
+        let d = Decision::rejected(5, 0, Duration::from_secs(60), Duration::from_secs(12))
+            .with_policy(PolicyName::new("api"))
+            .with_plan(free);
+        assert_eq!(d.plan(), Some(free));
+        assert_eq!(d.policy().as_str(), "api");
+        assert!(!d.allowed());
+        assert_ne!(d, d.with_plan(PolicyName::new("pro")));
+        assert!(format!("{d:?}").contains("\"free\""));
     }
 
     #[test]

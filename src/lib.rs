@@ -142,6 +142,7 @@ pub mod fuzzing;
 pub mod headers;
 pub mod key;
 pub mod layer;
+pub mod metrics;
 pub mod plan;
 pub mod quota;
 mod request;

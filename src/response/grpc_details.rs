@@ -19,6 +19,8 @@ pub(crate) struct StatusDetails<'a> {
     pub(crate) retry_after_secs: Option<u64>,
     /// `google.rpc.QuotaFailure`: the limit's name and its quota (never the client's key).
     pub(crate) quota: Option<(&'a str, &'a Quota)>,
+    /// The limit's plan that refused, when known: named in the violation's description.
+    pub(crate) plan: Option<&'a str>,
 }
 
 impl StatusDetails<'_> {
@@ -31,7 +33,11 @@ impl StatusDetails<'_> {
             details.set_retry_info(Some(Duration::from_secs(secs.max(1))));
         }
         if let Some((name, quota)) = self.quota {
-            details.add_quota_failure_violation(name, describe(quota));
+            let mut description = describe(quota);
+            if let Some(plan) = self.plan {
+                description.push_str(&format!(" (plan {plan})"));
+            }
+            details.add_quota_failure_violation(name, description);
         }
         if details.retry_info().is_none() && details.quota_failure().is_none() {
             return None;
@@ -93,6 +99,7 @@ mod tests {
         let details = StatusDetails {
             retry_after_secs: Some(1),
             quota: Some(("per-ip", &quota)),
+            plan: None,
         };
         let value = details
             .header_value(GrpcCode::ResourceExhausted, "rate limit exhausted")
@@ -111,11 +118,31 @@ mod tests {
     }
 
     #[test]
+    fn a_known_plan_is_named_in_the_violation() {
+        let quota = Quota::per_minute(5);
+        let details = StatusDetails {
+            retry_after_secs: Some(12),
+            quota: Some(("api", &quota)),
+            plan: Some("free"),
+        };
+        let value = details
+            .header_value(GrpcCode::ResourceExhausted, "rate limit exhausted")
+            .unwrap();
+        let failure = decode(&value).get_details_quota_failure().unwrap();
+        assert_eq!(failure.violations[0].subject, "api");
+        assert_eq!(
+            failure.violations[0].description,
+            "5 per minute (plan free)"
+        );
+    }
+
+    #[test]
     fn the_encoded_status_repeats_code_and_message() {
         use prost::Message as _;
         let details = StatusDetails {
             retry_after_secs: Some(3),
             quota: None,
+            plan: None,
         };
         let value = details.header_value(GrpcCode::Unavailable, "down").unwrap();
         let bytes = STANDARD_NO_PAD.decode(value.as_bytes()).unwrap();
@@ -136,6 +163,7 @@ mod tests {
         let details = StatusDetails {
             retry_after_secs: Some(0),
             quota: None,
+            plan: None,
         };
         let value = details.header_value(GrpcCode::Unavailable, "down").unwrap();
         let retry = decode(&value).get_details_retry_info().unwrap();
@@ -147,6 +175,7 @@ mod tests {
         let details = StatusDetails {
             retry_after_secs: Some(u64::MAX),
             quota: None,
+            plan: None,
         };
         let value = details.header_value(GrpcCode::Unavailable, "down").unwrap();
         let retry = decode(&value).get_details_retry_info().unwrap();

@@ -33,10 +33,14 @@
 //! assert_eq!(res.headers()["retry-after"], "3600");
 //! assert_eq!(res.headers()["content-type"], "application/problem+json");
 //! let body = res.into_body().collect().await?.to_bytes();
-//! assert_eq!(
-//!     body,
-//!     r#"{"type":"urn:tollgate:problem:rate-limited","title":"Too Many Requests","status":429,"detail":"Rate limit \"hourly\" (1/h) is exhausted; retry in 3600 s.","policy":"hourly","quota":"1/h","limit":1,"window":3600,"remaining":0,"retry_after":3600}"#
-//! );
+//! let body = std::str::from_utf8(&body)?;
+//! assert!(body.starts_with(
+//!     r#"{"type":"urn:tollgate:problem:rate-limited","title":"Too Many Requests","status":429,"detail":"Rate limit \"hourly\" (1/h) is exhausted; retry in 3600 s.","policy":"hourly","quota":"1/h","limit":1,"window":3600,"remaining":0,"retry_after":3600,"reset":""#
+//! ));
+//! // `reset` is when the limit is full again, as an RFC 3339 UTC time: `"2026-03-01T13:00:00Z"`.
+//! let json: serde_json::Value = serde_json::from_str(body)?;
+//! assert_eq!(json["reset"].as_str().map(str::len), Some(20));
+//! assert_eq!(json["reset_seconds"], 3600);
 //!
 //! // A gRPC call gets a trailers-only response instead.
 //! let grpc = Request::post("/pkg.Svc/Call").header("content-type", "application/grpc").body(())?;
@@ -91,6 +95,7 @@ mod grpc;
 mod grpc_details;
 mod problem;
 mod rejection;
+mod rfc3339;
 
 pub use body::RejectionBody;
 pub use grpc::{

@@ -2,12 +2,14 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use http::header::RETRY_AFTER;
 use http::{HeaderValue, Response, StatusCode};
 
 use super::grpc::{grpc_trailers_only, is_grpc, GrpcCode, GRPC_RETRY_PUSHBACK_MS};
 use super::problem::ProblemDetails;
+use super::rfc3339;
 use super::RejectionBody;
 use crate::decision::{ceil_secs, Decision, PolicyName};
 use crate::error::StoreError;
@@ -106,12 +108,17 @@ pub enum RejectReason<'a> {
     },
 }
 
-/// Everything a [`Rejection`] needs: the request, the reason and every decision made.
+/// Everything a [`Rejection`] needs: the request, the reason and every decision made, and when
+/// the rejecting limit has plans, its plan and the plan's link.
 #[derive(Debug, Clone, Copy)]
 pub struct Rejected<'a> {
     request: RequestView<'a>,
     reason: RejectReason<'a>,
     decisions: &'a Decisions,
+    plan: Option<PolicyName>,
+    link: Option<&'a str>,
+    /// The wall-clock time of the rejection; read when needed unless set.
+    now: Option<SystemTime>,
 }
 
 impl<'a> Rejected<'a> {
@@ -125,7 +132,53 @@ impl<'a> Rejected<'a> {
             request,
             reason,
             decisions,
+            plan: None,
+            link: None,
+            now: None,
         }
+    }
+
+    /// The same rejection, happening at the wall-clock time `now` (by default the system time
+    /// when [`reset_at`](Self::reset_at) is asked): for deterministic tests of a [`Rejection`].
+    ///
+    /// ```
+    /// use std::time::{Duration, UNIX_EPOCH};
+    /// use http::Request;
+    /// use tollgate::response::{DefaultRejection, RejectReason, Rejected, Rejection};
+    /// use tollgate::store::Decisions;
+    /// use tollgate::{Decision, PolicyName, Quota, RequestView};
+    ///
+    /// let req = Request::get("/").body(()).unwrap();
+    /// let quota = Quota::per_minute(5);
+    /// let decision = Decision::rejected(5, 0, Duration::from_secs(48), Duration::from_secs(12))
+    ///     .with_policy(PolicyName::new("api"));
+    /// let decisions = Decisions::new();
+    /// let reason = RejectReason::RateLimited { decision: &decision, quota: &quota };
+    /// let rejected = Rejected::new(RequestView::new(&req), reason, &decisions)
+    ///     .at(UNIX_EPOCH + Duration::from_secs(1_700_000_000));
+    /// assert_eq!(rejected.reset_at(), Some(UNIX_EPOCH + Duration::from_secs(1_700_000_048)));
+    ///
+    /// let res = DefaultRejection::new().reject(&rejected);
+    /// let body: serde_json::Value = serde_json::from_slice(res.body().as_bytes()).unwrap();
+    /// assert_eq!(body["reset"], "2023-11-14T22:14:08Z");
+    /// assert_eq!(body["reset_seconds"], 48);
+    /// ```
+    #[must_use]
+    pub fn at(mut self, now: SystemTime) -> Self {
+        self.now = Some(now);
+        self
+    }
+
+    /// The same rejection, by the limit's plan `plan`, whose link (where to upgrade) is `link`.
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "called by the layer once plans are wired")
+    )]
+    #[must_use]
+    pub(crate) fn with_plan(mut self, plan: PolicyName, link: Option<&'a str>) -> Self {
+        self.plan = Some(plan);
+        self.link = link;
+        self
     }
 
     /// The refused request.
@@ -150,6 +203,27 @@ impl<'a> Rejected<'a> {
             | RejectReason::CostExceedsCapacity { decision, .. } => Some(decision),
             _ => None,
         }
+    }
+
+    /// The plan of the rejecting limit that decided (`"free"`), when the limit has plans: the
+    /// one the layer resolved, or else the rejecting decision's [`Decision::plan`].
+    pub fn plan(&self) -> Option<PolicyName> {
+        self.plan
+            .or_else(|| self.decision().and_then(Decision::plan))
+    }
+
+    /// The link configured for that plan (e.g. where to upgrade), if any.
+    pub fn link(&self) -> Option<&'a str> {
+        self.link
+    }
+
+    /// When the rejecting limit is fully restored: the wall-clock time of the rejection plus
+    /// [`Decision::reset`], rounded up to a whole second. `None` when no limit decided.
+    pub fn reset_at(&self) -> Option<SystemTime> {
+        let decision = self.decision()?;
+        let now = self.now.unwrap_or_else(SystemTime::now);
+        let secs = rfc3339::unix_secs_ceil(now, decision.reset());
+        Some(UNIX_EPOCH + std::time::Duration::from_secs(secs))
     }
 
     /// The status [`DefaultRejection`] answers with: `429` rate limited, `413` cost exceeds
@@ -183,12 +257,17 @@ impl<'a> Rejected<'a> {
 ///
 /// | reason | status | problem `type` suffix | extension members |
 /// |---|---|---|---|
-/// | rate limited | `429`, `Retry-After` | `rate-limited` | `policy`, `quota`, `limit`, `window`, `remaining`, `retry_after` |
+/// | rate limited | `429`, `Retry-After` | `rate-limited` | `policy`, `quota`, `limit`, `window`, `remaining`, `retry_after`, `reset`, `reset_seconds`, and `plan`, `link` when known |
 /// | cost exceeds capacity | `413`, no `Retry-After` | `cost-exceeds-limit` | `policy`, `quota`, `limit`, `window`, `cost` |
 /// | missing key | `400`, `500` if misconfigured, or as configured ([`MissingKey`](crate::layer::MissingKey)) | `missing-key` | `policy` |
 /// | store unavailable | `503`, `Retry-After` if known | `limiter-unavailable` | `retry_after` if known |
 ///
-/// `window` is the seconds to refill the limit from empty (the `w` of `RateLimit-Policy`). A cost
+/// `window` is the seconds to refill the limit from empty (the `w` of `RateLimit-Policy`).
+/// `reset_seconds` is the time until the limit is fully restored ([`Decision::reset`], whole
+/// seconds rounded up) and `reset` the same instant as an RFC 3339 UTC time
+/// (`"2026-03-01T12:00:48Z"`, see [`Rejected::reset_at`]); `retry_after` is the shorter wait
+/// until this request would be allowed. `plan` names the limit's plan that refused (when the
+/// limit has plans) and `link` is that plan's link (e.g. where to upgrade), when it has one. A cost
 /// above capacity gets `413 Content Too Large` rather than `429`: `429` tells clients to slow
 /// down and retry, but this request fails however long they wait, and clients do not retry a
 /// `413`. For a missing key caused by server misconfiguration (or answered with a 5xx) the body
@@ -269,16 +348,30 @@ impl DefaultRejection {
             RejectReason::RateLimited { decision, quota } => {
                 let retry = decision.retry_after_secs_ceil().unwrap_or(1);
                 let name = decision.policy();
-                ProblemDetails::new(status, &ty("rate-limited"), "Too Many Requests")
-                    .detail(&format!(
-                        "Rate limit \"{name}\" ({quota}) is exhausted; retry in {retry} s."
-                    ))
-                    .member_str("policy", name.as_str())
-                    .member_str("quota", &quota.to_string())
-                    .member_u64("limit", decision.limit())
-                    .member_u64("window", policy_window_secs(quota))
-                    .member_u64("remaining", decision.remaining())
-                    .member_u64("retry_after", retry)
+                let reset_at = rejected
+                    .reset_at()
+                    .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                    .map_or(0, |d| d.as_secs());
+                let mut problem =
+                    ProblemDetails::new(status, &ty("rate-limited"), "Too Many Requests")
+                        .detail(&format!(
+                            "Rate limit \"{name}\" ({quota}) is exhausted; retry in {retry} s."
+                        ))
+                        .member_str("policy", name.as_str())
+                        .member_str("quota", &quota.to_string())
+                        .member_u64("limit", decision.limit())
+                        .member_u64("window", policy_window_secs(quota))
+                        .member_u64("remaining", decision.remaining())
+                        .member_u64("retry_after", retry)
+                        .member_str("reset", &rfc3339::format_utc(reset_at))
+                        .member_u64("reset_seconds", ceil_secs(decision.reset()));
+                if let Some(plan) = rejected.plan() {
+                    problem = problem.member_str("plan", plan.as_str());
+                }
+                if let Some(link) = rejected.link() {
+                    problem = problem.member_str("link", link);
+                }
+                problem
             }
             RejectReason::CostExceedsCapacity {
                 decision,
@@ -382,6 +475,7 @@ impl DefaultRejection {
         super::grpc_details::StatusDetails {
             retry_after_secs: rejected.retry_after_secs(),
             quota,
+            plan: quota.and(rejected.plan()).map(|p| p.as_str()),
         }
     }
 }
@@ -460,6 +554,77 @@ mod tests {
         assert_eq!(v["window"], 5);
         assert_eq!(v["retry_after"], 1);
         assert!(v["detail"].as_str().unwrap().contains("\"burst\""));
+    }
+
+    #[test]
+    fn rate_limited_problem_says_when_it_resets_and_names_the_plan() {
+        use std::time::UNIX_EPOCH;
+        let req = http::Request::get("/api/items").body(()).unwrap();
+        let q = Quota::per_minute(5);
+        let free = PolicyName::new("free");
+        // 47.2 s until fully restored, at 2024-02-29T23:59:30.5Z: resets at 2024-03-01T00:00:18Z.
+        let d = Decision::rejected(5, 0, Duration::from_millis(47_200), Duration::from_secs(11))
+            .with_policy(PolicyName::new("api"));
+        let decisions = Decisions::new();
+        let reason = RejectReason::RateLimited {
+            decision: &d,
+            quota: &q,
+        };
+        let now = UNIX_EPOCH + Duration::from_millis(1_709_251_170_500);
+        let rejected = Rejected::new(RequestView::new(&req), reason, &decisions).at(now);
+        assert_eq!(rejected.plan(), None);
+        let v = json(DefaultRejection::new().reject(&rejected));
+        assert_eq!(v["reset"], "2024-03-01T00:00:18Z");
+        assert_eq!(v["reset_seconds"], 48);
+        assert!(v.get("plan").is_none() && v.get("link").is_none(), "{v}");
+
+        let with_plan = rejected.with_plan(free, Some("https://example.com/upgrade?from=\"free\""));
+        assert_eq!(with_plan.plan(), Some(free));
+        let v = json(DefaultRejection::new().reject(&with_plan));
+        assert_eq!(v["plan"], "free");
+        assert_eq!(v["link"], "https://example.com/upgrade?from=\"free\"");
+        assert_eq!(v["policy"], "api");
+        assert_eq!(v["retry_after"], 11);
+
+        // A plan without a link; the plan known from the decision alone.
+        let d = d.with_plan(PolicyName::new("pro"));
+        let reason = RejectReason::RateLimited {
+            decision: &d,
+            quota: &q,
+        };
+        let rejected = Rejected::new(RequestView::new(&req), reason, &decisions).at(now);
+        let v = json(DefaultRejection::new().reject(&rejected));
+        assert_eq!(v["plan"], "pro");
+        assert!(v.get("link").is_none());
+
+        // Other reasons carry neither reset nor plan.
+        let err = StoreError::new(StoreErrorKind::Timeout, "t");
+        let reason = RejectReason::StoreUnavailable { error: &err };
+        let rejected = Rejected::new(RequestView::new(&req), reason, &decisions)
+            .with_plan(free, Some("https://example.com/upgrade"));
+        assert_eq!(rejected.reset_at(), None);
+        let v = json(DefaultRejection::new().reject(&rejected));
+        assert!(v.get("reset").is_none() && v.get("plan").is_none(), "{v}");
+    }
+
+    #[test]
+    fn reset_uses_the_wall_clock_by_default() {
+        use std::time::{SystemTime, UNIX_EPOCH};
+        let req = http::Request::get("/").body(()).unwrap();
+        let q = Quota::per_hour(1);
+        let d = Decision::rejected(1, 0, Duration::from_secs(3600), Duration::from_secs(3600));
+        let decisions = Decisions::new();
+        let reason = RejectReason::RateLimited {
+            decision: &d,
+            quota: &q,
+        };
+        let secs = |t: SystemTime| t.duration_since(UNIX_EPOCH).unwrap().as_secs();
+        let before = secs(SystemTime::now());
+        let reset = Rejected::new(RequestView::new(&req), reason, &decisions)
+            .reset_at()
+            .unwrap();
+        let after = secs(SystemTime::now());
+        assert!((before + 3600..=after + 3601).contains(&secs(reset)));
     }
 
     #[test]

@@ -279,7 +279,7 @@ impl<C: Clock> Store for MemoryStore<C> {
 
     #[inline]
     fn check(&self, checks: &[LimitCheck<'_>]) -> Checked<MemoryFuture> {
-        Checked::Ready(self.check_all(checks))
+        Checked::Ready(crate::metrics::time_memory_check(|| self.check_all(checks)))
     }
 }
 

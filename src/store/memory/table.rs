@@ -12,6 +12,7 @@ use crate::algorithm::{
 };
 use crate::decision::{Decision, PolicyName};
 use crate::error::ConfigError;
+use crate::metrics::KeysGauge;
 use crate::store::LimitSpec;
 
 /// A value alone on its cache lines, so neighbouring shards' locks do not false-share.
@@ -41,6 +42,8 @@ pub(crate) struct Table<A: Algorithm> {
     warned: AtomicU64,
     /// Whether the quota follows the calendar: then `now` is the clock's Unix time.
     wall_clock: bool,
+    /// Keys held, for the `tollgate_keys` gauge (feature `metrics`; counted on growth only).
+    keys: KeysGauge,
 }
 
 impl<A: Algorithm> fmt::Debug for Table<A> {
@@ -86,6 +89,7 @@ impl<A: Algorithm> Table<A> {
             warned: AtomicU64::new(0),
             wall_clock: algorithm.quota().calendar().is_some(),
             algorithm,
+            keys: KeysGauge::default(),
         }
     }
 
@@ -118,6 +122,9 @@ impl<A: Algorithm> Table<A> {
         let vacancy = shard.vacancy(|s| self.is_fresh(s, now));
         match shard.occupy(fp, vacancy) {
             Some(slot) => {
+                if matches!(vacancy, Vacancy::Grow) {
+                    self.keys.grew(self.name);
+                }
                 self.algorithm.apply(shard.state_mut(slot), now, cost);
                 decision
             }
@@ -257,6 +264,9 @@ impl<A: Algorithm> Locked<'_, A> {
                 let Some(slot) = self.shard.occupy(self.fp, *vacancy) else {
                     return;
                 };
+                if matches!(vacancy, Vacancy::Grow) {
+                    self.table.keys.grew(self.table.name);
+                }
                 self.target = Target::Slot(slot);
                 slot
             }

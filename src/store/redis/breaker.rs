@@ -20,6 +20,9 @@ pub(crate) struct Breaker {
     open: AtomicBool,
     /// The running probe's token; dead when no probe runs.
     probe: Mutex<Weak<()>>,
+    /// The node's address (`""`: the single node, or a Cluster node not known yet), for the
+    /// `tollgate_breaker_open` gauge.
+    node: Box<str>,
 }
 
 impl Breaker {
@@ -39,6 +42,7 @@ impl Breaker {
         let streak = self.failures.fetch_add(1, Relaxed).saturating_add(1);
         if streak >= threshold && !self.open.swap(true, Relaxed) {
             stats.breaker_opened();
+            crate::metrics::record_breaker(&self.node, true);
             return true;
         }
         false
@@ -49,6 +53,7 @@ impl Breaker {
         self.failures.store(0, Relaxed);
         if self.open.swap(false, Relaxed) {
             stats.breaker_closed();
+            crate::metrics::record_breaker(&self.node, false);
         }
     }
 
@@ -85,7 +90,10 @@ impl Breakers {
         if let Some(b) = map.get(addr) {
             return b.clone();
         }
-        let b = Arc::new(Breaker::default());
+        let b = Arc::new(Breaker {
+            node: addr.into(),
+            ..Breaker::default()
+        });
         map.insert(addr.to_owned(), b.clone());
         b
     }

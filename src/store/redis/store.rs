@@ -163,6 +163,7 @@ impl Store for RedisStore {
         let node = inner.breakers.default_breaker();
         if !inner.cluster && node.is_open() {
             inner.stats.add_short_circuited();
+            crate::metrics::record_store_error(StoreErrorKind::Unavailable);
             inner.spawn_probe(node, None);
             tracing::debug!("redis circuit breaker open; deciding by failure policy");
             return Checked::Ready(inner.degrade(fallback, checks));
@@ -533,6 +534,7 @@ impl Inner {
                 StoreErrorKind::Unavailable,
                 "circuit breaker open for this redis node",
             );
+            crate::metrics::record_store_error(err.kind());
             return (group, Err(err));
         }
         // Until Redis has answered once, a call may also wait for the connection to be set up.
@@ -541,6 +543,7 @@ impl Inner {
         } else {
             self.timeout.max(self.connect_timeout)
         };
+        let timer = crate::metrics::RedisTimer::start(); // metrics: the round trip
         let (group, result) =
             match self.handle() {
                 Err(e) => (group, Err(CallError::Store(e))),
@@ -558,6 +561,7 @@ impl Inner {
                     }
                 },
             };
+        timer.finish();
         let result = match result {
             Ok(ints) => {
                 breaker.on_success();
@@ -567,6 +571,7 @@ impl Inner {
             Err(e) => {
                 let timed_out = matches!(e, CallError::Timeout);
                 let err = e.into_store_error(timeout);
+                crate::metrics::record_store_error(err.kind());
                 tracing::warn!(error = %err, node = addr.as_deref().unwrap_or(""), "redis rate-limit call failed");
                 self.stats.on_failure(timed_out);
                 if breaker.on_failure(self.breaker_threshold, &self.stats) {
