@@ -92,6 +92,7 @@
 //! | [`headers`] | `X-RateLimit-*`, IETF `RateLimit` / `RateLimit-Policy`, `Retry-After` |
 //! | [`response`] | rejections: problem+json, gRPC, and the [`Rejection`](response::Rejection) trait |
 //! | [`clock`] | time sources, including a manual clock for tests |
+//! | [`metrics`] | the metrics recorded with the `metrics` feature: names, labels, `describe()` |
 //!
 //! # Features
 //!
@@ -101,6 +102,7 @@
 //! | `redis` | the Redis store, single node or Cluster |
 //! | `tonic` | [`PeerIp`](key::PeerIp) and [`ClientIp`](key::ClientIp) read tonic's `TcpConnectInfo`; gRPC rejections carry `grpc-status-details-bin` (`RetryInfo`, `QuotaFailure`) |
 //! | `quanta` | `clock::QuantaClock`: a TSC clock, cheaper to read than `Instant` |
+//! | `metrics` | decisions, near-limit, store latency and errors, breaker state and keys held through the [`metrics`](https://docs.rs/metrics) facade ([`metrics`](mod@metrics)) |
 //!
 //! # Paths
 //!
