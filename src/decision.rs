@@ -172,10 +172,6 @@ impl Decision {
     /// has plans).
     #[must_use]
     #[inline]
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "called by the layer once plans are wired")
-    )]
     pub(crate) fn with_plan(mut self, plan: PolicyName) -> Self {
         self.plan = Some(plan);
         self

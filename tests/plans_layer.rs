@@ -41,7 +41,10 @@ fn plans_limit(algorithm: AlgorithmKind, free: u64) -> Limit {
         .on_unknown_plan(UnknownPlan::reject(StatusCode::UNAUTHORIZED))
 }
 
-fn layer_with(clock: &ManualClock, limits: Vec<Limit>) -> RateLimitLayer<tollgate::store::MemoryStore<ManualClock>> {
+fn layer_with(
+    clock: &ManualClock,
+    limits: Vec<Limit>,
+) -> RateLimitLayer<tollgate::store::MemoryStore<ManualClock>> {
     RateLimitLayer::builder()
         .backend(MemoryBackend::new().clock(clock.clone()))
         .limits(limits)
@@ -51,7 +54,11 @@ fn layer_with(clock: &ManualClock, limits: Vec<Limit>) -> RateLimitLayer<tollgat
 
 async fn status<S>(svc: &S, req: Request<String>) -> (StatusCode, Option<String>)
 where
-    S: Service<Request<String>, Response = Response<tollgate::layer::ResponseBody<String>>, Error = Infallible> + Clone,
+    S: Service<
+            Request<String>,
+            Response = Response<tollgate::layer::ResponseBody<String>>,
+            Error = Infallible,
+        > + Clone,
 {
     let res = svc.clone().oneshot(req).await.unwrap();
     let remaining = res
@@ -93,7 +100,11 @@ async fn each_plan_gets_its_quota_and_unknown_keys_get_401() {
 /// Generic over the store: the layer's services for any store type.
 fn app_generic<St: tollgate::store::Store>(
     layer: &RateLimitLayer<St>,
-) -> impl Service<Request<String>, Response = Response<tollgate::layer::ResponseBody<String>>, Error = Infallible> + Clone {
+) -> impl Service<
+    Request<String>,
+    Response = Response<tollgate::layer::ResponseBody<String>>,
+    Error = Infallible,
+> + Clone {
     ServiceBuilder::new()
         .layer(layer.clone())
         .service(service_fn(|req: Request<String>| async move {
@@ -118,7 +129,10 @@ async fn an_upgrade_keeps_what_was_spent_on_every_algorithm() {
         for _ in 0..5 {
             assert_eq!(status(&svc, get("free-key-1")).await.0, StatusCode::OK);
         }
-        assert_eq!(status(&svc, get("free-key-1")).await.0, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            status(&svc, get("free-key-1")).await.0,
+            StatusCode::TOO_MANY_REQUESTS
+        );
         // The operator raises free to 10/min: at most 5 more within the minute, not 10.
         layer
             .reload(vec![plans_limit(algorithm, 10)], "test")
@@ -200,7 +214,12 @@ async fn overrides_block_exempt_and_set_a_custom_quota_and_are_audited() {
     }
 
     layer
-        .set_override("api", Key::string("big"), Override::Quota(Quota::per_minute(7)), "sales")
+        .set_override(
+            "api",
+            Key::string("big"),
+            Override::Quota(Quota::per_minute(7)),
+            "sales",
+        )
         .unwrap();
     let mut ok = 0;
     for _ in 0..10 {
@@ -210,7 +229,10 @@ async fn overrides_block_exempt_and_set_a_custom_quota_and_are_audited() {
     }
     assert_eq!(ok, 7);
     // Others keep the limit's quota.
-    assert_eq!(status(&svc, get("small")).await, (StatusCode::OK, Some("1".into())));
+    assert_eq!(
+        status(&svc, get("small")).await,
+        (StatusCode::OK, Some("1".into()))
+    );
 
     // Overrides outlive a reload.
     layer
@@ -219,19 +241,37 @@ async fn overrides_block_exempt_and_set_a_custom_quota_and_are_audited() {
             "reload",
         )
         .unwrap();
-    assert_eq!(svc.clone().oneshot(get("abuser")).await.unwrap().status(), StatusCode::FORBIDDEN);
+    assert_eq!(
+        svc.clone().oneshot(get("abuser")).await.unwrap().status(),
+        StatusCode::FORBIDDEN
+    );
 
     assert!(layer.remove_override("api", Key::string("abuser"), "incident closed"));
     assert!(!layer.remove_override("api", Key::string("abuser"), "again"));
-    assert_eq!(svc.clone().oneshot(get("abuser")).await.unwrap().status(), StatusCode::OK);
-    assert!(layer.set_override("nope", Key::string("x"), Override::Block, "t").is_err());
+    assert_eq!(
+        svc.clone().oneshot(get("abuser")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert!(layer
+        .set_override("nope", Key::string("x"), Override::Block, "t")
+        .is_err());
 
     let events = events.lock().unwrap();
     assert_eq!(events.len(), 5, "{events:?}");
     let text: Vec<String> = events.iter().map(ToString::to_string).collect();
-    assert!(text[0].contains("limit=api key#") && text[0].contains("override block"), "{}", text[0]);
-    assert!(!text.iter().any(|t| t.contains("abuser")), "keys are never logged in clear");
-    assert!(matches!(events[3].changes()[0], Change::QuotaChanged { .. }));
+    assert!(
+        text[0].contains("limit=api key#") && text[0].contains("override block"),
+        "{}",
+        text[0]
+    );
+    assert!(
+        !text.iter().any(|t| t.contains("abuser")),
+        "keys are never logged in clear"
+    );
+    assert!(matches!(
+        events[3].changes()[0],
+        Change::QuotaChanged { .. }
+    ));
 }
 
 #[tokio::test]
@@ -241,7 +281,8 @@ async fn shadow_limits_never_refuse_but_count_and_can_show_headers() {
         let layer = layer_with(
             &clock,
             vec![
-                Limit::new("per-key", Quota::per_minute(100)).key(HeaderKey::new("x-api-key").unwrap()),
+                Limit::new("per-key", Quota::per_minute(100))
+                    .key(HeaderKey::new("x-api-key").unwrap()),
                 Limit::new("global-shadow", Quota::per_minute(3))
                     .algorithm(AlgorithmKind::FixedWindow)
                     .key(GlobalKey)
@@ -252,14 +293,23 @@ async fn shadow_limits_never_refuse_but_count_and_can_show_headers() {
         for i in 0..6u64 {
             let (s, remaining) = status(&svc, get("a")).await;
             assert_eq!(s, StatusCode::OK);
-            let expected = if headers { 2u64.saturating_sub(i) } else { 99 - i };
-            assert_eq!(remaining, Some(expected.to_string()), "headers={headers} request {i}");
+            let expected = if headers {
+                2u64.saturating_sub(i)
+            } else {
+                99 - i
+            };
+            assert_eq!(
+                remaining,
+                Some(expected.to_string()),
+                "headers={headers} request {i}"
+            );
         }
         // Moved to enforce by a reload, it keeps its count: the next request is refused.
         layer
             .reload(
                 vec![
-                    Limit::new("per-key", Quota::per_minute(100)).key(HeaderKey::new("x-api-key").unwrap()),
+                    Limit::new("per-key", Quota::per_minute(100))
+                        .key(HeaderKey::new("x-api-key").unwrap()),
                     Limit::new("global-shadow", Quota::per_minute(3))
                         .algorithm(AlgorithmKind::FixedWindow)
                         .key(GlobalKey),
@@ -267,7 +317,10 @@ async fn shadow_limits_never_refuse_but_count_and_can_show_headers() {
                 "enforce",
             )
             .unwrap();
-        assert_eq!(status(&svc, get("a")).await.0, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            status(&svc, get("a")).await.0,
+            StatusCode::TOO_MANY_REQUESTS
+        );
     }
 }
 
@@ -294,7 +347,10 @@ async fn only_failed_logins_count() {
     for _ in 0..3 {
         assert_eq!(status(&svc, login(401)).await.0, StatusCode::UNAUTHORIZED);
     }
-    assert_eq!(status(&svc, login(200)).await.0, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        status(&svc, login(200)).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
     clock.advance(Duration::from_secs(60));
     assert_eq!(status(&svc, login(200)).await.0, StatusCode::OK);
 }
@@ -314,21 +370,26 @@ async fn late_responses_never_let_more_than_the_quota_through() {
     let gate = Arc::new(tokio::sync::Notify::new());
     let entered = Arc::new(AtomicUsize::new(0));
     let (g, e) = (gate.clone(), entered.clone());
-    let svc = ServiceBuilder::new().layer(layer.clone()).service(service_fn(move |_: Request<String>| {
-        let (g, e) = (g.clone(), e.clone());
-        async move {
-            e.fetch_add(1, Ordering::SeqCst);
-            g.notified().await;
-            let mut res = Response::new(String::new());
-            *res.status_mut() = StatusCode::OK; // a successful login: given back
-            Ok::<_, Infallible>(res)
-        }
-    }));
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(service_fn(move |_: Request<String>| {
+            let (g, e) = (g.clone(), e.clone());
+            async move {
+                e.fetch_add(1, Ordering::SeqCst);
+                g.notified().await;
+                let mut res = Response::new(String::new());
+                *res.status_mut() = StatusCode::OK; // a successful login: given back
+                Ok::<_, Infallible>(res)
+            }
+        }));
     let mut tasks = Vec::new();
     for _ in 0..20 {
         let svc = svc.clone();
         tasks.push(tokio::spawn(async move {
-            svc.oneshot(Request::new(String::new())).await.unwrap().status()
+            svc.oneshot(Request::new(String::new()))
+                .await
+                .unwrap()
+                .status()
         }));
     }
     while entered.load(Ordering::SeqCst) < 3 {
@@ -337,7 +398,11 @@ async fn late_responses_never_let_more_than_the_quota_through() {
     for _ in 0..50 {
         tokio::task::yield_now().await;
     }
-    assert_eq!(entered.load(Ordering::SeqCst), 3, "in flight hold their units");
+    assert_eq!(
+        entered.load(Ordering::SeqCst),
+        3,
+        "in flight hold their units"
+    );
     gate.notify_waiters();
     let mut ok = 0;
     for t in tasks {
@@ -349,7 +414,10 @@ async fn late_responses_never_let_more_than_the_quota_through() {
     // Given back: the next three pass.
     let svc2 = app_generic(&layer);
     for _ in 0..3 {
-        assert_eq!(status(&svc2, Request::new(String::new())).await.0, StatusCode::OK);
+        assert_eq!(
+            status(&svc2, Request::new(String::new())).await.0,
+            StatusCode::OK
+        );
     }
 }
 
@@ -358,14 +426,20 @@ async fn an_invalid_reload_is_refused_and_the_old_policy_keeps_serving() {
     let clock = ManualClock::new();
     let layer = layer_with(&clock, vec![plans_limit(AlgorithmKind::FixedWindow, 5)]);
     let svc = app_generic(&layer);
-    assert_eq!(status(&svc, get("free-1")).await, (StatusCode::OK, Some("4".into())));
+    assert_eq!(
+        status(&svc, get("free-1")).await,
+        (StatusCode::OK, Some("4".into()))
+    );
     let bad = Limit::new("api", Quota::per_minute(5))
         .algorithm(AlgorithmKind::FixedWindow)
         .key(HeaderKey::new("x-api-key").unwrap())
         .plan(Plan::new("free", Quota::per_minute(5).burst(9)));
     let err = layer.reload(vec![bad], "bad file").unwrap_err();
     assert!(err.to_string().contains("plan \"free\""), "{err}");
-    assert_eq!(status(&svc, get("free-1")).await, (StatusCode::OK, Some("3".into())));
+    assert_eq!(
+        status(&svc, get("free-1")).await,
+        (StatusCode::OK, Some("3".into()))
+    );
 }
 
 #[tokio::test]
@@ -400,4 +474,3 @@ async fn a_lookup_in_flight_is_awaited_then_resolved_from_its_cache() {
     assert_eq!(res.headers()["x-ratelimit-remaining"], "18");
     assert_eq!(lookups.load(Ordering::SeqCst), 1);
 }
-

@@ -11,6 +11,7 @@ use super::limit::{CompiledLimit, Limit};
 use super::overrides::OverrideTable;
 use crate::error::ConfigError;
 use crate::headers::{policy_field, RateLimitHeaders, ResetFormat};
+use crate::metrics::NearLimit;
 use crate::request::RequestView;
 use crate::response::{DefaultRejection, Rejection};
 use crate::store::memory::MemoryBackend;
@@ -44,6 +45,7 @@ pub struct RateLimitLayerBuilder<B = MemoryBackend> {
     rejection: Option<Box<dyn Rejection>>,
     skip: Option<Box<super::layer::SkipFn>>,
     audit: Option<Box<AuditFn>>,
+    near_limit: Result<NearLimit, ConfigError>,
 }
 
 impl RateLimitLayerBuilder<MemoryBackend> {
@@ -56,6 +58,7 @@ impl RateLimitLayerBuilder<MemoryBackend> {
             rejection: None,
             skip: None,
             audit: None,
+            near_limit: Ok(NearLimit::DEFAULT),
         }
     }
 }
@@ -96,7 +99,16 @@ impl<B> RateLimitLayerBuilder<B> {
             rejection: self.rejection,
             skip: self.skip,
             audit: self.audit,
+            near_limit: self.near_limit,
         }
+    }
+
+    /// The share of a limit under which an allowed request counts as near the limit, in the
+    /// `tollgate_near_limit_total` metric (feature `metrics`; default 0.1: fewer than 10% left).
+    /// A share outside 0..=1 fails [`build`](Self::build).
+    pub fn near_limit_share(mut self, share: f64) -> Self {
+        self.near_limit = NearLimit::new(share);
+        self
     }
 
     /// Adds limits (e.g. a policy file's). See [`limit`](Self::limit).
@@ -168,6 +180,7 @@ impl<B> RateLimitLayerBuilder<B> {
 impl<B: Backend> RateLimitLayerBuilder<B> {
     /// Validates the configuration and builds the layer and its store.
     pub fn build(self) -> Result<RateLimitLayer<B::Store>, ConfigError> {
+        let near_limit = self.near_limit?;
         let (limits, specs) = compile_limits(&self.limits)?;
         let store = self.backend.build(&specs)?;
         let policy_header = policy_field(limits.iter().map(|l| (l.name.as_str(), &l.quota)));
@@ -185,6 +198,7 @@ impl<B: Backend> RateLimitLayerBuilder<B> {
                 skip: self.skip,
                 overrides: OverrideTable::default(),
                 audit: self.audit,
+                near_limit,
                 reloading: std::sync::Mutex::new(0),
             }),
         })

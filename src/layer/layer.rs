@@ -14,6 +14,7 @@ use super::overrides::OverrideTable;
 use super::service::RateLimit;
 use crate::error::ConfigError;
 use crate::headers::RateLimitHeaders;
+use crate::metrics::NearLimit;
 use crate::request::RequestView;
 use crate::response::Rejection;
 use crate::store::memory::{MemoryBackend, MemoryStore};
@@ -39,6 +40,8 @@ pub(crate) struct Shared<St> {
     pub(crate) overrides: OverrideTable,
     /// Called with every reload's and override's audit event.
     pub(crate) audit: Option<Box<AuditFn>>,
+    /// Which allowed decisions count as near the limit (metrics).
+    pub(crate) near_limit: NearLimit,
     /// Serialises reloads (never taken on the request path).
     pub(crate) reloading: std::sync::Mutex<u64>,
 }

@@ -426,7 +426,6 @@ impl Limit {
 pub(crate) struct CompiledPlan {
     pub(crate) name: PolicyName,
     pub(crate) quota: PlanQuota,
-    #[allow(dead_code)] // until rejections carry the plan's link
     pub(crate) link: Option<Arc<str>>,
 }
 

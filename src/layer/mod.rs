@@ -141,7 +141,6 @@ mod future;
 #[allow(clippy::module_inception)]
 mod layer;
 mod limit;
-mod observe;
 mod overrides;
 mod reload;
 mod service;

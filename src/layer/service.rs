@@ -17,7 +17,6 @@ use std::sync::atomic::Ordering;
 
 use super::layer::{RateLimitLayer, Shared, Snapshot};
 use super::limit::{CompiledPlan, Limit};
-use super::observe;
 use super::overrides::Active;
 use crate::decision::{Decision, PolicyName};
 use crate::error::{ConfigError, StoreError, StoreErrorKind};
@@ -26,6 +25,7 @@ use crate::headers::{
     RATELIMIT_POLICY,
 };
 use crate::key::Key;
+use crate::metrics::{self, NearLimit};
 use crate::plan::{Mode, Resolution, UnknownPlan};
 use crate::quota::Quota;
 use crate::request::RequestView;
@@ -215,6 +215,7 @@ pub(crate) struct Followup<St> {
     shadow: Vec<OwnedCheck>,
     by_outcome: Vec<OwnedCheck>,
     reserved_at: Option<u64>,
+    near: NearLimit,
 }
 
 impl<St: Store> Followup<St> {
@@ -237,10 +238,12 @@ impl<St: Store> Followup<St> {
         for (d, check) in decisions.as_slice().iter().zip(&self.shadow) {
             let limit = &self.snapshot.limits[check.limit];
             let plan = check.plan.map_or("", |p| p.as_str());
-            if d.allowed() {
-                observe::decision(limit.name, check.plan, observe::Verdict::Allowed, d);
-            } else {
-                observe::decision(limit.name, check.plan, observe::Verdict::ShadowRejected, d);
+            let mut d = d.with_policy(limit.name);
+            if let Some(p) = check.plan {
+                d = d.with_plan(p);
+            }
+            metrics::record_decision(&d, true, self.near);
+            if !d.allowed() {
                 let n = limit.shadow_rejections.fetch_add(1, Ordering::Relaxed) + 1;
                 if n.is_power_of_two() || n.is_multiple_of(1000) {
                     tracing::info!(policy = %limit.name, plan, would_be_rejections = n, remaining = d.remaining(), "shadow limit would have refused this request");
@@ -248,7 +251,7 @@ impl<St: Store> Followup<St> {
             }
             if matches!(limit.mode, Mode::Shadow { headers: true }) {
                 let seen = if d.allowed() {
-                    *d
+                    d
                 } else {
                     Decision::allowed_with(d.limit(), 0, d.reset())
                 };
@@ -623,6 +626,7 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
                 shadow: Vec::new(),
                 by_outcome: Vec::new(),
                 reserved_at: None,
+                near: shared.near_limit,
             });
             if limit.mode.is_shadow() {
                 // Decided on its own after the enforcing limits allowed: never refuses.
@@ -774,9 +778,17 @@ pub(crate) fn finish<ReqBody, St: Store>(
                 ),
             ));
         }
-        // Attribute every decision to its limit, whatever the store did.
-        for (d, (limit, _)) in decisions.as_mut_slice().iter_mut().zip(applied.checks()) {
+        // Attribute every decision to its limit and plan, whatever the store did.
+        for (j, (d, (limit, _))) in decisions
+            .as_mut_slice()
+            .iter_mut()
+            .zip(applied.checks())
+            .enumerate()
+        {
             *d = d.with_policy(snapshot.limits[limit].name);
+            if let Some(plan) = applied.plan(snapshot, j) {
+                *d = d.with_plan(plan.name);
+            }
         }
         Ok(decisions)
     });
@@ -784,7 +796,6 @@ pub(crate) fn finish<ReqBody, St: Store>(
     let mut decisions = match result {
         Ok(decisions) => decisions,
         Err(error) => {
-            observe::store_error(&error);
             let empty = Decisions::new();
             let view = RequestView::new(&req);
             if let Some(i) = applied.too_costly {
@@ -840,9 +851,8 @@ pub(crate) fn finish<ReqBody, St: Store>(
                 .reported()
                 .copied()
                 .unwrap_or_else(|| Decision::allowed_with(0, 0, Duration::ZERO));
-            for (j, d) in decisions.as_slice().iter().enumerate() {
-                let plan = applied.plan(snapshot, j).map(|p| p.name);
-                observe::decision(d.policy(), plan, observe::Verdict::Allowed, d);
+            for d in decisions.as_slice() {
+                metrics::record_decision(d, false, shared.near_limit);
             }
             if let Some(f) = followup {
                 f.reserved_at = decisions.decided_at();
@@ -867,12 +877,8 @@ pub(crate) fn finish<ReqBody, St: Store>(
                     cost: applied.cost[i],
                 }
             } else {
-                observe::decision(
-                    limit.name,
-                    plan.map(|p| p.name),
-                    observe::Verdict::Rejected,
-                    &decision,
-                );
+                // Only the refusing limit counts: the others charged nothing.
+                metrics::record_decision(&decision, false, shared.near_limit);
                 tracing::debug!(
                     policy = %limit.name,
                     plan = plan_name,
@@ -885,7 +891,10 @@ pub(crate) fn finish<ReqBody, St: Store>(
                     quota,
                 }
             };
-            let rejected = Rejected::new(view, reason, &decisions);
+            let mut rejected = Rejected::new(view, reason, &decisions);
+            if let Some(plan) = plan {
+                rejected = rejected.with_plan(plan.name, plan.link.as_deref());
+            }
             let mut response = shared.rejection.reject(&rejected);
             if let Some(secs) = rejected.retry_after_secs() {
                 set_retry_after_if_absent(response.headers_mut(), secs);

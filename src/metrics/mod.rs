@@ -118,11 +118,6 @@ impl Default for NearLimit {
         Self::DEFAULT
     }
 }
-
-#[cfg_attr(
-    not(test),
-    expect(dead_code, reason = "called by the layer once metrics are wired")
-)]
 impl NearLimit {
     /// 10%: near the limit when `remaining < 0.1 × limit`.
     pub(crate) const DEFAULT: Self = Self { ppm: 100_000 };
@@ -152,10 +147,6 @@ impl NearLimit {
 /// Counts `decision` in `tollgate_decisions_total` (a refusal of a limit in shadow mode as
 /// `shadow_rejected`), and in `tollgate_near_limit_total` if it is allowed and `near` says so.
 #[cfg(feature = "metrics")]
-#[cfg_attr(
-    not(test),
-    expect(dead_code, reason = "called by the layer once metrics are wired")
-)]
 #[inline]
 pub(crate) fn record_decision(decision: &Decision, shadow: bool, near: NearLimit) {
     let outcome = match (decision.allowed(), shadow) {
@@ -173,10 +164,6 @@ pub(crate) fn record_decision(decision: &Decision, shadow: bool, near: NearLimit
 }
 
 #[cfg(not(feature = "metrics"))]
-#[cfg_attr(
-    not(test),
-    expect(dead_code, reason = "called by the layer once metrics are wired")
-)]
 #[inline(always)]
 pub(crate) fn record_decision(_decision: &Decision, _shadow: bool, _near: NearLimit) {}
 

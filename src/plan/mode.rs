@@ -134,7 +134,7 @@ impl fmt::Debug for Charge {
 }
 
 /// A runtime decision about one key of one limit, set with
-/// [`Overrides::set`](crate::layer::Overrides::set): it outlives policy reloads.
+/// [`RateLimitLayer::set_override`](crate::RateLimitLayer::set_override): it outlives policy reloads.
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
 pub enum Override {

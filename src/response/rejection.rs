@@ -170,10 +170,6 @@ impl<'a> Rejected<'a> {
     }
 
     /// The same rejection, by the limit's plan `plan`, whose link (where to upgrade) is `link`.
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "called by the layer once plans are wired")
-    )]
     #[must_use]
     pub(crate) fn with_plan(mut self, plan: PolicyName, link: Option<&'a str>) -> Self {
         self.plan = Some(plan);
