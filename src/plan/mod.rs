@@ -45,8 +45,10 @@
 mod mode;
 #[allow(clippy::module_inception)]
 mod plan;
+pub mod resolve;
 mod resolver;
 
 pub use mode::{Charge, Mode, Override};
 pub use plan::Plan;
+pub use resolve::{AssignedPlan, CachedLookup, PlanFromExtension, PlanFromHeader, PlanMap};
 pub use resolver::{PlanResolver, Resolution, UnknownPlan};
