@@ -146,6 +146,8 @@ pub mod key;
 pub mod layer;
 pub mod metrics;
 pub mod plan;
+#[cfg(feature = "serde")]
+pub mod policy;
 pub mod quota;
 mod request;
 pub mod response;
