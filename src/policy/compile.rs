@@ -245,6 +245,9 @@ fn compile_limit(ctx: &Ctx, doc: &LimitDoc) -> Result<Vec<Limit>, Fault> {
     };
     let plan_names: Vec<&str> = plans.iter().map(|p| p.0).collect();
     let resolver = resolver(ctx, doc, &plan_names)?;
+    if placeholder && (doc.plan_header.is_some() || doc.plan_extension == Some(true)) {
+        return Err(ctx.fault(&["quota"], "requests that name no plan (no plan header or extension) are counted at the limit's own quota: set quota, or default_plan = \"free\""));
+    }
     let on_unknown_plan = match &doc.on_unknown_plan {
         _ if plans.is_empty() && doc.on_unknown_plan.is_some() => {
             return Err(ctx.fault(&["on_unknown_plan"], "this limit has no plans; remove on_unknown_plan or add plans"))

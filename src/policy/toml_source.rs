@@ -124,10 +124,22 @@ fn contains(span: &Range<usize>, offset: usize) -> bool {
     span.start <= offset && offset < span.end.max(span.start + 1)
 }
 
+/// Whether `value` or anything inside it spans `offset` (dotted keys make tables whose own
+/// span does not cover their members).
+fn holds(value: &Spanned<DeValue<'_>>, offset: usize) -> bool {
+    contains(&value.span(), offset)
+        || match value.get_ref() {
+            DeValue::Table(t) => t
+                .iter()
+                .any(|(k, v)| contains(&k.span(), offset) || holds(v, offset)),
+            _ => false,
+        }
+}
+
 /// The path of the deepest key whose key or value holds `offset`.
 fn deepest_table(table: &DeTable<'_>, offset: usize, path: &mut Vec<Seg>) {
     for (k, v) in table.iter() {
-        if contains(&k.span(), offset) || contains(&v.span(), offset) {
+        if contains(&k.span(), offset) || holds(v, offset) {
             path.push(Seg::Key(k.get_ref().to_string()));
             deepest_value(v, offset, path);
             return;
