@@ -48,6 +48,7 @@ impl PolicyError {
         }
     }
 
+    #[cfg_attr(not(feature = "toml"), allow(dead_code))]
     pub(crate) fn at(mut self, location: Option<(usize, usize)>) -> Self {
         self.location = location;
         self
