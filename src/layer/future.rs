@@ -30,7 +30,7 @@ struct Waiting<S, ReqBody, St: Store> {
 
 /// Which step is pending.
 enum Step<St: Store> {
-    Lookup,
+    Lookup(u8),
     Check(Applied, Arc<Snapshot<St>>, Option<Followup<St>>),
     Shadow(Outcome, Followup<St>),
 }
@@ -113,13 +113,13 @@ where
     /// A request waiting for a lookup or the store (`begin` is neither `Proceed` nor `Reject`).
     pub(crate) fn waiting(begin: Begin<ReqBody, St>, inner: S, shared: Arc<Shared<St>>) -> Self {
         let state = match begin {
-            Begin::Resolve(lookup, req) => State::Resolving {
+            Begin::Resolve(lookup, req, lookups) => State::Resolving {
                 lookup: Some(lookup),
                 waiting: Some(Waiting {
                     req,
                     inner,
                     shared,
-                    step: Step::Lookup,
+                    step: Step::Lookup(lookups),
                 }),
             },
             Begin::Pending(check, req, applied, snapshot, followup) => State::Checking {
@@ -192,9 +192,16 @@ where
                     *lookup = None;
                     waiting = w.take().expect("ResponseFuture polled after completion");
                     let Waiting {
-                        req, inner, shared, ..
+                        req,
+                        inner,
+                        shared,
+                        step,
                     } = waiting;
-                    next = begin(&shared, req, true);
+                    let lookups = match step {
+                        Step::Lookup(n) => n,
+                        _ => u8::MAX,
+                    };
+                    next = begin(&shared, req, lookups);
                     advance(&mut this, next, inner, shared);
                     continue;
                 }
@@ -230,7 +237,7 @@ where
                             shadow_done(&followup, result, &mut outcome);
                             Begin::Proceed(req, Some(outcome), Some(followup))
                         }
-                        Step::Lookup => unreachable!("a lookup is not a store check"),
+                        Step::Lookup(_) => unreachable!("a lookup is not a store check"),
                     };
                     advance(&mut this, next, inner, shared);
                     continue;
@@ -309,14 +316,14 @@ fn advance<S, ReqBody, St>(
                 response: Some(response),
             });
         }
-        Begin::Resolve(lookup, req) => {
+        Begin::Resolve(lookup, req, lookups) => {
             this.state.set(State::Resolving {
                 lookup: Some(lookup),
                 waiting: Some(Waiting {
                     req,
                     inner,
                     shared,
-                    step: Step::Lookup,
+                    step: Step::Lookup(lookups),
                 }),
             });
         }

@@ -112,7 +112,7 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        match begin(&self.shared, req, false) {
+        match begin(&self.shared, req, 0) {
             Begin::Proceed(req, outcome, followup) => {
                 ResponseFuture::inner(self.inner.call(req), outcome, followup)
             }
@@ -142,6 +142,10 @@ pub(crate) struct Applied {
     /// The quota of the first check decided at a per-key override (for rejection bodies).
     override_quota: Option<Quota>,
 }
+
+/// Plan lookups one request may wait for (a lookup another request led may be abandoned when
+/// that request is dropped, and is then led again); after them the plan is unknown.
+const MAX_LOOKUPS: u8 = 3;
 
 /// The check is decided at the limit's own quota.
 const NO_PLAN: u8 = u8::MAX;
@@ -455,8 +459,12 @@ pub(crate) enum Begin<ReqBody, St: Store> {
     ),
     /// Wait for the shadow limits' check, then call the inner service.
     Shadow(St::Future, Request<ReqBody>, Outcome, Followup<St>),
-    /// Wait for a plan lookup, then begin again.
-    Resolve(Pin<Box<dyn Future<Output = ()> + Send>>, Request<ReqBody>),
+    /// Wait for a plan lookup, then begin again (the lookups so far).
+    Resolve(
+        Pin<Box<dyn Future<Output = ()> + Send>>,
+        Request<ReqBody>,
+        u8,
+    ),
 }
 
 /// The result of a store check.
@@ -466,20 +474,20 @@ pub(crate) enum Finish<ReqBody> {
     Reject(Response<RejectionBody>),
 }
 
-/// Skip predicate, key, plan and cost extraction, and the store check. `looked_up`: a plan
-/// lookup already ran for this request (a second one is treated as an unknown plan).
+/// Skip predicate, key, plan and cost extraction, and the store check. `lookups`: how many plan
+/// lookups already ran for this request (after [`MAX_LOOKUPS`], the plan is unknown).
 pub(crate) fn begin<ReqBody, St: Store>(
     shared: &Arc<Shared<St>>,
     req: Request<ReqBody>,
-    looked_up: bool,
+    lookups: u8,
 ) -> Begin<ReqBody, St> {
     // Size the on-stack check buffer to the layer: one limit is the common case, and building
     // (and dropping) eight `LimitCheck`s for it costs more than the check itself.
     let snapshot = shared.current.load();
     if snapshot.limits.len() == 1 {
-        begin_with::<1, _, _>(shared, &snapshot, req, looked_up)
+        begin_with::<1, _, _>(shared, &snapshot, req, lookups)
     } else {
-        begin_with::<MAX_LIMITS, _, _>(shared, &snapshot, req, looked_up)
+        begin_with::<MAX_LIMITS, _, _>(shared, &snapshot, req, lookups)
     }
 }
 
@@ -499,7 +507,7 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
     shared: &Arc<Shared<St>>,
     snapshot: &Arc<Snapshot<St>>,
     req: Request<ReqBody>,
-    looked_up: bool,
+    lookups: u8,
 ) -> Begin<ReqBody, St> {
     let view = RequestView::new(&req);
     if let Some(skip) = &shared.skip {
@@ -569,9 +577,9 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
             None => {
                 if let Some(resolver) = &limit.resolver {
                     let resolution = match resolver.resolve(&view, &key) {
-                        Resolution::Lookup(lookup) if !looked_up => {
+                        Resolution::Lookup(lookup) if lookups < MAX_LOOKUPS => {
                             drop((key, keys, checks));
-                            return Begin::Resolve(lookup, req);
+                            return Begin::Resolve(lookup, req, lookups + 1);
                         }
                         Resolution::Lookup(_) => Resolution::Unknown,
                         other => other,
