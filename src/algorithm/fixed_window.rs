@@ -72,6 +72,35 @@ use crate::quota::{Calendar, Quota};
 /// reset, retry_after = end(w) - now;   idle timeout = P (31 days for months)
 /// ```
 ///
+/// # Plan changes
+///
+/// [`rebase`](Algorithm::rebase) from a fixed window `o` (the quota the count was written under)
+/// to this one, `n`, at `now` carries the count of `o`'s current window into `n`'s current
+/// window:
+///
+/// ```text
+/// if o.P == n.P and o's calendar == n's: nothing changes   (counts are units; n's limit applies)
+/// t     = max(now, start of o's window `window`)   (an earlier clock stays in the stored window:
+///                                                   window × o.P, or o's calendar's end(window - 1))
+/// spent = count  if window == o.index(t),  else 0  (index(t) = floor(t / P), or the calendar's)
+/// window = n.index(t);  count = spent
+/// ```
+///
+/// The count is not clamped: a count above `n`'s limit reads as exhausted until `n`'s window
+/// ends, and is never charged twice (the next window starts empty).
+///
+/// ```
+/// use tollgate::algorithm::{Algorithm, FixedWindow};
+/// use tollgate::Quota;
+///
+/// let hourly = FixedWindow::new(Quota::per_hour(100)).unwrap();
+/// let daily = FixedWindow::new(Quota::per_day(1_000)).unwrap();
+/// let mut state = Default::default();
+/// assert!(hourly.check(&mut state, 0, 70).allowed());
+/// daily.rebase(&hourly, &mut state, 60_000_000); // 70 of today's 1,000 are spent
+/// assert_eq!(daily.decide(&state, 60_000_000, 0).remaining(), 930);
+/// ```
+///
 /// ```
 /// use std::time::Duration;
 /// use tollgate::algorithm::{Algorithm, FixedWindow};
@@ -128,6 +157,16 @@ impl FixedWindow {
         match &self.calendar {
             None => now / self.period,
             Some(calendar) => calendar.window_of(now),
+        }
+    }
+
+    /// When window `w` starts: `w × P`, or the end of the calendar's window before it.
+    fn window_start(&self, w: u64) -> u64 {
+        match &self.calendar {
+            None => w.saturating_mul(self.period),
+            Some(calendar) => w
+                .checked_sub(1)
+                .map_or(0, |before| calendar.window_end(before)),
         }
     }
 
@@ -196,6 +235,23 @@ impl Algorithm for FixedWindow {
         if state.window == self.window_index(reserved_at) {
             state.count = state.count.saturating_sub(cost);
         }
+    }
+
+    fn rebase(&self, from: &Self, state: &mut FixedWindowState, now: u64) {
+        if (self.period, self.calendar) == (from.period, from.calendar) {
+            return;
+        }
+        // The key has seen its stored window: an earlier clock reads as that window's start.
+        let t = now.max(from.window_start(state.window));
+        let spent = if state.window == from.window_index(t) {
+            state.count
+        } else {
+            0
+        };
+        *state = FixedWindowState {
+            window: self.window_index(t),
+            count: spent,
+        };
     }
 
     fn idle_timeout_micros(&self) -> u64 {
@@ -325,6 +381,90 @@ mod tests {
         fw.refund(&mut s, 9_900_000, 10_100_000, 1);
         assert_eq!(s, moved_on, "the new window's count is untouched");
         assert!(!fw.check(&mut s, 10_200_000, 1).allowed());
+    }
+
+    #[test]
+    fn rebase_carries_the_current_count_once() {
+        let (hourly, daily) = (
+            FixedWindow::new(Quota::per_hour(10)).unwrap(),
+            FixedWindow::new(Quota::per_day(5)).unwrap(),
+        );
+        let mut s = FixedWindowState::default();
+        let t = 30 * 3_600 * S; // 06:00 on day 1
+        assert!(hourly.check(&mut s, t, 8).allowed());
+        // Downgraded to 5 a day with 8 spent: exhausted until the day ends, not longer.
+        daily.rebase(&hourly, &mut s, t + S);
+        assert_eq!(
+            s,
+            FixedWindowState {
+                window: 1,
+                count: 8
+            }
+        );
+        assert!(!daily.decide(&s, t + S, 1).allowed());
+        assert_eq!(daily.decide(&s, 2 * 86_400 * S, 0).remaining(), 5);
+        // Back to hourly: the day's 8 are spent, in this hour or a later one of the same day.
+        let mut back = s;
+        hourly.rebase(&daily, &mut back, t + 2 * S);
+        assert_eq!(
+            back,
+            FixedWindowState {
+                window: 30,
+                count: 8
+            }
+        );
+        assert_eq!(hourly.decide(&back, t + 2 * S, 0).remaining(), 2);
+        hourly.rebase(&daily, &mut s, t + 3_600 * S);
+        assert_eq!(hourly.decide(&s, t + 3_600 * S, 0).remaining(), 2);
+        assert_eq!(hourly.decide(&s, t + 7_200 * S, 0).remaining(), 10);
+        // A stale window carries nothing; an earlier clock stays in the stored window.
+        let mut stale = FixedWindowState {
+            window: 3,
+            count: 9,
+        };
+        daily.rebase(&hourly, &mut stale, 5 * 3_600 * S);
+        assert_eq!(
+            stale,
+            FixedWindowState {
+                window: 0,
+                count: 0
+            }
+        );
+        let mut ahead = FixedWindowState {
+            window: 31,
+            count: 4,
+        };
+        daily.rebase(&hourly, &mut ahead, 0);
+        assert_eq!(
+            ahead,
+            FixedWindowState {
+                window: 1,
+                count: 4
+            }
+        );
+    }
+
+    #[test]
+    fn rebase_follows_calendar_windows() {
+        use crate::quota::UtcOffset;
+        let local = UtcOffset::hours(2);
+        let hourly = FixedWindow::new(Quota::per_hour(10).aligned(local)).unwrap();
+        let monthly = FixedWindow::new(Quota::per_month(100).aligned(local)).unwrap();
+        // 2024-02-29T21:30:00Z: 23:30 local, the last hour of February in UTC+2.
+        let t = 1_709_242_200_000_000;
+        let mut s = FixedWindowState::default();
+        assert!(hourly.check(&mut s, t, 7).allowed());
+        monthly.rebase(&hourly, &mut s, t + S);
+        assert_eq!(monthly.decide(&s, t + S, 0).remaining(), 93);
+        // 31 minutes later it is March locally: a new month, whole.
+        assert_eq!(monthly.decide(&s, t + 1_860 * S, 0).remaining(), 100);
+        // Back to hourly in the same local hour: 7 still spent.
+        hourly.rebase(&monthly, &mut s, t + 2 * S);
+        assert_eq!(hourly.decide(&s, t + 2 * S, 0).remaining(), 3);
+        // Same period and calendar: unchanged.
+        let kept = s;
+        hourly.rebase(&hourly, &mut s, t + 3 * S);
+        assert_eq!(s, kept);
     }
 
     #[test]

@@ -61,6 +61,35 @@ use crate::quota::Quota;
 /// be fuller than one that saw only what was admitted. A TAT in the past reads as full, never
 /// fuller.
 ///
+/// # Plan changes
+///
+/// [`rebase`](Algorithm::rebase) from a GCRA `o` (the quota the TAT was written under) to this
+/// one, `n`, at `now` carries what the key spent, in whole units, up to `n`'s capacity, as the
+/// token bucket does:
+///
+/// ```text
+/// if (o.unit, o.per, o.cap) == (n.unit, n.per, n.cap): nothing changes
+/// before = o's before at now;  spent = ceil(before / o.unit)   (rounded up: toward refusing)
+/// if spent == 0:  (tat, sub) = (0, 0)        (full: a fresh key)
+/// else:           steps = min(spent × n.unit, n.cap)
+///                 tat = now + floor(steps / n.per);  sub = steps mod n.per
+/// ```
+///
+/// Right after the change, `remaining = max(0, n.burst - spent)`: an upgrade is no reset gift,
+/// a downgrade to less than was spent leaves the key empty (never in debt).
+///
+/// ```
+/// use tollgate::algorithm::{Algorithm, Gcra};
+/// use tollgate::Quota;
+///
+/// let free = Gcra::new(Quota::per_minute(10)).unwrap();
+/// let pro = Gcra::new(Quota::per_minute(100)).unwrap();
+/// let mut tat = Default::default();
+/// assert!(free.check(&mut tat, 0, 10).allowed());
+/// pro.rebase(&free, &mut tat, 30_000_000); // 30 s later: 5 came back, 5 stay spent
+/// assert_eq!(pro.decide(&tat, 30_000_000, 0).remaining(), 95);
+/// ```
+///
 /// ```
 /// use std::time::Duration;
 /// use tollgate::algorithm::{Algorithm, Gcra};
@@ -219,6 +248,18 @@ impl Algorithm for Gcra {
             let refilled = (now - reserved_at).saturating_mul(self.per);
             let give = cost.saturating_mul(self.unit).saturating_sub(refilled);
             self.store(state, now, before.saturating_sub(give));
+        }
+    }
+
+    fn rebase(&self, from: &Self, state: &mut GcraState, now: u64) {
+        if (self.unit, self.per, self.cap) == (from.unit, from.per, from.cap) {
+            return;
+        }
+        let spent = from.before(state, now).div_ceil(from.unit);
+        if spent == 0 {
+            *state = GcraState::default();
+        } else {
+            self.store(state, now, spent.saturating_mul(self.unit).min(self.cap));
         }
     }
 
@@ -440,6 +481,49 @@ mod tests {
         let spent = s;
         g.refund(&mut s, 4 * S, 14 * S, 10);
         assert_eq!(s, spent);
+    }
+
+    #[test]
+    fn rebase_carries_spent_units_as_the_token_bucket_does() {
+        let quotas = [
+            Quota::per_second(3).burst(5),
+            Quota::per_second(10).burst(2),
+            Quota::per(Duration::from_micros(7), 1_000),
+            Quota::per_minute(7),
+        ];
+        for o in quotas {
+            for n in quotas {
+                let (go, gn) = (Gcra::new(o).unwrap(), Gcra::new(n).unwrap());
+                let (to, tn) = (TokenBucket::new(o).unwrap(), TokenBucket::new(n).unwrap());
+                let (mut gs, mut ts) = (GcraState::default(), Default::default());
+                let cost = go.capacity().div_ceil(2);
+                assert!(go.check(&mut gs, 1_000, cost).allowed());
+                assert!(to.check(&mut ts, 1_000, cost).allowed());
+                for at in [1_000, 1_001, 2_000, 400_000] {
+                    let (mut g, mut t) = (gs, ts);
+                    gn.rebase(&go, &mut g, at);
+                    tn.rebase(&to, &mut t, at);
+                    for later in [at, at + 1, at + 333_333, at + 10 * S] {
+                        assert_eq!(
+                            gn.decide(&g, later, 0),
+                            tn.decide(&t, later, 0),
+                            "{o} -> {n} at {at}, read at {later}"
+                        );
+                    }
+                }
+            }
+        }
+        // Nothing spent: a fresh key; same arithmetic: unchanged.
+        let (o, n) = (
+            Gcra::new(Quota::per_second(1)).unwrap(),
+            Gcra::new(Quota::per_second(2)).unwrap(),
+        );
+        let mut s = GcraState { tat: 5, sub: 0 };
+        n.rebase(&o, &mut s, 9);
+        assert_eq!(s, GcraState::default());
+        let mut s = GcraState { tat: 5 * S, sub: 0 };
+        o.rebase(&o, &mut s, 0);
+        assert_eq!(s, GcraState { tat: 5 * S, sub: 0 });
     }
 
     #[test]

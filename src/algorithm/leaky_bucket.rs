@@ -41,6 +41,29 @@ use crate::quota::Quota;
 /// idle timeout = ceil(cap / per) µs
 /// ```
 ///
+/// # Plan changes
+///
+/// As the token bucket's (the level is its deficit): [`rebase`](Algorithm::rebase) from a
+/// queue `o` to this one, `n`, at `now` carries the queued units, rounded up to whole units,
+/// up to `n`'s capacity; nothing changes when both have the same arithmetic.
+///
+/// ```text
+/// level' = o's level' at now;  queued = ceil(level' / o.unit)
+/// level  = min(queued × n.unit, n.cap);  last = max(last, now)
+/// ```
+///
+/// ```
+/// use tollgate::algorithm::{Algorithm, LeakyBucket};
+/// use tollgate::Quota;
+///
+/// let small = LeakyBucket::new(Quota::per_second(1).burst(4)).unwrap();
+/// let large = LeakyBucket::new(Quota::per_second(10).burst(40)).unwrap();
+/// let mut state = Default::default();
+/// assert!(small.check(&mut state, 0, 3).allowed());
+/// large.rebase(&small, &mut state, 500_000); // 2.5 queued, carried as 3
+/// assert_eq!(large.decide(&state, 500_000, 0).remaining(), 37);
+/// ```
+///
 /// ```
 /// use std::time::Duration;
 /// use tollgate::algorithm::{Algorithm, LeakyBucket};
@@ -157,6 +180,12 @@ impl Algorithm for LeakyBucket {
         *state = from_bucket(bucket);
     }
 
+    fn rebase(&self, from: &Self, state: &mut LeakyBucketState, now: u64) {
+        let mut bucket = as_bucket(state);
+        self.bucket.rebase(&from.bucket, &mut bucket, now);
+        *state = from_bucket(bucket);
+    }
+
     fn idle_timeout_micros(&self) -> u64 {
         self.bucket.idle_timeout_micros()
     }
@@ -239,6 +268,26 @@ mod tests {
         assert_eq!(b.decide(&s, 500 * MS, 3), before);
         b.refund(&mut s, 500 * MS, 500 * MS, 10);
         assert_eq!(s.level, 0, "never emptier than empty");
+    }
+
+    #[test]
+    fn rebase_carries_the_queue_as_the_token_bucket_does() {
+        let (o, n) = (
+            LeakyBucket::new(Quota::per_second(2).burst(6)).unwrap(),
+            LeakyBucket::new(Quota::per_second(1).burst(3)).unwrap(),
+        );
+        let mut s = LeakyBucketState::default();
+        assert!(o.check(&mut s, 0, 5).allowed());
+        let mut t = as_bucket(&s);
+        n.rebase(&o, &mut s, 250 * MS);
+        n.bucket.rebase(&o.bucket, &mut t, 250 * MS);
+        assert_eq!(s, from_bucket(t));
+        // 4.5 queued, rounded up to 5: more than the 3 that fit, so a full queue.
+        assert_eq!(s.level, n.bucket.capacity() * S);
+        assert_eq!(n.queue_delay(&s, 250 * MS), Duration::from_secs(3));
+        let kept = s;
+        n.rebase(&n, &mut s, 0);
+        assert_eq!(s, kept);
     }
 
     #[test]

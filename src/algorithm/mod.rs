@@ -142,6 +142,30 @@ pub trait Algorithm: sealed::Sealed + Send + Sync + Debug + 'static {
     /// and counts the refill only up to `max(now, reserved_at)`.
     fn refund(&self, state: &mut Self::State, reserved_at: u64, now: u64, cost: u64);
 
+    /// Converts `state`, written under `from` (the same algorithm at another quota: a key whose
+    /// plan changed, or a limit changed by a reload), to this quota at `now`, so the key keeps
+    /// what it spent: an upgrade is no reset gift, a downgrade no double charge.
+    ///
+    /// What was spent is read at `now` under `from` and rounded up to whole units (toward
+    /// refusing, by less than one unit), then carried: the buckets carry at most this quota's
+    /// capacity, the windows carry their count into this quota's current window, the log keeps
+    /// its entries. With `from` equal to `self` (the same arithmetic) nothing changes. Each
+    /// algorithm's rustdoc states its rule under **Plan changes**; the Redis scripts mirror
+    /// them.
+    ///
+    /// ```
+    /// use tollgate::algorithm::{Algorithm, TokenBucket};
+    /// use tollgate::Quota;
+    ///
+    /// let free = TokenBucket::new(Quota::per_minute(10)).unwrap();
+    /// let pro = TokenBucket::new(Quota::per_minute(100)).unwrap();
+    /// let mut state = Default::default();
+    /// assert!(free.check(&mut state, 0, 10).allowed()); // Free is spent
+    /// pro.rebase(&free, &mut state, 0); // the key moves to Pro
+    /// assert_eq!(pro.decide(&state, 0, 0).remaining(), 90); // not 100
+    /// ```
+    fn rebase(&self, from: &Self, state: &mut Self::State, now: u64);
+
     /// Microseconds without requests after which any state is indistinguishable from a fresh
     /// key; stores use it to expire idle keys.
     fn idle_timeout_micros(&self) -> u64;

@@ -47,6 +47,26 @@ use crate::quota::Quota;
 /// idle timeout = W µs
 /// ```
 ///
+/// # Plan changes
+///
+/// [`rebase`](Algorithm::rebase) changes nothing: the entries are absolute times and units, so
+/// the new quota reads them through its own window and limit. What was admitted stays
+/// admitted, once: an upgrade is no reset gift, a downgrade below what the window holds reads
+/// as exhausted until enough entries leave it. (Entries that the old, shorter window had
+/// already dropped are not brought back.)
+///
+/// ```
+/// use tollgate::algorithm::{Algorithm, SlidingLog};
+/// use tollgate::Quota;
+///
+/// let five = SlidingLog::new(Quota::per_minute(5)).unwrap();
+/// let ten = SlidingLog::new(Quota::per_minute(10)).unwrap();
+/// let mut state = Default::default();
+/// assert!(five.check(&mut state, 0, 4).allowed());
+/// ten.rebase(&five, &mut state, 1_000_000);
+/// assert_eq!(ten.decide(&state, 1_000_000, 0).remaining(), 6);
+/// ```
+///
 /// ```
 /// use std::time::Duration;
 /// use tollgate::algorithm::{Algorithm, SlidingLog};
@@ -320,6 +340,9 @@ impl Algorithm for SlidingLog {
         }
     }
 
+    /// Keeps the entries as they are: they are times and units, which any quota reads.
+    fn rebase(&self, _from: &Self, _state: &mut SlidingLogState, _now: u64) {}
+
     fn idle_timeout_micros(&self) -> u64 {
         self.period
     }
@@ -413,6 +436,24 @@ mod tests {
             "capacity {}",
             s.entries.capacity()
         );
+    }
+
+    #[test]
+    fn rebase_keeps_the_entries_for_the_new_window() {
+        let (o, n) = (
+            SlidingLog::new(Quota::per_minute(6)).unwrap(),
+            SlidingLog::new(Quota::per(Duration::from_secs(10), 2)).unwrap(),
+        );
+        let mut s = SlidingLogState::default();
+        assert!(o.check(&mut s, 0, 3).allowed());
+        assert!(o.check(&mut s, 5 * S, 1).allowed());
+        let kept = s.clone();
+        n.rebase(&o, &mut s, 6 * S);
+        assert_eq!(s, kept);
+        // All 4 are in n's 10 s window at 6 s: exhausted until the 3 at 0 leave.
+        let d = n.decide(&s, 6 * S, 1);
+        assert_eq!(d.retry_after(), Some(Duration::from_secs(4)));
+        assert_eq!(n.decide(&s, 10 * S, 0).remaining(), 1);
     }
 
     #[test]

@@ -71,6 +71,34 @@ use crate::quota::{Quota, MAX_EXACT};
 /// The estimate never increases while no request is charged, so waiting exactly `retry_after`
 /// succeeds and waiting one microsecond less does not.
 ///
+/// # Plan changes
+///
+/// [`rebase`](Algorithm::rebase) from a sliding window `o` (the quota the counts were written
+/// under) to this one, `n`, at `now`:
+///
+/// ```text
+/// if o.W == n.W: nothing changes                (counts are units; n's limit applies)
+/// (t, e, p, c) = o's view at now                (as in decide, with o's W and K)
+/// spent = ceil(p × (o.W - e) / o.W) + c         (the weighted count, rounded up)
+/// last = t;  prev = 0;  cur = spent             (n's current window holds it)
+/// ```
+///
+/// The key keeps what it spent, rounded up to a whole unit (toward refusing): an upgrade is no
+/// reset gift, a downgrade below what was spent reads as exhausted and is never charged twice
+/// (the count then weighs as any other, fading over `n`'s next window).
+///
+/// ```
+/// use tollgate::algorithm::{Algorithm, SlidingWindow, SlidingWindowState};
+/// use tollgate::Quota;
+///
+/// let minute = SlidingWindow::new(Quota::per_minute(100)).unwrap();
+/// let hour = SlidingWindow::new(Quota::per_hour(1_000)).unwrap();
+/// // 90 in the previous minute, 20 in this one, 15 s in: 87.5 weighted, carried as 88.
+/// let mut state = SlidingWindowState { last: 60_000_000, prev: 90, cur: 20 };
+/// hour.rebase(&minute, &mut state, 75_000_000);
+/// assert_eq!(hour.decide(&state, 75_000_000, 0).remaining(), 912);
+/// ```
+///
 /// ```
 /// use std::time::Duration;
 /// use tollgate::algorithm::{Algorithm, SlidingWindow, SlidingWindowState};
@@ -177,6 +205,13 @@ impl SlidingWindow {
         (u128::from(p) * u128::from(self.period - e) / u128::from(self.period)) as u64
     }
 
+    /// `ceil(p × (W − e) / W)`: the previous window's weighted share, rounded up (what a plan
+    /// change carries).
+    #[inline]
+    fn weighted_up(&self, p: u64, e: u64) -> u64 {
+        (u128::from(p) * u128::from(self.period - e)).div_ceil(u128::from(self.period)) as u64
+    }
+
     /// The smallest `e' >= e0` in this window at which `weighted(p, e') + c <= budget`.
     #[inline]
     fn fit(&self, p: u64, c: u64, e0: u64, budget: u64) -> Option<u64> {
@@ -259,6 +294,18 @@ impl Algorithm for SlidingWindow {
         } else if Some(s) == charged.checked_add(1) {
             state.prev = state.prev.saturating_sub(cost);
         }
+    }
+
+    fn rebase(&self, from: &Self, state: &mut SlidingWindowState, now: u64) {
+        if self.period == from.period {
+            return;
+        }
+        let v = from.view(state, now);
+        *state = SlidingWindowState {
+            last: v.t,
+            prev: 0,
+            cur: from.weighted_up(v.prev, v.e).saturating_add(v.cur),
+        };
     }
 
     fn idle_timeout_micros(&self) -> u64 {
@@ -430,6 +477,35 @@ mod tests {
         sw.refund(&mut s, 9_900_000, 30 * S, 1);
         assert_eq!(s, moved_on);
         assert!(!sw.check(&mut s, 30 * S + 1, 1).allowed());
+    }
+
+    #[test]
+    fn rebase_carries_the_weighted_count_rounded_up() {
+        let (o, n) = (
+            SlidingWindow::new(Quota::per_second(10)).unwrap(),
+            SlidingWindow::new(Quota::per(Duration::from_secs(4), 6)).unwrap(),
+        );
+        // 7 in the previous second, 2 in this one, 300 ms in: 4.9 + 2, carried as 7.
+        let mut s = at(S + 100_000, 7, 2);
+        n.rebase(&o, &mut s, S + 300_000);
+        assert_eq!(s, at(S + 300_000, 0, 7));
+        let d = n.decide(&s, S + 300_000, 0);
+        assert_eq!(d.remaining(), 0, "7 spent is more than 6: exhausted");
+        // Never charged twice: it fades over n's next window like any count.
+        assert!(!n.decide(&s, 4 * S + 1, 1).allowed());
+        assert!(n.decide(&s, 5 * S, 1).allowed());
+        // An earlier clock reads as the stored time; a stale state carries nothing.
+        let mut back = at(S + 900_000, 0, 3);
+        n.rebase(&o, &mut back, 0);
+        assert_eq!(back, at(S + 900_000, 0, 3));
+        let mut stale = at(S, 5, 5);
+        n.rebase(&o, &mut stale, 3 * S);
+        assert_eq!(stale, at(3 * S, 0, 0));
+        // The same period: counts are units, kept as they are under another limit.
+        let same = SlidingWindow::new(Quota::per_second(3)).unwrap();
+        let mut kept = at(S + 5, 7, 2);
+        same.rebase(&o, &mut kept, 2 * S);
+        assert_eq!(kept, at(S + 5, 7, 2));
     }
 
     #[test]

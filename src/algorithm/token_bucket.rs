@@ -51,6 +51,39 @@ use crate::quota::Quota;
 /// nothing and only makes the give-back smaller. The price: a refund a round trip late keeps
 /// the refill of that round trip spent even if truth was not full; it errs towards refusing.
 ///
+/// # Plan changes
+///
+/// [`rebase`](Algorithm::rebase) from a bucket `o` (the quota the state was written under) to
+/// this one, `n`, at `now` carries what the key spent, in whole units, up to `n`'s capacity:
+///
+/// ```text
+/// if (o.unit, o.per, o.cap) == (n.unit, n.per, n.cap): nothing changes
+/// d       = max(0, min(deficit, o.cap) - max(0, now - last) × o.per)   (o's deficit' at now)
+/// spent   = ceil(d / o.unit)                 (rounded up: toward refusing, < 1 unit)
+/// deficit = min(spent × n.unit, n.cap);  last = max(last, now)
+/// ```
+///
+/// Right after the change, `remaining = max(0, n.burst - spent)`: an upgrade keeps what was
+/// spent (no reset gift), and a downgrade to less than was spent leaves the key empty,
+/// refilling at `n`'s rate from then on (no double charge). What a downgrade cannot hold is
+/// forgotten: changing straight back carries at most `n`'s capacity.
+///
+/// ```
+/// use tollgate::algorithm::{Algorithm, TokenBucket};
+/// use tollgate::Quota;
+///
+/// let free = TokenBucket::new(Quota::per_hour(100)).unwrap();
+/// let pro = TokenBucket::new(Quota::per_hour(1_000)).unwrap();
+/// let mut state = Default::default();
+/// assert!(free.check(&mut state, 0, 60).allowed());
+/// pro.rebase(&free, &mut state, 0); // upgraded: 60 spent stays spent
+/// assert_eq!(pro.decide(&state, 0, 0).remaining(), 940);
+/// assert!(pro.check(&mut state, 0, 500).allowed());
+/// free.rebase(&pro, &mut state, 0); // downgraded with 560 spent: empty, not 460 in debt
+/// assert_eq!(free.decide(&state, 0, 0).remaining(), 0);
+/// assert!(free.decide(&state, 36_000_000, 1).allowed()); // Free's rate: one per 36 s
+/// ```
+///
 /// ```
 /// use tollgate::algorithm::{Algorithm, TokenBucket};
 /// use tollgate::Quota;
@@ -102,6 +135,12 @@ impl TokenBucket {
         } else {
             steps.div_ceil(self.per)
         }
+    }
+
+    /// Whether `other` decides exactly like this bucket (the same fixed point and capacity).
+    #[inline]
+    pub(super) fn same_arithmetic(&self, other: &Self) -> bool {
+        (self.unit, self.per, self.cap) == (other.unit, other.per, other.cap)
     }
 
     #[inline]
@@ -170,6 +209,15 @@ impl Algorithm for TokenBucket {
         let give = cost.saturating_mul(self.unit).saturating_sub(refilled);
         state.deficit = deficit.saturating_sub(give);
         state.last = last;
+    }
+
+    fn rebase(&self, from: &Self, state: &mut TokenBucketState, now: u64) {
+        if self.same_arithmetic(from) {
+            return;
+        }
+        let spent = from.deficit_at(state, now).div_ceil(from.unit);
+        state.deficit = spent.saturating_mul(self.unit).min(self.cap);
+        state.last = state.last.max(now);
     }
 
     fn idle_timeout_micros(&self) -> u64 {
@@ -273,6 +321,45 @@ mod tests {
         // Everything given back at the reservation's own time: never fuller than fresh.
         b.refund(&mut t, 3_000 * MS, 3_000 * MS, 100);
         assert_eq!(t.deficit, 0, "never fuller than fresh");
+    }
+
+    #[test]
+    fn rebase_carries_spent_units_rounded_up() {
+        // 10/s burst 20 (unit 100_000 steps, per 1): 7.5 units spent at 250 ms.
+        let o = TokenBucket::new(Quota::per_second(10).burst(20)).unwrap();
+        let n = TokenBucket::new(Quota::per_second(3).burst(12)).unwrap();
+        let mut s = TokenBucketState::default();
+        assert!(o.check(&mut s, 0, 10).allowed());
+        n.rebase(&o, &mut s, 250 * MS);
+        assert_eq!(
+            s,
+            TokenBucketState {
+                deficit: 8 * n.unit,
+                last: 250 * MS
+            }
+        );
+        assert_eq!(n.decide(&s, 250 * MS, 0).remaining(), 4);
+        // A downgrade below what was spent: empty, at the new capacity.
+        let tiny = TokenBucket::new(Quota::per_second(1).burst(2)).unwrap();
+        tiny.rebase(&n, &mut s, 250 * MS);
+        assert_eq!(s.deficit, tiny.cap);
+        // Nothing spent: the fresh state stays fresh.
+        let mut fresh = TokenBucketState::default();
+        n.rebase(&o, &mut fresh, 5 * S);
+        assert_eq!(fresh.deficit, 0);
+    }
+
+    #[test]
+    fn rebase_between_equal_arithmetic_changes_nothing() {
+        // The same bucket written two ways, and a clock that went back.
+        let a = TokenBucket::new(Quota::per_second(10)).unwrap();
+        let b = TokenBucket::new(Quota::per(Duration::from_millis(100), 1).burst(10)).unwrap();
+        let mut s = TokenBucketState::default();
+        assert!(a.check(&mut s, 5 * S, 3).allowed());
+        let kept = s;
+        b.rebase(&a, &mut s, 5 * S + 50 * MS);
+        a.rebase(&a, &mut s, S);
+        assert_eq!(s, kept);
     }
 
     #[test]
