@@ -1,6 +1,10 @@
 //! [`PlanQuota`]: a quota compiled for one algorithm, chosen per request.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::LazyLock;
+
+use parking_lot::RwLock;
 
 use crate::algorithm::{
     Algorithm, AlgorithmKind, FixedWindow, Gcra, LeakyBucket, SlidingLog, SlidingWindow,
@@ -29,9 +33,18 @@ use crate::quota::Quota;
 /// let err = PlanQuota::new(AlgorithmKind::FixedWindow, Quota::per_minute(20).burst(40));
 /// assert!(err.unwrap_err().to_string().contains("burst"));
 /// ```
+///
+/// A key keeps what it spent when the quota it is checked at changes: the store converts its
+/// state with [`Algorithm::rebase`] (see each algorithm's **Plan changes**). To know which
+/// quota a state was written under, every distinct quota (algorithm and [`Quota`]) gets a
+/// small number, its *tag*, when it is first compiled; stores keep the tag beside the key's
+/// state. The tags live for the life of the process (a few dozen bytes per distinct quota).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct PlanQuota {
     pub(crate) compiled: CompiledAlgorithm,
+    /// This quota's tag in the process-wide registry: never 0, which a store keeps for its
+    /// limit's own quota. Equal quotas have equal tags.
+    pub(crate) tag: u32,
 }
 
 /// One of the six algorithms, built for a quota.
@@ -58,7 +71,8 @@ impl PlanQuota {
             AlgorithmKind::SlidingLog => CompiledAlgorithm::SlidingLog(SlidingLog::new(quota)?),
             AlgorithmKind::LeakyBucket => CompiledAlgorithm::LeakyBucket(LeakyBucket::new(quota)?),
         };
-        Ok(Self { compiled })
+        let tag = intern(algorithm, quota, compiled)?;
+        Ok(Self { compiled, tag })
     }
 
     /// The quota.
@@ -104,5 +118,110 @@ impl fmt::Debug for PlanQuota {
             .field("algorithm", &self.algorithm())
             .field("quota", self.quota())
             .finish()
+    }
+}
+
+/// Every distinct quota compiled so far, by tag (see [`PlanQuota`]): the algorithm a store
+/// rebases a key's state from when the key is checked at another quota.
+struct Registry {
+    /// Tag `i + 1` names `by_tag[i]`.
+    by_tag: Vec<CompiledAlgorithm>,
+    tags: HashMap<(AlgorithmKind, Quota), u32>,
+}
+
+static REGISTRY: LazyLock<RwLock<Registry>> = LazyLock::new(|| {
+    RwLock::new(Registry {
+        by_tag: Vec::new(),
+        tags: HashMap::new(),
+    })
+});
+
+/// The tag of `quota` enforced by `algorithm` (compiled as `compiled`), registering it if new.
+fn intern(
+    algorithm: AlgorithmKind,
+    quota: Quota,
+    compiled: CompiledAlgorithm,
+) -> Result<u32, ConfigError> {
+    if let Some(&tag) = REGISTRY.read().tags.get(&(algorithm, quota)) {
+        return Ok(tag);
+    }
+    let mut registry = REGISTRY.write();
+    let next = registry.by_tag.len() + 1;
+    let Ok(next) = u32::try_from(next) else {
+        return Err(ConfigError::new(
+            "quota",
+            "more than 4,294,967,295 distinct plan quotas in one process; reuse PlanQuota values \
+             (equal quotas share one) instead of compiling a new quota per key",
+        ));
+    };
+    let Registry { by_tag, tags } = &mut *registry;
+    Ok(*tags.entry((algorithm, quota)).or_insert_with(|| {
+        by_tag.push(compiled);
+        next
+    }))
+}
+
+/// The algorithm tag `tag` (not 0) names, if some [`PlanQuota`] has it.
+pub(crate) fn compiled(tag: u32) -> Option<CompiledAlgorithm> {
+    let index = usize::try_from(tag).ok()?.checked_sub(1)?;
+    REGISTRY.read().by_tag.get(index).copied()
+}
+
+/// An algorithm that a [`PlanQuota`] can hold: lets a store's table, typed by its algorithm,
+/// take the same type out of a plan.
+pub(crate) trait Compiled: Algorithm + Copy + PartialEq {
+    /// The kind, for error messages.
+    const KIND: AlgorithmKind;
+
+    /// This algorithm, if `compiled` is one of this type.
+    fn from_compiled(compiled: &CompiledAlgorithm) -> Option<&Self>;
+}
+
+macro_rules! compiled {
+    ($($t:ident),*) => {$(
+        impl Compiled for $t {
+            const KIND: AlgorithmKind = AlgorithmKind::$t;
+
+            #[inline]
+            fn from_compiled(compiled: &CompiledAlgorithm) -> Option<&Self> {
+                match compiled {
+                    CompiledAlgorithm::$t(a) => Some(a),
+                    _ => None,
+                }
+            }
+        }
+    )*};
+}
+
+compiled!(
+    TokenBucket,
+    Gcra,
+    FixedWindow,
+    SlidingWindow,
+    SlidingLog,
+    LeakyBucket
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equal_quotas_share_a_tag_and_the_registry_names_them() {
+        let q = Quota::per_minute(7_919);
+        let a = PlanQuota::new(AlgorithmKind::Gcra, q).unwrap();
+        let b = PlanQuota::new(AlgorithmKind::Gcra, q).unwrap();
+        let c = PlanQuota::new(AlgorithmKind::TokenBucket, q).unwrap();
+        let d = PlanQuota::new(AlgorithmKind::Gcra, q.burst(2)).unwrap();
+        assert_eq!(a.tag, b.tag);
+        assert_ne!(a.tag, 0);
+        assert_ne!(a.tag, c.tag);
+        assert_ne!(a.tag, d.tag);
+        assert_eq!(compiled(a.tag), Some(a.compiled));
+        assert_eq!(compiled(c.tag), Some(c.compiled));
+        assert_eq!(compiled(0), None);
+        assert_eq!(compiled(u32::MAX), None);
+        assert!(Gcra::from_compiled(&a.compiled).is_some());
+        assert!(TokenBucket::from_compiled(&a.compiled).is_none());
     }
 }

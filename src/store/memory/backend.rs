@@ -179,14 +179,14 @@ impl<C: Clock> Backend for MemoryBackend<C> {
         let tables = limits
             .iter()
             .map(|spec| AnyTable::new(spec, self.max_keys, shards))
-            .collect::<Result<Box<[_]>, _>>()?;
+            .collect::<Result<Vec<_>, _>>()?;
         tracing::debug!(
             limits = limits.len(),
             max_keys = self.max_keys,
             shards,
             "built in-memory rate-limit store"
         );
-        Ok(MemoryStore::new(tables, self.max_keys, self.clock))
+        Ok(MemoryStore::new(tables, self.max_keys, shards, self.clock))
     }
 }
 

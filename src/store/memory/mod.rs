@@ -118,12 +118,29 @@
 //! within one idle timeout (for `per_day` limits: a day). A request that is rejected or costs 0
 //! on an unknown key stores nothing (a fresh key is the default state).
 //!
+//! **Plans and reloads.** A [`LimitCheck`](crate::store::LimitCheck) may carry a
+//! [`PlanQuota`](crate::store::PlanQuota) (the quota of the client's plan, or a per-key
+//! override), and is then decided at that quota; a quota of another algorithm than the limit's
+//! is a [`StoreError`](crate::StoreError) and charges nothing. Each key remembers which quota
+//! its state was written under (a 4-byte tag beside the state, allocated per shard only once
+//! some key is checked at a quota other than its limit's own), and a check at another quota
+//! first converts the state with [`Algorithm::rebase`](crate::algorithm::Algorithm::rebase):
+//! the key keeps what it spent, whichever way its plan moved. Eviction judges a key by the
+//! quota it was written under, so a key on a slow plan is never recycled early by its limit's
+//! faster quota. The overflow bucket is always decided at the quota its table was built with.
+//! [`Store::reconfigure`](crate::store::Store::reconfigure) builds a store for a new set of
+//! limits that shares (by `Arc`) the table of every limit with the same name and algorithm, so
+//! their counters survive a reload (a changed quota is then applied as above), with the same
+//! clock and key hashing; new limits start fresh. [`Store::refund`](crate::store::Store::refund)
+//! gives a charge back at the check's quota.
+//!
 //! **Memory.** Per key: the 8-byte fingerprint, 8 bytes of links and the algorithm's state (16
 //! bytes for the token bucket, so 32), plus 5.7 to 12.9 bytes of index: 38 to 45 bytes per
 //! token-bucket key (44 measured at a million keys: see `benches/memory.rs`), about 4 MB for a
 //! full table at the default bound. The slab grows by doubling but never past the shard's share
 //! of the bound, and the index is rebuilt in place rather than doubled when evictions leave it
-//! tombstones. A sliding log keeps its entries on the heap, outside the slab: at most 16 bytes
+//! tombstones. A table some of whose keys were checked at another quota than its limit's own
+//! holds 4 more bytes per key, in the shards concerned. A sliding log keeps its entries on the heap, outside the slab: at most 16 bytes
 //! × `count` per key (`count` is at most [`SlidingLog::MAX_COUNT`](crate::algorithm::SlidingLog::MAX_COUNT)),
 //! counted by [`MemoryStore::memory_usage`].
 //!

@@ -10,6 +10,10 @@
 //!   capacity.
 //! - `index: HashTable<u32>` maps a fingerprint to its slot: 4 bytes plus one control byte per
 //!   bucket, at most 7/8 full, so 5.7 to 11.4 bytes per key.
+//! - `tags: Vec<u32>`, parallel to the slab, names the quota each state was written under (a
+//!   [`PlanQuota`](crate::store::PlanQuota)'s tag; 0 is the limit's own quota). It stays empty,
+//!   costing nothing per key, until a state is written under another quota; then it holds 4
+//!   bytes per key.
 //!
 //! Nothing here allocates on a lookup; an insertion allocates only when the slab or the index
 //! grows (doubling, clamped to the capacity), which happens a logarithmic number of times.
@@ -59,6 +63,8 @@ struct Entry<S> {
 pub(crate) struct Shard<S> {
     index: HashTable<u32>,
     entries: Vec<Entry<S>>,
+    /// The tag of each entry's state, or empty while every tag is 0.
+    tags: Vec<u32>,
     /// Most recently used slot.
     head: u32,
     /// Least recently used slot: the next to be evicted.
@@ -83,6 +89,7 @@ impl<S: Default> Shard<S> {
         Self {
             index: HashTable::new(),
             entries: Vec::new(),
+            tags: Vec::new(),
             head: NIL,
             tail: NIL,
             cap,
@@ -100,6 +107,7 @@ impl<S: Default> Shard<S> {
     pub(crate) fn memory_usage(&self, heap: impl Fn(&S) -> usize) -> usize {
         self.entries.capacity() * std::mem::size_of::<Entry<S>>()
             + self.index.allocation_size()
+            + self.tags.capacity() * std::mem::size_of::<u32>()
             + self.entries.iter().map(|e| heap(&e.state)).sum::<usize>()
     }
 
@@ -126,20 +134,42 @@ impl<S: Default> Shard<S> {
         &mut self.entries[slot as usize].state
     }
 
+    /// The tag of the quota the state in `slot` was written under (0: the limit's own).
+    #[inline]
+    pub(crate) fn tag(&self, slot: u32) -> u32 {
+        self.tags.get(slot as usize).copied().unwrap_or(0)
+    }
+
+    /// Records that the state in `slot` is now written under the quota tagged `tag`. The
+    /// first tag other than 0 allocates the shard's tags (4 bytes per slot of the slab).
+    pub(crate) fn set_tag(&mut self, slot: u32, tag: u32) {
+        if self.tags.is_empty() {
+            if tag == 0 {
+                return;
+            }
+            self.tags.reserve_exact(self.entries.capacity());
+            self.tags.resize(self.entries.len(), 0);
+        }
+        self.tags[slot as usize] = tag;
+    }
+
     /// Where a new key can go without forgetting a key that has spent budget.
     ///
-    /// A key whose state `recyclable` says is as good as fresh is forgotten first, freely: the
+    /// A key whose state `recyclable` (given the state and its tag) says is as good as fresh is
+    /// forgotten first, freely: the
     /// least recently used key when the shard has room (so idle keys are recycled before the
     /// slab grows), or, when the shard is full, the least recently used such key among the
     /// [`SCAN`] least recently used. Any other key has spent budget it has not yet regained, and
     /// forgetting it would hand that budget back, so a full shard without a recyclable key
     /// answers [`Vacancy::Full`].
-    pub(crate) fn vacancy(&self, recyclable: impl Fn(&S) -> bool) -> Vacancy {
+    pub(crate) fn vacancy(&self, recyclable: impl Fn(&S, u32) -> bool) -> Vacancy {
         let full = self.entries.len() >= self.cap as usize;
         if !full {
             return match self.tail {
                 NIL => Vacancy::Grow,
-                tail if recyclable(&self.entries[tail as usize].state) => Vacancy::Reuse(tail),
+                tail if recyclable(&self.entries[tail as usize].state, self.tag(tail)) => {
+                    Vacancy::Reuse(tail)
+                }
                 _ => Vacancy::Grow,
             };
         }
@@ -149,7 +179,7 @@ impl<S: Default> Shard<S> {
                 break;
             }
             let entry = &self.entries[slot as usize];
-            if recyclable(&entry.state) {
+            if recyclable(&entry.state, self.tag(slot)) {
                 return Vacancy::Reuse(slot);
             }
             slot = entry.prev;
@@ -157,7 +187,7 @@ impl<S: Default> Shard<S> {
         Vacancy::Full
     }
 
-    /// Inserts `fp` (which must not be present) with a fresh state, as the most recently used
+    /// Inserts `fp` (which must not be present) with a fresh state at tag 0, as the most recently used
     /// key, where `vacancy` (from [`vacancy`](Self::vacancy), under the same lock) says, and
     /// returns its slot; `None` for [`Vacancy::Full`].
     pub(crate) fn occupy(&mut self, fp: u64, vacancy: Vacancy) -> Option<u32> {
@@ -174,6 +204,9 @@ impl<S: Default> Shard<S> {
                 let entry = &mut self.entries[slot as usize];
                 entry.fp = fp;
                 entry.state = S::default();
+                if let Some(tag) = self.tags.get_mut(slot as usize) {
+                    *tag = 0;
+                }
                 slot
             }
             Vacancy::Grow => {
@@ -190,6 +223,14 @@ impl<S: Default> Shard<S> {
                     next: NIL,
                     state: S::default(),
                 });
+                if !self.tags.is_empty() {
+                    if self.tags.len() == self.tags.capacity() {
+                        // Never more room than the slab's.
+                        let room = self.entries.capacity() - self.tags.len();
+                        self.tags.reserve_exact(room);
+                    }
+                    self.tags.push(0);
+                }
                 // `len < cap < u32::MAX`, so the slot fits.
                 len as u32
             }
@@ -201,7 +242,7 @@ impl<S: Default> Shard<S> {
 
     /// [`vacancy`](Self::vacancy) then [`occupy`](Self::occupy) (tests only).
     #[cfg(test)]
-    pub(crate) fn insert(&mut self, fp: u64, recyclable: impl Fn(&S) -> bool) -> Option<u32> {
+    pub(crate) fn insert(&mut self, fp: u64, recyclable: impl Fn(&S, u32) -> bool) -> Option<u32> {
         let vacancy = self.vacancy(recyclable);
         self.occupy(fp, vacancy)
     }
@@ -300,7 +341,7 @@ mod tests {
     use super::*;
 
     /// States are `u64`s; 0 is "as good as fresh".
-    fn fresh(s: &u64) -> bool {
+    fn fresh(s: &u64, _tag: u32) -> bool {
         *s == 0
     }
 
@@ -372,7 +413,7 @@ mod tests {
         let slot = shard.lookup(1).unwrap();
         *shard.state_mut(slot) = 1;
         let calls = std::cell::Cell::new(0);
-        let vacancy = shard.vacancy(|s| {
+        let vacancy = shard.vacancy(|s, _| {
             calls.set(calls.get() + 1);
             *s == 0
         });
@@ -434,6 +475,41 @@ mod tests {
         // Tail is now key 2 (state 5): not recyclable, so the slab grows.
         shard.insert(4, fresh).unwrap();
         assert_eq!(shard.len(), 3);
+    }
+
+    #[test]
+    fn tags_cost_nothing_until_set_and_follow_their_slots() {
+        let mut shard = Shard::new(100);
+        for fp in 1..=20 {
+            let slot = insert(&mut shard, fp, fp).unwrap();
+            shard.set_tag(slot, 0);
+        }
+        assert!(shard.tags.is_empty(), "tag 0 everywhere allocates nothing");
+        let slot = shard.lookup(7).unwrap();
+        shard.set_tag(slot, 3);
+        assert_eq!(shard.tags.len(), 20);
+        assert!(shard.tags.capacity() <= shard.entries.capacity());
+        let eight = shard.lookup(8).unwrap();
+        assert_eq!((shard.tag(slot), shard.tag(eight)), (3, 0));
+        for fp in 21..=60 {
+            let slot = insert(&mut shard, fp, fp).unwrap();
+            assert_eq!(shard.tag(slot), 0, "a new key starts at tag 0");
+            shard.set_tag(slot, fp as u32);
+        }
+        assert_eq!(shard.tags.len(), shard.entries.len());
+        assert!(shard.tags.capacity() <= shard.entries.capacity());
+        let fifty = shard.lookup(50).unwrap();
+        assert_eq!(shard.tag(fifty), 50);
+        // Recyclability is decided with the state's tag; a recycled slot goes back to tag 0.
+        let mut full = Shard::new(2);
+        insert(&mut full, 1, 0);
+        let one = full.lookup(1).unwrap();
+        full.set_tag(one, 9);
+        let two = full.insert(2, |_, _| false).unwrap();
+        *full.state_mut(two) = 5;
+        assert_eq!(full.vacancy(|s, tag| *s == 0 && tag == 0), Vacancy::Full);
+        let slot = full.insert(3, |s, tag| *s == 0 && tag == 9).unwrap();
+        assert_eq!((slot, full.tag(slot)), (one, 0));
     }
 
     #[test]

@@ -4,14 +4,15 @@ use std::fmt;
 use std::future::Future;
 use std::hash::BuildHasher;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use super::table::{AnyLocked, AnyTable};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
-use crate::error::{StoreError, StoreErrorKind};
+use crate::error::{ConfigError, StoreError, StoreErrorKind};
 use crate::key::Key;
-use crate::store::{Checked, Decisions, LimitCheck, Store, MAX_LIMITS};
+use crate::store::{Checked, Decisions, LimitCheck, LimitSpec, PlanQuota, Store, MAX_LIMITS};
 
 /// The in-memory store: one bounded, sharded table per limit. Built by
 /// [`MemoryBackend`](super::MemoryBackend); see the [module docs](super).
@@ -19,17 +20,29 @@ use crate::store::{Checked, Decisions, LimitCheck, Store, MAX_LIMITS};
 /// Every [`Store::check`] is decided synchronously ([`Checked::Ready`]). For use without the
 /// HTTP layer, [`check_one`](Self::check_one) checks one key against one limit.
 pub struct MemoryStore<C = SystemClock> {
-    tables: Box<[AnyTable]>,
-    /// Seeded per store: see "Keys" in the module docs.
+    limits: Box<[StoreLimit]>,
+    /// Seeded per store: see "Keys" in the module docs. Kept by
+    /// [`reconfigure`](Store::reconfigure), so shared tables see the same fingerprints.
     hasher: foldhash::quality::RandomState,
     max_keys: usize,
-    clock: C,
+    shards: usize,
+    clock: Arc<C>,
+}
+
+/// One limit of a store: its table (shared with the stores a reload derives from this one)
+/// and the quota its checks default to.
+struct StoreLimit {
+    table: Arc<AnyTable>,
+    /// The limit's quota when it is not the table's own (a reload changed it): a check
+    /// without a quota of its own is decided at this one.
+    quota: Option<PlanQuota>,
 }
 
 impl<C: fmt::Debug> fmt::Debug for MemoryStore<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let tables: Vec<_> = self.limits.iter().map(|l| &l.table).collect();
         f.debug_struct("MemoryStore")
-            .field("tables", &self.tables)
+            .field("tables", &tables)
             .field("max_keys", &self.max_keys)
             .field("clock", &self.clock)
             .finish_non_exhaustive()
@@ -50,12 +63,19 @@ impl Future for MemoryFuture {
 }
 
 impl<C: Clock> MemoryStore<C> {
-    pub(crate) fn new(tables: Box<[AnyTable]>, max_keys: usize, clock: C) -> Self {
+    pub(crate) fn new(tables: Vec<AnyTable>, max_keys: usize, shards: usize, clock: C) -> Self {
         Self {
-            tables,
+            limits: tables
+                .into_iter()
+                .map(|table| StoreLimit {
+                    table: Arc::new(table),
+                    quota: None,
+                })
+                .collect(),
             hasher: foldhash::quality::RandomState::default(),
             max_keys,
-            clock,
+            shards,
+            clock: Arc::new(clock),
         }
     }
 
@@ -63,7 +83,9 @@ impl<C: Clock> MemoryStore<C> {
     /// [`Backend::build`](crate::store::Backend::build)) and charges `cost` if allowed.
     ///
     /// This is the direct API: one clock read, one hash, one lock. The decision is attributed to
-    /// the limit's name. The only error is an out-of-range `limit`.
+    /// the limit's name. The only error is an out-of-range `limit`. The check is decided at
+    /// the limit's quota; [`check_all`](Self::check_all) takes a [`LimitCheck`] with a
+    /// [`PlanQuota`] of its own.
     ///
     /// ```
     /// use std::time::Duration;
@@ -99,29 +121,122 @@ impl<C: Clock> MemoryStore<C> {
         key: &Key<'_>,
         cost: u64,
     ) -> Result<Decision, StoreError> {
-        let table = self.table(limit)?;
+        let limit = self.limit(limit)?;
         let fp = self.fingerprint(key);
-        Ok(table.check(fp, self.now_for(table, self.clock.now_micros()), cost))
+        let now = self.clock.now_micros();
+        let quota = limit.quota.as_ref();
+        limit
+            .table
+            .check(fp, self.now_for(&limit.table, quota, now), cost, quota)
     }
 
     /// [`Store::check`] without the [`Checked`] wrapper: decides every check, all-or-nothing,
-    /// at one instant.
+    /// at one instant, which the answer reports ([`Decisions::decided_at`]).
+    ///
+    /// A check with a [`quota`](LimitCheck::quota) is decided at that quota, and a key whose
+    /// state was written under another quota keeps what it spent (see
+    /// [`Algorithm::rebase`](crate::algorithm::Algorithm::rebase)).
     ///
     /// Errors (and then nothing is charged) if a check names a limit this store does not have,
-    /// or names the same limit twice.
+    /// names the same limit twice, or carries a quota of another algorithm than its limit's.
+    ///
+    /// ```
+    /// use tollgate::clock::ManualClock;
+    /// use tollgate::key::Key;
+    /// use tollgate::store::{Backend, LimitCheck, LimitSpec, MemoryBackend, PlanQuota};
+    /// use tollgate::{AlgorithmKind, PolicyName, Quota};
+    ///
+    /// let spec = LimitSpec::new(PolicyName::new("api"), Quota::per_hour(100), AlgorithmKind::Gcra);
+    /// let store = MemoryBackend::new().clock(ManualClock::new()).build(&[spec]).unwrap();
+    /// let pro = PlanQuota::new(AlgorithmKind::Gcra, Quota::per_hour(1_000)).unwrap();
+    /// let alice = Key::string("alice");
+    ///
+    /// // 60 spent on the limit's own quota, then alice upgrades: 940 left, not 1,000.
+    /// assert!(store.check_all(&[LimitCheck::new(0, alice.clone(), 60)]).unwrap().allowed());
+    /// let d = store.check_all(&[LimitCheck::new(0, alice.clone(), 0).with_quota(&pro)]).unwrap();
+    /// assert_eq!(d.as_slice()[0].remaining(), 940);
+    /// assert_eq!(d.decided_at(), Some(0));
+    /// ```
     pub fn check_all(&self, checks: &[LimitCheck<'_>]) -> Result<Decisions, StoreError> {
         let mut decisions = Decisions::new();
         match checks {
-            [] => {}
+            [] => decisions.set_decided_at(self.clock.now_micros()),
             [one] => {
-                let table = self.table(one.limit)?;
+                let limit = self.limit(one.limit)?;
                 let fp = self.fingerprint(&one.key);
-                let now = self.now_for(table, self.clock.now_micros());
-                decisions.push(table.check(fp, now, one.cost));
+                let now = self.clock.now_micros();
+                let quota = one.quota.or(limit.quota.as_ref());
+                let at = self.now_for(&limit.table, quota, now);
+                decisions.push(limit.table.check(fp, at, one.cost, quota)?);
+                decisions.set_decided_at(now);
             }
             many => self.check_many(many, &mut decisions)?,
         }
         Ok(decisions)
+    }
+
+    /// Gives back what an allowed check of the same `checks` charged at `reserved_at` (its
+    /// [`Decisions::decided_at`]), for every limit, each at its check's quota: see
+    /// [`Store::refund`] and [`Algorithm::refund`](crate::algorithm::Algorithm::refund) for
+    /// what comes back when the refund arrives late. Answers each limit as it stands after the
+    /// refund (at cost 0), at the time the store's clock reads (reported as `decided_at`).
+    ///
+    /// A key the store no longer holds has recovered its budget (or was decided by the overflow
+    /// bucket, which keeps its charge): nothing is given back. Errors, changing nothing, for the
+    /// same bad checks as [`check_all`](Self::check_all).
+    ///
+    /// ```
+    /// use tollgate::clock::ManualClock;
+    /// use tollgate::key::Key;
+    /// use tollgate::store::{Backend, LimitCheck, LimitSpec, MemoryBackend};
+    /// use tollgate::{AlgorithmKind, PolicyName, Quota};
+    ///
+    /// let spec = LimitSpec::new(PolicyName::new("login"), Quota::per_minute(3), AlgorithmKind::FixedWindow);
+    /// let store = MemoryBackend::new().clock(ManualClock::new()).build(&[spec]).unwrap();
+    /// let checks = [LimitCheck::new(0, Key::string("203.0.113.7"), 1)];
+    /// let reserved = store.check_all(&checks).unwrap();
+    /// assert_eq!(reserved.as_slice()[0].remaining(), 2);
+    /// // The login succeeded: it does not count.
+    /// let after = store.refund_all(&checks, reserved.decided_at().unwrap()).unwrap();
+    /// assert_eq!(after.as_slice()[0].remaining(), 3);
+    /// ```
+    pub fn refund_all(
+        &self,
+        checks: &[LimitCheck<'_>],
+        reserved_at: u64,
+    ) -> Result<Decisions, StoreError> {
+        self.validate(checks)?;
+        let now = self.clock.now_micros();
+        let mut decisions = Decisions::new();
+        for check in checks {
+            let limit = self.limit(check.limit)?;
+            let fp = self.fingerprint(&check.key);
+            let quota = check.quota.or(limit.quota.as_ref());
+            // Both times on the base this limit decides at (Unix time for a calendar).
+            let at = self.now_for(&limit.table, quota, reserved_at);
+            let now = self.now_for(&limit.table, quota, now);
+            decisions.push(limit.table.refund(fp, at, now, check.cost, quota)?);
+        }
+        decisions.set_decided_at(now);
+        Ok(decisions)
+    }
+
+    /// Checks that every check names a limit of this store, once, at a quota of its algorithm;
+    /// returns the position of each limit's check.
+    fn validate(&self, checks: &[LimitCheck<'_>]) -> Result<[usize; MAX_LIMITS], StoreError> {
+        let mut position = [NONE; MAX_LIMITS];
+        for (i, check) in checks.iter().enumerate() {
+            let limit = self.limit(check.limit)?;
+            if position[check.limit] != NONE {
+                return Err(invalid(format!(
+                    "limit {} is checked twice in one request; check each limit once",
+                    check.limit
+                )));
+            }
+            limit.table.accepts(check.quota)?;
+            position[check.limit] = i;
+        }
+        Ok(position)
     }
 
     /// Several limits, atomically: lock every involved shard in ascending limit order (a
@@ -131,19 +246,8 @@ impl<C: Clock> MemoryStore<C> {
         checks: &[LimitCheck<'_>],
         decisions: &mut Decisions,
     ) -> Result<(), StoreError> {
-        const NONE: usize = usize::MAX;
-        // Position in `checks` of each limit's check; validates indices and duplicates.
-        let mut position = [NONE; MAX_LIMITS];
-        for (i, check) in checks.iter().enumerate() {
-            self.table(check.limit)?;
-            if position[check.limit] != NONE {
-                return Err(invalid(format!(
-                    "limit {} is checked twice in one request; check each limit once",
-                    check.limit
-                )));
-            }
-            position[check.limit] = i;
-        }
+        // Position in `checks` of each limit's check; validates indices, duplicates, quotas.
+        let position = self.validate(checks)?;
         // Hash before taking any lock.
         let mut fps = [0u64; MAX_LIMITS];
         for (fp, check) in fps.iter_mut().zip(checks) {
@@ -154,10 +258,11 @@ impl<C: Clock> MemoryStore<C> {
         let mut nows = [clock_now; MAX_LIMITS];
 
         let mut locked: [Option<AnyLocked<'_>>; MAX_LIMITS] = Default::default();
-        for (table, &i) in self.tables.iter().zip(&position) {
+        for (limit, &i) in self.limits.iter().zip(&position) {
             if i != NONE {
-                nows[i] = self.now_for(table, clock_now);
-                locked[i] = Some(table.lock(fps[i], nows[i], checks[i].cost));
+                let quota = checks[i].quota.or(limit.quota.as_ref());
+                nows[i] = self.now_for(&limit.table, quota, clock_now);
+                locked[i] = Some(limit.table.lock(fps[i], nows[i], checks[i].cost, quota)?);
             }
         }
         let locked = &mut locked[..checks.len()];
@@ -183,12 +288,68 @@ impl<C: Clock> MemoryStore<C> {
                 }
             }
         }
+        decisions.set_decided_at(clock_now);
         Ok(())
+    }
+
+    /// [`Store::reconfigure`]: a store deciding `limits` that shares this store's table (its
+    /// keys and what they spent) for every limit of the same name and algorithm, with fresh
+    /// tables for the others, the same key bound, shards, clock and key hashing. A shared
+    /// limit whose quota changed decides at the new quota, and each key keeps what it spent
+    /// (see [`Algorithm::rebase`](crate::algorithm::Algorithm::rebase)).
+    fn reconfigured(&self, limits: &[LimitSpec]) -> Result<Self, ConfigError> {
+        if limits.len() > MAX_LIMITS {
+            return Err(ConfigError::new(
+                "limits",
+                format!(
+                    "{} limits on one layer; use at most {MAX_LIMITS}, or stack another layer",
+                    limits.len()
+                ),
+            ));
+        }
+        let mut taken = [false; MAX_LIMITS];
+        let mut next = Vec::with_capacity(limits.len());
+        for spec in limits {
+            spec.validate()?;
+            let same = self.limits.iter().enumerate().find(|(i, old)| {
+                !taken[*i]
+                    && old.table.name() == spec.name()
+                    && old.table.kind() == spec.algorithm()
+            });
+            next.push(match same {
+                Some((i, old)) => {
+                    taken[i] = true;
+                    let quota = (old.table.quota() != *spec.quota())
+                        .then(|| PlanQuota::new(spec.algorithm(), *spec.quota()))
+                        .transpose()?;
+                    StoreLimit {
+                        table: Arc::clone(&old.table),
+                        quota,
+                    }
+                }
+                None => StoreLimit {
+                    table: Arc::new(AnyTable::new(spec, self.max_keys, self.shards)?),
+                    quota: None,
+                },
+            });
+        }
+        tracing::debug!(
+            limits = limits.len(),
+            kept = taken.iter().filter(|&&t| t).count(),
+            "reconfigured in-memory rate-limit store"
+        );
+        Ok(Self {
+            limits: next.into_boxed_slice(),
+            hasher: self.hasher,
+            max_keys: self.max_keys,
+            shards: self.shards,
+            clock: Arc::clone(&self.clock),
+        })
     }
 
     /// Keys held, over all limits.
     pub fn len(&self) -> usize {
-        self.tables.iter().map(AnyTable::len).sum()
+        self.limits.iter().map(|l| l.table.len()).sum()
     }
 
     /// Whether no key is held.
@@ -198,7 +359,7 @@ impl<C: Clock> MemoryStore<C> {
 
     /// Keys held for the limit at index `limit`, or `None` if there is no such limit.
     pub fn len_of(&self, limit: usize) -> Option<usize> {
-        self.tables.get(limit).map(AnyTable::len)
+        self.limits.get(limit).map(|l| l.table.len())
     }
 
     /// Checks decided by the limits' overflow buckets so far: checks of new keys that found
@@ -206,7 +367,7 @@ impl<C: Clock> MemoryStore<C> {
     /// [module docs](super)). Anything above 0 means `max_keys` is too small for the traffic,
     /// or a flood of distinct keys is under way.
     pub fn overflowed(&self) -> u64 {
-        self.tables.iter().map(AnyTable::overflowed).sum()
+        self.limits.iter().map(|l| l.table.overflowed()).sum()
     }
 
     /// The most keys held per limit.
@@ -216,23 +377,24 @@ impl<C: Clock> MemoryStore<C> {
 
     /// Shards per limit.
     pub fn shards(&self) -> usize {
-        self.tables.first().map_or(0, AnyTable::shards)
+        self.limits.first().map_or(0, |l| l.table.shards())
     }
 
     /// Number of limits.
     pub fn limits(&self) -> usize {
-        self.tables.len()
+        self.limits.len()
     }
 
     /// Heap bytes held by the tables: slabs and indexes (allocated capacity included) and the
     /// per-key heap data an algorithm owns (a sliding log's entries). It walks every key, so
-    /// call it for monitoring, not per request.
+    /// call it for monitoring, not per request. A table shared with another store (see
+    /// [`Store::reconfigure`]) is counted by each.
     pub fn memory_usage(&self) -> usize {
-        self.tables
+        self.limits
             .iter()
-            .map(AnyTable::memory_usage)
+            .map(|l| l.table.memory_usage() + std::mem::size_of::<AnyTable>())
             .sum::<usize>()
-            + std::mem::size_of_val::<[AnyTable]>(&self.tables)
+            + std::mem::size_of_val::<[StoreLimit]>(&self.limits)
     }
 
     /// The store's clock.
@@ -241,21 +403,26 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     #[inline]
-    fn table(&self, limit: usize) -> Result<&AnyTable, StoreError> {
-        match self.tables.get(limit) {
-            Some(table) => Ok(table),
+    fn limit(&self, limit: usize) -> Result<&StoreLimit, StoreError> {
+        match self.limits.get(limit) {
+            Some(limit) => Ok(limit),
             None => Err(invalid(format!(
                 "limit index {limit} is out of range: this store holds {} limits",
-                self.tables.len()
+                self.limits.len()
             ))),
         }
     }
 
-    /// The time `table` decides at, given the clock's reading `now`: `now` itself, or for a
-    /// calendar-aligned limit its Unix time (`now + unix_offset_micros()`).
+    /// The time a check at `quota` (`table`'s own without one) decides at, given the clock's
+    /// reading `now`: `now` itself, or for a calendar-aligned quota its Unix time
+    /// (`now + unix_offset_micros()`).
     #[inline]
-    fn now_for(&self, table: &AnyTable, now: u64) -> u64 {
-        if table.wall_clock() {
+    fn now_for(&self, table: &AnyTable, quota: Option<&PlanQuota>, now: u64) -> u64 {
+        let wall = match quota {
+            None => table.wall_clock(),
+            Some(quota) => quota.quota().calendar().is_some(),
+        };
+        if wall {
             now.saturating_add(self.clock.unix_offset_micros())
         } else {
             now
@@ -267,6 +434,9 @@ impl<C: Clock> MemoryStore<C> {
         self.hasher.hash_one(key)
     }
 }
+
+/// No check for this limit.
+const NONE: usize = usize::MAX;
 
 #[cold]
 fn invalid(message: String) -> StoreError {
@@ -280,6 +450,14 @@ impl<C: Clock> Store for MemoryStore<C> {
     #[inline]
     fn check(&self, checks: &[LimitCheck<'_>]) -> Checked<MemoryFuture> {
         Checked::Ready(crate::metrics::time_memory_check(|| self.check_all(checks)))
+    }
+
+    fn refund(&self, checks: &[LimitCheck<'_>], reserved_at: u64) -> Checked<MemoryFuture> {
+        Checked::Ready(self.refund_all(checks, reserved_at))
+    }
+
+    fn reconfigure(&self, limits: &[LimitSpec]) -> Result<Self, ConfigError> {
+        self.reconfigured(limits)
     }
 }
 

@@ -11,9 +11,11 @@ use crate::algorithm::{
     TokenBucket,
 };
 use crate::decision::{Decision, PolicyName};
-use crate::error::ConfigError;
+use crate::error::{ConfigError, StoreError, StoreErrorKind};
 use crate::metrics::KeysGauge;
-use crate::store::LimitSpec;
+use crate::quota::Quota;
+use crate::store::plan_quota::{self, Compiled};
+use crate::store::{LimitSpec, PlanQuota};
 
 /// A value alone on its cache lines, so neighbouring shards' locks do not false-share.
 #[repr(align(128))]
@@ -26,6 +28,10 @@ type LockedShard<A> = Padded<Mutex<Shard<<A as Algorithm>::State>>>;
 const OVERFLOW_WARN_EVERY: u64 = 10_000_000;
 
 /// The keys of one limit, typed by its algorithm.
+///
+/// Each key's state carries the tag of the quota it was written under (see the shard's tags):
+/// 0 for `algorithm`, the table's own, or a [`PlanQuota`]'s. A check at another quota than the
+/// state's rebases the state first ([`Algorithm::rebase`]), so the key keeps what it spent.
 pub(crate) struct Table<A: Algorithm> {
     algorithm: A,
     name: PolicyName,
@@ -33,8 +39,9 @@ pub(crate) struct Table<A: Algorithm> {
     /// `shards.len() - 1` (the count is a power of two).
     mask: usize,
     /// The state shared by every new key while its shard is full of keys still recovering:
-    /// one bucket of the limit's quota (see "Bound and eviction" in the module docs). Locked
-    /// only while holding one of this table's shards, and never while taking another lock.
+    /// one bucket of the table's own quota, whatever quota the key is checked at (see "Bound
+    /// and eviction" in the module docs). Locked only while holding one of this table's
+    /// shards, and never while taking another lock.
     overflow: Padded<Mutex<A::State>>,
     /// Checks decided by the overflow bucket.
     overflowed: AtomicU64,
@@ -65,7 +72,14 @@ fn shard_of(fp: u64, mask: usize) -> usize {
     (fp >> 32) as usize & mask
 }
 
-impl<A: Algorithm> Table<A> {
+/// The algorithm a check decides with, and the tag that names it in the table's states.
+#[derive(Clone, Copy)]
+pub(crate) struct Plan<'a, A> {
+    algorithm: &'a A,
+    tag: u32,
+}
+
+impl<A: Compiled> Table<A> {
     /// A table of `shards` shards (a power of two, at most `max_keys`) holding at most
     /// `max_keys` keys in all: each shard gets an equal share, the first `max_keys % shards`
     /// one more.
@@ -98,13 +112,111 @@ impl<A: Algorithm> Table<A> {
         &self.shards[shard_of(fp, self.mask)].0
     }
 
-    /// Decides and charges `cost` for the key `fp` at `now`: one lock, one lookup.
+    /// What a check at `quota` (the table's own without one) decides with, or an error if
+    /// `quota` is for another algorithm.
     #[inline]
-    pub(crate) fn check(&self, fp: u64, now: u64, cost: u64) -> Decision {
+    pub(crate) fn plan<'a>(
+        &'a self,
+        quota: Option<&'a PlanQuota>,
+    ) -> Result<Plan<'a, A>, StoreError> {
+        match quota {
+            None => Ok(Plan {
+                algorithm: &self.algorithm,
+                tag: 0,
+            }),
+            Some(quota) => self.plan_at(quota),
+        }
+    }
+
+    fn plan_at<'a>(&'a self, quota: &'a PlanQuota) -> Result<Plan<'a, A>, StoreError> {
+        match A::from_compiled(&quota.compiled) {
+            // The table's own quota, however the plan was built: tag 0, no tags to store.
+            Some(algorithm) if *algorithm == self.algorithm => Ok(Plan {
+                algorithm: &self.algorithm,
+                tag: 0,
+            }),
+            Some(algorithm) => Ok(Plan {
+                algorithm,
+                tag: quota.tag,
+            }),
+            None => Err(mismatch(self.name, A::KIND, quota)),
+        }
+    }
+
+    fn kind(&self) -> AlgorithmKind {
+        A::KIND
+    }
+
+    /// The algorithm that states tagged `tag` were written under.
+    fn algorithm_of(&self, tag: u32) -> A {
+        if tag == 0 {
+            return self.algorithm;
+        }
+        let found = plan_quota::compiled(tag).and_then(|c| A::from_compiled(&c).copied());
+        // Tags stored in this table all name quotas of its algorithm.
+        debug_assert!(found.is_some(), "tag {tag} does not name a {}", A::KIND);
+        found.unwrap_or(self.algorithm)
+    }
+
+    /// Converts the state in `slot` to `plan`'s quota if it was written under another.
+    #[inline]
+    fn align(&self, shard: &mut Shard<A::State>, slot: u32, plan: Plan<'_, A>, now: u64) {
+        let tag = shard.tag(slot);
+        if tag != plan.tag {
+            self.rebase(shard, slot, tag, plan, now);
+        }
+    }
+
+    #[cold]
+    fn rebase(
+        &self,
+        shard: &mut Shard<A::State>,
+        slot: u32,
+        tag: u32,
+        plan: Plan<'_, A>,
+        now: u64,
+    ) {
+        let from = self.algorithm_of(tag);
+        plan.algorithm.rebase(&from, shard.state_mut(slot), now);
+        shard.set_tag(slot, plan.tag);
+    }
+
+    /// Decides and charges `cost` for the key `fp` at `now`, at `plan`'s quota: one lock, one
+    /// lookup.
+    #[inline]
+    pub(crate) fn check(&self, fp: u64, now: u64, cost: u64, plan: Plan<'_, A>) -> Decision {
         let mut shard = self.shard(fp).lock();
         let decision = match shard.lookup(fp) {
-            Some(slot) => self.algorithm.check(shard.state_mut(slot), now, cost),
-            None => self.check_new(&mut shard, fp, now, cost),
+            Some(slot) => {
+                self.align(&mut shard, slot, plan, now);
+                plan.algorithm.check(shard.state_mut(slot), now, cost)
+            }
+            None => self.check_new(&mut shard, fp, now, cost, plan),
+        };
+        drop(shard);
+        decision.with_policy(self.name)
+    }
+
+    /// Gives back `cost` charged at `reserved_at` to the key `fp` ([`Algorithm::refund`] at
+    /// `plan`'s quota), and reports the key as it then stands. A key the shard does not hold
+    /// is as good as fresh (or was decided by the overflow bucket): nothing to give back.
+    pub(crate) fn refund(
+        &self,
+        fp: u64,
+        reserved_at: u64,
+        now: u64,
+        cost: u64,
+        plan: Plan<'_, A>,
+    ) -> Decision {
+        let mut shard = self.shard(fp).lock();
+        let decision = match shard.lookup(fp) {
+            Some(slot) => {
+                self.align(&mut shard, slot, plan, now);
+                let state = shard.state_mut(slot);
+                plan.algorithm.refund(state, reserved_at, now, cost);
+                plan.algorithm.decide(state, now, 0)
+            }
+            None => plan.algorithm.decide(&A::State::default(), now, 0),
         };
         drop(shard);
         decision.with_policy(self.name)
@@ -113,19 +225,27 @@ impl<A: Algorithm> Table<A> {
     /// A check of a key the shard does not hold: decided as a fresh key and stored if charged,
     /// or, when the shard has no room for it, decided and charged by the overflow bucket.
     #[cold]
-    fn check_new(&self, shard: &mut Shard<A::State>, fp: u64, now: u64, cost: u64) -> Decision {
-        let decision = self.algorithm.decide(&A::State::default(), now, cost);
+    fn check_new(
+        &self,
+        shard: &mut Shard<A::State>,
+        fp: u64,
+        now: u64,
+        cost: u64,
+        plan: Plan<'_, A>,
+    ) -> Decision {
+        let decision = plan.algorithm.decide(&A::State::default(), now, cost);
         // Rejected (a cost above the capacity) or free: nothing to store, nothing to charge.
         if !decision.allowed() || cost == 0 {
             return decision;
         }
-        let vacancy = shard.vacancy(|s| self.is_fresh(s, now));
+        let vacancy = shard.vacancy(|s, tag| self.is_fresh(s, tag, now));
         match shard.occupy(fp, vacancy) {
             Some(slot) => {
                 if matches!(vacancy, Vacancy::Grow) {
                     self.keys.grew(self.name);
                 }
-                self.algorithm.apply(shard.state_mut(slot), now, cost);
+                shard.set_tag(slot, plan.tag);
+                plan.algorithm.apply(shard.state_mut(slot), now, cost);
                 decision
             }
             None => {
@@ -168,33 +288,51 @@ impl<A: Algorithm> Table<A> {
         self.overflowed.load(Ordering::Relaxed)
     }
 
-    /// Locks the shard of `fp`, for a check of `cost` at `now` across several limits, and the
-    /// overflow bucket too if that check will need it (this keeps one global lock order:
-    /// tables in ascending order, and within a table its shard, then its overflow bucket).
+    /// Locks the shard of `fp`, for a check of `cost` at `now` at `plan`'s quota across several
+    /// limits, and the overflow bucket too if that check will need it (this keeps one global
+    /// lock order: tables in ascending order, and within a table its shard, then its overflow
+    /// bucket). A held key's state is converted to `plan`'s quota here, once.
     #[inline]
-    pub(crate) fn lock(&self, fp: u64, now: u64, cost: u64) -> Locked<'_, A> {
+    pub(crate) fn lock<'a>(
+        &'a self,
+        fp: u64,
+        now: u64,
+        cost: u64,
+        plan: Plan<'a, A>,
+    ) -> Locked<'a, A> {
         let mut shard = self.shard(fp).lock();
         let target = match shard.lookup(fp) {
-            Some(slot) => Target::Slot(slot),
+            Some(slot) => {
+                self.align(&mut shard, slot, plan, now);
+                Target::Slot(slot)
+            }
             // Free or impossible: decided as a fresh key, never stored.
-            None if cost == 0 || cost > self.algorithm.capacity() => Target::Fresh,
-            None => match shard.vacancy(|s| self.is_fresh(s, now)) {
+            None if cost == 0 || cost > plan.algorithm.capacity() => Target::Fresh,
+            None => match shard.vacancy(|s, tag| self.is_fresh(s, tag, now)) {
                 Vacancy::Full => Target::Overflow(self.overflow_lock(now)),
                 vacancy => Target::Vacant(vacancy),
             },
         };
         Locked {
             table: self,
+            plan,
             shard,
             fp,
             target,
         }
     }
 
-    /// Whether `state` behaves exactly like a fresh key's at `now` (it has been idle long
-    /// enough to refill completely), so its slot may be recycled early.
-    fn is_fresh(&self, state: &A::State, now: u64) -> bool {
-        self.algorithm.decide(state, now, 0) == self.algorithm.decide(&A::State::default(), now, 0)
+    /// Whether `state` (written under the quota tagged `tag`) behaves exactly like a fresh
+    /// key's at `now` under that quota (it has been idle long enough to refill completely), so
+    /// its slot may be recycled early.
+    fn is_fresh(&self, state: &A::State, tag: u32, now: u64) -> bool {
+        let fresh = |algorithm: &A| {
+            algorithm.decide(state, now, 0) == algorithm.decide(&A::State::default(), now, 0)
+        };
+        match tag {
+            0 => fresh(&self.algorithm),
+            tag => fresh(&self.algorithm_of(tag)),
+        }
     }
 
     fn len(&self) -> usize {
@@ -216,6 +354,19 @@ impl<A: Algorithm> Table<A> {
     }
 }
 
+/// The error for a check at a quota compiled for another algorithm than the limit's.
+#[cold]
+fn mismatch(name: PolicyName, kind: AlgorithmKind, quota: &PlanQuota) -> StoreError {
+    let message = format!(
+        "limit {name} decides with {kind}, but the check's quota ({}) is compiled for {}; build \
+         the PlanQuota with AlgorithmKind::{kind:?}, the limit's algorithm",
+        quota.quota(),
+        quota.algorithm(),
+    );
+    tracing::warn!(%message, "invalid in-memory rate-limit check");
+    StoreError::new(StoreErrorKind::Other, message)
+}
+
 /// Which state a locked check decides and charges.
 enum Target<'a, S> {
     /// The key's slot.
@@ -232,20 +383,21 @@ enum Target<'a, S> {
 /// every limit allowed, all under the lock.
 pub(crate) struct Locked<'a, A: Algorithm> {
     table: &'a Table<A>,
+    plan: Plan<'a, A>,
     shard: MutexGuard<'a, Shard<A::State>>,
     fp: u64,
     target: Target<'a, A::State>,
 }
 
-impl<A: Algorithm> Locked<'_, A> {
+impl<A: Compiled> Locked<'_, A> {
     /// Decides `cost` (the cost given to [`Table::lock`], or 0) at `now` without charging.
     #[inline]
     pub(crate) fn decide(&mut self, now: u64, cost: u64) -> Decision {
-        let algorithm = &self.table.algorithm;
+        let algorithm = self.plan.algorithm;
         let decision = match &self.target {
             Target::Slot(slot) => algorithm.decide(self.shard.state(*slot), now, cost),
             Target::Fresh | Target::Vacant(_) => algorithm.decide(&A::State::default(), now, cost),
-            Target::Overflow(state) => algorithm.decide(state, now, cost),
+            Target::Overflow(state) => self.table.algorithm.decide(state, now, cost),
         };
         decision.with_policy(self.table.name)
     }
@@ -253,7 +405,7 @@ impl<A: Algorithm> Locked<'_, A> {
     /// Charges what [`decide`](Self::decide) allowed at the same `now` and `cost`.
     #[inline]
     pub(crate) fn apply(&mut self, now: u64, cost: u64) {
-        let algorithm = &self.table.algorithm;
+        let algorithm = self.plan.algorithm;
         let slot = match &mut self.target {
             Target::Slot(slot) => *slot,
             // A fresh key charged nothing stays fresh: no need to store it.
@@ -267,10 +419,11 @@ impl<A: Algorithm> Locked<'_, A> {
                 if matches!(vacancy, Vacancy::Grow) {
                     self.table.keys.grew(self.table.name);
                 }
+                self.shard.set_tag(slot, self.plan.tag);
                 self.target = Target::Slot(slot);
                 slot
             }
-            Target::Overflow(state) => return algorithm.apply(state, now, cost),
+            Target::Overflow(state) => return self.table.algorithm.apply(state, now, cost),
         };
         algorithm.apply(self.shard.state_mut(slot), now, cost);
     }
@@ -335,21 +488,76 @@ impl AnyTable {
         })
     }
 
+    /// Decides and charges `cost` for `fp` at `now`, at `quota` (the table's own without
+    /// one); an error, charging nothing, if `quota` is for another algorithm.
     #[inline]
-    pub(crate) fn check(&self, fp: u64, now: u64, cost: u64) -> Decision {
-        dispatch!(AnyTable, self, t => t.check(fp, now, cost))
+    pub(crate) fn check(
+        &self,
+        fp: u64,
+        now: u64,
+        cost: u64,
+        quota: Option<&PlanQuota>,
+    ) -> Result<Decision, StoreError> {
+        dispatch!(AnyTable, self, t => Ok(t.check(fp, now, cost, t.plan(quota)?)))
     }
 
+    /// Gives back `cost` charged at `reserved_at` to `fp`, at `quota`.
+    pub(crate) fn refund(
+        &self,
+        fp: u64,
+        reserved_at: u64,
+        now: u64,
+        cost: u64,
+        quota: Option<&PlanQuota>,
+    ) -> Result<Decision, StoreError> {
+        dispatch!(AnyTable, self, t => Ok(t.refund(fp, reserved_at, now, cost, t.plan(quota)?)))
+    }
+
+    /// Whether a check at `quota` can be decided by this table (its algorithm is the table's).
+    pub(crate) fn accepts(&self, quota: Option<&PlanQuota>) -> Result<(), StoreError> {
+        dispatch!(AnyTable, self, t => t.plan(quota).map(drop))
+    }
+
+    /// Locks `fp`'s shard for a check of `cost` at `now` at `quota` across several limits.
     #[inline]
-    pub(crate) fn lock(&self, fp: u64, now: u64, cost: u64) -> AnyLocked<'_> {
-        match self {
-            AnyTable::TokenBucket(t) => AnyLocked::TokenBucket(t.lock(fp, now, cost)),
-            AnyTable::Gcra(t) => AnyLocked::Gcra(t.lock(fp, now, cost)),
-            AnyTable::FixedWindow(t) => AnyLocked::FixedWindow(t.lock(fp, now, cost)),
-            AnyTable::SlidingWindow(t) => AnyLocked::SlidingWindow(t.lock(fp, now, cost)),
-            AnyTable::SlidingLog(t) => AnyLocked::SlidingLog(t.lock(fp, now, cost)),
-            AnyTable::LeakyBucket(t) => AnyLocked::LeakyBucket(t.lock(fp, now, cost)),
-        }
+    pub(crate) fn lock<'a>(
+        &'a self,
+        fp: u64,
+        now: u64,
+        cost: u64,
+        quota: Option<&'a PlanQuota>,
+    ) -> Result<AnyLocked<'a>, StoreError> {
+        Ok(match self {
+            AnyTable::TokenBucket(t) => {
+                AnyLocked::TokenBucket(t.lock(fp, now, cost, t.plan(quota)?))
+            }
+            AnyTable::Gcra(t) => AnyLocked::Gcra(t.lock(fp, now, cost, t.plan(quota)?)),
+            AnyTable::FixedWindow(t) => {
+                AnyLocked::FixedWindow(t.lock(fp, now, cost, t.plan(quota)?))
+            }
+            AnyTable::SlidingWindow(t) => {
+                AnyLocked::SlidingWindow(t.lock(fp, now, cost, t.plan(quota)?))
+            }
+            AnyTable::SlidingLog(t) => AnyLocked::SlidingLog(t.lock(fp, now, cost, t.plan(quota)?)),
+            AnyTable::LeakyBucket(t) => {
+                AnyLocked::LeakyBucket(t.lock(fp, now, cost, t.plan(quota)?))
+            }
+        })
+    }
+
+    /// The limit's name.
+    pub(crate) fn name(&self) -> PolicyName {
+        dispatch!(AnyTable, self, t => t.name)
+    }
+
+    /// The table's algorithm.
+    pub(crate) fn kind(&self) -> AlgorithmKind {
+        dispatch!(AnyTable, self, t => t.kind())
+    }
+
+    /// The table's own quota: the quota of the states at tag 0.
+    pub(crate) fn quota(&self) -> Quota {
+        dispatch!(AnyTable, self, t => *t.algorithm.quota())
     }
 
     pub(crate) fn overflowed(&self) -> u64 {
@@ -439,19 +647,20 @@ mod tests {
         // A unit comes back every 8,640 s: key 1 does not recover during the test.
         let tb = TokenBucket::new(Quota::per_day(10)).unwrap();
         let table = Table::new(tb, PolicyName::new("t"), 1, 1);
+        let own = table.plan(None).unwrap();
         let warnings = std::sync::Arc::new(AtomicU64::new(0));
         let subscriber = Warnings(warnings.clone());
         tracing::subscriber::with_default(subscriber, || {
-            assert!(table.check(1, 0, 1).allowed());
+            assert!(table.check(1, 0, 1, own).allowed());
             // Key 1 has spent: keys 2.. go to the overflow bucket, 1,000 checks in 10 s.
             for i in 0..1_000u64 {
-                table.check(2 + i, i * 10_000, 1);
+                table.check(2 + i, i * 10_000, 1, own);
             }
             assert_eq!(table.overflowed(), 1_000);
             assert_eq!(warnings.load(Ordering::Relaxed), 1, "one warning per 10 s");
-            table.check(5_000, OVERFLOW_WARN_EVERY, 1);
+            table.check(5_000, OVERFLOW_WARN_EVERY, 1, own);
             assert_eq!(warnings.load(Ordering::Relaxed), 2);
-            table.check(5_001, OVERFLOW_WARN_EVERY + 1, 1);
+            table.check(5_001, OVERFLOW_WARN_EVERY + 1, 1, own);
             assert_eq!(warnings.load(Ordering::Relaxed), 2);
         });
         assert_eq!(table.len(), 1);
