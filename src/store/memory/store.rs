@@ -29,10 +29,10 @@ pub struct MemoryStore<C = SystemClock> {
     clock: Arc<C>,
 }
 
-/// One limit of a store: its table (shared with the stores a reload derives from this one)
-/// and the quota its checks default to.
+/// One limit of a store: its table (whose keys are shared with the stores a reload derives
+/// from this one) and the quota its checks default to.
 struct StoreLimit {
-    table: Arc<AnyTable>,
+    table: AnyTable,
     /// The limit's quota when it is not the table's own (a reload changed it): a check
     /// without a quota of its own is decided at this one.
     quota: Option<PlanQuota>,
@@ -67,10 +67,7 @@ impl<C: Clock> MemoryStore<C> {
         Self {
             limits: tables
                 .into_iter()
-                .map(|table| StoreLimit {
-                    table: Arc::new(table),
-                    quota: None,
-                })
+                .map(|table| StoreLimit { table, quota: None })
                 .collect(),
             hasher: foldhash::quality::RandomState::default(),
             max_keys,
@@ -124,10 +121,16 @@ impl<C: Clock> MemoryStore<C> {
         let limit = self.limit(limit)?;
         let fp = self.fingerprint(key);
         let now = self.clock.now_micros();
-        let quota = limit.quota.as_ref();
-        limit
-            .table
-            .check(fp, self.now_for(&limit.table, quota, now), cost, quota)
+        match &limit.quota {
+            None => Ok(limit
+                .table
+                .check_own(fp, self.now_for(&limit.table, None, now), cost)),
+            quota => {
+                let quota = quota.as_ref();
+                let at = self.now_for(&limit.table, quota, now);
+                limit.table.check(fp, at, cost, quota)
+            }
+        }
     }
 
     /// [`Store::check`] without the [`Checked`] wrapper: decides every check, all-or-nothing,
@@ -167,7 +170,10 @@ impl<C: Clock> MemoryStore<C> {
                 let now = self.clock.now_micros();
                 let quota = one.quota.or(limit.quota.as_ref());
                 let at = self.now_for(&limit.table, quota, now);
-                decisions.push(limit.table.check(fp, at, one.cost, quota)?);
+                decisions.push(match quota {
+                    None => limit.table.check_own(fp, at, one.cost),
+                    quota => limit.table.check(fp, at, one.cost, quota)?,
+                });
                 decisions.set_decided_at(now);
             }
             many => self.check_many(many, &mut decisions)?,
@@ -323,12 +329,12 @@ impl<C: Clock> MemoryStore<C> {
                         .then(|| PlanQuota::new(spec.algorithm(), *spec.quota()))
                         .transpose()?;
                     StoreLimit {
-                        table: Arc::clone(&old.table),
+                        table: old.table.share(),
                         quota,
                     }
                 }
                 None => StoreLimit {
-                    table: Arc::new(AnyTable::new(spec, self.max_keys, self.shards)?),
+                    table: AnyTable::new(spec, self.max_keys, self.shards)?,
                     quota: None,
                 },
             });
@@ -392,7 +398,7 @@ impl<C: Clock> MemoryStore<C> {
     pub fn memory_usage(&self) -> usize {
         self.limits
             .iter()
-            .map(|l| l.table.memory_usage() + std::mem::size_of::<AnyTable>())
+            .map(|l| l.table.memory_usage())
             .sum::<usize>()
             + std::mem::size_of_val::<[StoreLimit]>(&self.limits)
     }

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
 
@@ -32,23 +33,31 @@ const OVERFLOW_WARN_EVERY: u64 = 10_000_000;
 /// Each key's state carries the tag of the quota it was written under (see the shard's tags):
 /// 0 for `algorithm`, the table's own, or a [`PlanQuota`]'s. A check at another quota than the
 /// state's rebases the state first ([`Algorithm::rebase`]), so the key keeps what it spent.
+///
+/// The keys live behind `Arc`s, so a reload can [`share`](Self::share) them with a new store
+/// while the table itself (what a check reads first) stays inline in each store.
 pub(crate) struct Table<A: Algorithm> {
     algorithm: A,
     name: PolicyName,
-    shards: Box<[LockedShard<A>]>,
+    shards: Arc<[LockedShard<A>]>,
     /// `shards.len() - 1` (the count is a power of two).
     mask: usize,
+    overflow: Arc<Overflow<A::State>>,
+    /// Whether the quota follows the calendar: then `now` is the clock's Unix time.
+    wall_clock: bool,
+}
+
+/// A table's overflow bucket and its bookkeeping, shared like its keys.
+struct Overflow<S> {
     /// The state shared by every new key while its shard is full of keys still recovering:
     /// one bucket of the table's own quota, whatever quota the key is checked at (see "Bound
     /// and eviction" in the module docs). Locked only while holding one of this table's
     /// shards, and never while taking another lock.
-    overflow: Padded<Mutex<A::State>>,
+    state: Padded<Mutex<S>>,
     /// Checks decided by the overflow bucket.
     overflowed: AtomicU64,
     /// When (clock µs, plus 1; 0 = never) the overflow was last logged.
     warned: AtomicU64,
-    /// Whether the quota follows the calendar: then `now` is the clock's Unix time.
-    wall_clock: bool,
     /// Keys held, for the `tollgate_keys` gauge (feature `metrics`; counted on growth only).
     keys: KeysGauge,
 }
@@ -73,10 +82,44 @@ fn shard_of(fp: u64, mask: usize) -> usize {
 }
 
 /// The algorithm a check decides with, and the tag that names it in the table's states.
-#[derive(Clone, Copy)]
 pub(crate) struct Plan<'a, A> {
     algorithm: &'a A,
     tag: u32,
+}
+
+impl<A> Clone for Plan<'_, A> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<A> Copy for Plan<'_, A> {}
+
+/// The table's own quota, named without carrying anything (see [`Table::check`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Own;
+
+/// What names the quota of a check: [`Own`] or a [`Plan`].
+pub(crate) trait Quoted<'a, A: Algorithm>: Copy {
+    /// The plan, given the table.
+    fn plan(self, table: &'a Table<A>) -> Plan<'a, A>;
+}
+
+impl<'a, A: Algorithm> Quoted<'a, A> for Own {
+    #[inline]
+    fn plan(self, table: &'a Table<A>) -> Plan<'a, A> {
+        Plan {
+            algorithm: &table.algorithm,
+            tag: 0,
+        }
+    }
+}
+
+impl<'a, A: Algorithm> Quoted<'a, A> for Plan<'a, A> {
+    #[inline]
+    fn plan(self, _: &'a Table<A>) -> Plan<'a, A> {
+        self
+    }
 }
 
 impl<A: Compiled> Table<A> {
@@ -93,17 +136,31 @@ impl<A: Compiled> Table<A> {
                 let cap = u32::try_from(cap).unwrap_or(u32::MAX - 1);
                 Padded(Mutex::new(Shard::new(cap)))
             })
-            .collect::<Box<[_]>>();
+            .collect::<Arc<[_]>>();
         Self {
             name,
             mask: shards.len() - 1,
             shards,
-            overflow: Padded(Mutex::new(A::State::default())),
-            overflowed: AtomicU64::new(0),
-            warned: AtomicU64::new(0),
+            overflow: Arc::new(Overflow {
+                state: Padded(Mutex::new(A::State::default())),
+                overflowed: AtomicU64::new(0),
+                warned: AtomicU64::new(0),
+                keys: KeysGauge::default(),
+            }),
             wall_clock: algorithm.quota().calendar().is_some(),
             algorithm,
-            keys: KeysGauge::default(),
+        }
+    }
+
+    /// The same table, sharing its keys (and their spending) with this one.
+    fn share(&self) -> Self {
+        Self {
+            algorithm: self.algorithm,
+            name: self.name,
+            shards: Arc::clone(&self.shards),
+            mask: self.mask,
+            overflow: Arc::clone(&self.overflow),
+            wall_clock: self.wall_clock,
         }
     }
 
@@ -120,11 +177,17 @@ impl<A: Compiled> Table<A> {
         quota: Option<&'a PlanQuota>,
     ) -> Result<Plan<'a, A>, StoreError> {
         match quota {
-            None => Ok(Plan {
-                algorithm: &self.algorithm,
-                tag: 0,
-            }),
+            None => Ok(self.own()),
             Some(quota) => self.plan_at(quota),
+        }
+    }
+
+    /// The table's own quota: tag 0.
+    #[inline]
+    pub(crate) fn own(&self) -> Plan<'_, A> {
+        Plan {
+            algorithm: &self.algorithm,
+            tag: 0,
         }
     }
 
@@ -181,17 +244,25 @@ impl<A: Compiled> Table<A> {
         shard.set_tag(slot, plan.tag);
     }
 
-    /// Decides and charges `cost` for the key `fp` at `now`, at `plan`'s quota: one lock, one
-    /// lookup.
+    /// Decides and charges `cost` for the key `fp` at `now`, at the quota `quota` names (the
+    /// table's own with [`Own`], which carries nothing: the hot path keeps its registers for
+    /// the lookup): one lock, one lookup.
     #[inline]
-    pub(crate) fn check(&self, fp: u64, now: u64, cost: u64, plan: Plan<'_, A>) -> Decision {
+    pub(crate) fn check<'a>(
+        &'a self,
+        fp: u64,
+        now: u64,
+        cost: u64,
+        quota: impl Quoted<'a, A>,
+    ) -> Decision {
         let mut shard = self.shard(fp).lock();
         let decision = match shard.lookup(fp) {
             Some(slot) => {
+                let plan = quota.plan(self);
                 self.align(&mut shard, slot, plan, now);
                 plan.algorithm.check(shard.state_mut(slot), now, cost)
             }
-            None => self.check_new(&mut shard, fp, now, cost, plan),
+            None => self.check_new(&mut shard, fp, now, cost, quota.plan(self)),
         };
         drop(shard);
         decision.with_policy(self.name)
@@ -242,7 +313,7 @@ impl<A: Compiled> Table<A> {
         match shard.occupy(fp, vacancy) {
             Some(slot) => {
                 if matches!(vacancy, Vacancy::Grow) {
-                    self.keys.grew(self.name);
+                    self.overflow.keys.grew(self.name);
                 }
                 shard.set_tag(slot, plan.tag);
                 plan.algorithm.apply(shard.state_mut(slot), now, cost);
@@ -259,11 +330,12 @@ impl<A: Compiled> Table<A> {
     /// at most every [`OVERFLOW_WARN_EVERY`] µs, logging its use.
     #[cold]
     fn overflow_lock(&self, now: u64) -> MutexGuard<'_, A::State> {
-        let overflowed = self.overflowed.fetch_add(1, Ordering::Relaxed) + 1;
-        let last = self.warned.load(Ordering::Relaxed);
+        let overflow = &*self.overflow;
+        let overflowed = overflow.overflowed.fetch_add(1, Ordering::Relaxed) + 1;
+        let last = overflow.warned.load(Ordering::Relaxed);
         let due = last == 0 || now.saturating_sub(last - 1) >= OVERFLOW_WARN_EVERY;
         if due
-            && self
+            && overflow
                 .warned
                 .compare_exchange(
                     last,
@@ -280,12 +352,12 @@ impl<A: Compiled> Table<A> {
                  new keys share one overflow bucket of the limit's quota (raise max_keys)"
             );
         }
-        self.overflow.0.lock()
+        overflow.state.0.lock()
     }
 
     /// Checks decided by the overflow bucket so far.
     fn overflowed(&self) -> u64 {
-        self.overflowed.load(Ordering::Relaxed)
+        self.overflow.overflowed.load(Ordering::Relaxed)
     }
 
     /// Locks the shard of `fp`, for a check of `cost` at `now` at `plan`'s quota across several
@@ -341,7 +413,9 @@ impl<A: Compiled> Table<A> {
 
     fn memory_usage(&self) -> usize {
         let shards = self.shards.len() * std::mem::size_of::<LockedShard<A>>()
-            + self.algorithm.state_heap_bytes(&self.overflow.0.lock());
+            + self
+                .algorithm
+                .state_heap_bytes(&self.overflow.state.0.lock());
         shards
             + self
                 .shards
@@ -417,7 +491,7 @@ impl<A: Compiled> Locked<'_, A> {
                     return;
                 };
                 if matches!(vacancy, Vacancy::Grow) {
-                    self.table.keys.grew(self.table.name);
+                    self.table.overflow.keys.grew(self.table.name);
                 }
                 self.shard.set_tag(slot, self.plan.tag);
                 self.target = Target::Slot(slot);
@@ -486,6 +560,24 @@ impl AnyTable {
                 AnyTable::LeakyBucket(Table::new(LeakyBucket::new(quota)?, name, max_keys, shards))
             }
         })
+    }
+
+    /// Decides and charges `cost` for `fp` at `now` at the table's own quota: the hot path.
+    #[inline]
+    pub(crate) fn check_own(&self, fp: u64, now: u64, cost: u64) -> Decision {
+        dispatch!(AnyTable, self, t => t.check(fp, now, cost, Own))
+    }
+
+    /// The same table, sharing its keys with this one (for a reload).
+    pub(crate) fn share(&self) -> Self {
+        match self {
+            AnyTable::TokenBucket(t) => AnyTable::TokenBucket(t.share()),
+            AnyTable::Gcra(t) => AnyTable::Gcra(t.share()),
+            AnyTable::FixedWindow(t) => AnyTable::FixedWindow(t.share()),
+            AnyTable::SlidingWindow(t) => AnyTable::SlidingWindow(t.share()),
+            AnyTable::SlidingLog(t) => AnyTable::SlidingLog(t.share()),
+            AnyTable::LeakyBucket(t) => AnyTable::LeakyBucket(t.share()),
+        }
     }
 
     /// Decides and charges `cost` for `fp` at `now`, at `quota` (the table's own without
@@ -647,7 +739,7 @@ mod tests {
         // A unit comes back every 8,640 s: key 1 does not recover during the test.
         let tb = TokenBucket::new(Quota::per_day(10)).unwrap();
         let table = Table::new(tb, PolicyName::new("t"), 1, 1);
-        let own = table.plan(None).unwrap();
+        let own = table.own();
         let warnings = std::sync::Arc::new(AtomicU64::new(0));
         let subscriber = Warnings(warnings.clone());
         tracing::subscriber::with_default(subscriber, || {
