@@ -16,6 +16,12 @@
 -- functions (load, decide, apply, refund, and check, decide-then-apply in one call where the
 -- algorithm has it, else false) and the limit's ttl_ms and parameters p1..p3.
 --
+-- A check at a quota other than the limit's own (a plan) names that quota's parameters: its
+-- index argument is "index:ttl:p1:p2:p3" (for 'b': "index:cost:ttl:p1:p2:p3"). Its key's state
+-- is rebased first when it was written at other parameters (see `replan`), and its writes are
+-- marked with the parameters (see MARK in the prelude). A check without a plan takes none of this
+-- unless its key is marked.
+--
 -- Returns one string of little-endian 64-bit integers (cheaper to build and to parse than an
 -- array reply): per group (for 'b': once) the time, then 5 integers per limit: allowed (1/0), remaining,
 -- reset (µs), retry (µs; -1 when the cost exceeds the capacity) and corrupt (1 when the key held
@@ -26,6 +32,41 @@
 local refund = ARGV[1] == 'r'
 local out, nout = {}, 0 -- packed pieces of the reply
 local server_now
+
+-- "index:ttl:p1:p2:p3": the limit's index and the plan's ttl_ms and parameters.
+local function plan_arg(s)
+  local i, ttl, a, b, c = string.match(s, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
+  if i == nil then
+    error('tollgate: malformed limit argument ' .. s)
+  end
+  return tonumber(i), { tonumber(ttl), tonumber(a), tonumber(b), tonumber(c) }
+end
+
+-- A check at `plan` (ttl_ms and parameters; nil: the limit's own, ttl, p1..p3) of a key whose
+-- state (s1..s3) was written at o1..o3 (its mark; nil: the limit's own parameters). Sets MARK
+-- for the writes that follow, rebases the state (REBASE.md, mirrored by each algorithm's
+-- `_rebase`, which stores it) if it was written at other parameters, and returns the check's
+-- ttl, parameters and state. The rebase is stored even if the check is then rejected: the key
+-- keeps what it spent, once, whatever comes next.
+local function replan(key, lim, plan, now, ttl, p1, p2, p3, s1, s2, s3, o1, o2, o3)
+  local n1, n2, n3 = p1, p2, p3
+  if plan then
+    ttl, n1, n2, n3 = plan[1], plan[2], plan[3], plan[4]
+  end
+  if n1 == p1 and n2 == p2 and n3 == p3 then
+    MARK = ''
+  else
+    MARK = struct.pack('<i8i8i8', n1, n2, n3)
+  end
+  if o1 == nil then
+    o1, o2, o3 = p1, p2, p3
+  end
+  -- A missing key (all zeros: a fresh key at any parameters) has nothing to carry.
+  if (o1 ~= n1 or o2 ~= n2 or o3 ~= n3) and (s1 ~= 0 or s2 ~= 0 or (s3 or 0) ~= 0) then
+    s1, s2, s3 = REBASE(lim)(key, ttl, now, o1, o2, o3, n1, n2, n3, s1, s2, s3)
+  end
+  return ttl, n1, n2, n3, s1, s2, s3
+end
 
 -- Appends one limit's five integers.
 local function emit(ok, remaining, reset, retry, corrupt)
@@ -46,9 +87,12 @@ end
 
 -- One limit on its own (the common case): no tables, small numbers without strtod. Returns the
 -- five packed integers.
-local function single(key, lim, cost, now, at)
+local function single(key, lim, cost, now, at, plan)
   local load, decide, apply, give_back, check, ttl, p1, p2, p3 = LIMIT(lim)
-  local corrupt, s1, s2, s3 = load(key)
+  local corrupt, s1, s2, s3, o1, o2, o3 = load(key)
+  if plan or o1 then
+    ttl, p1, p2, p3, s1, s2, s3 = replan(key, lim, plan, now, ttl, p1, p2, p3, s1, s2, s3, o1, o2, o3)
+  end
   local ok, remaining, reset, retry
   if refund then
     s1, s2, s3 = give_back(key, ttl, at, now, cost, p1, p2, p3, s1, s2, s3)
@@ -61,6 +105,7 @@ local function single(key, lim, cost, now, at)
       apply(key, ttl, now, cost, p1, p2, p3, s1, s2, s3)
     end
   end
+  MARK = ''
   if not ok and retry == 0 then
     retry = 1 -- as Decision::rejected: a rejection always waits at least 1 µs
   end
@@ -79,16 +124,23 @@ if ARGV[1] == 'b' then
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   out[1] = struct.pack('<i8', now)
   for i = 1, #KEYS do
-    local arg, lim, cost = ARGV[i + 1], 0, 1
+    local arg, lim, cost, plan = ARGV[i + 1], 0, 1, nil
     if arg ~= '1' then
       local l, c = string.match(arg, '^(%d+):(%d+)$')
       if l then
         lim, cost = tonumber(l), tonumber(c)
       else
         cost = tonumber(arg)
+        if cost == nil then
+          -- A plan: "index:cost:ttl:p1:p2:p3".
+          local rest
+          l, c, rest = string.match(arg, '^(%d+):(%d+):(.*)$')
+          local _, p = plan_arg('0:' .. (rest or ''))
+          lim, cost, plan = tonumber(l), tonumber(c), p
+        end
       end
     end
-    out[i + 1] = single(KEYS[i], lim, cost, now)
+    out[i + 1] = single(KEYS[i], lim, cost, now, now, plan)
   end
   return table.concat(out)
 end
@@ -119,11 +171,15 @@ for g = 1, ngroups do
   end
   if n == 1 then
     local a = base + 2 * first
-    local lim, cost = ARGV[a], ARGV[a + 1]
+    local lim, cost, plan = ARGV[a], ARGV[a + 1], nil
     if lim == '0' then
       lim = 0
     else
-      lim = tonumber(lim)
+      local l = tonumber(lim)
+      if l == nil then
+        l, plan = plan_arg(lim)
+      end
+      lim = l
     end
     if cost == '1' then
       cost = 1
@@ -133,44 +189,57 @@ for g = 1, ngroups do
     nout = nout + 1
     out[nout] = struct.pack('<i8', now)
     nout = nout + 1
-    out[nout] = single(KEYS[first + 1], lim, cost, now, at)
+    out[nout] = single(KEYS[first + 1], lim, cost, now, at, plan)
   else
     nout = nout + 1
     out[nout] = struct.pack('<i8', now)
     -- Decide every limit, then charge all of them or none. The state (up to three values per
-    -- limit) is kept for the second pass.
-    local lims, costs, s1s, s2s, s3s, oks, corrupts, at = {}, {}, {}, {}, {}, {}, {}, nout
+    -- limit), parameters and mark are kept for the second pass.
+    local lims, costs, s1s, s2s, s3s, oks, corrupts, pos = {}, {}, {}, {}, {}, {}, {}, nout
+    local params, marks = {}, {}
     local all = true
     for j = 1, n do
       local a = base + 2 * (first + j - 1)
-      local lim, cost = int(ARGV[a]), int(ARGV[a + 1])
+      local lim, cost, plan = int(ARGV[a]), int(ARGV[a + 1]), nil
+      if lim == nil then
+        lim, plan = plan_arg(ARGV[a])
+      end
       local load, decide, _, give_back, _, ttl, p1, p2, p3 = LIMIT(lim)
       local key = KEYS[first + j]
-      local corrupt, s1, s2, s3 = load(key)
+      local corrupt, s1, s2, s3, o1, o2, o3 = load(key)
+      if plan or o1 then
+        ttl, p1, p2, p3, s1, s2, s3 = replan(key, lim, plan, now, ttl, p1, p2, p3, s1, s2, s3, o1, o2, o3)
+      end
       if refund then
         s1, s2, s3 = give_back(key, ttl, at, now, cost, p1, p2, p3, s1, s2, s3)
         cost = 0
       end
+      marks[j], MARK = MARK, ''
       local ok, remaining, reset, retry = decide(now, cost, p1, p2, p3, s1, s2, s3)
       lims[j], costs[j], oks[j], corrupts[j] = lim, cost, ok, corrupt
       s1s[j], s2s[j], s3s[j] = s1, s2, s3
+      params[j] = { ttl, p1, p2, p3 }
       all = all and ok
       emit(ok, remaining, reset, retry, corrupt)
     end
     if not refund then
       if all then
         for j = 1, n do
-          local _, _, apply, _, _, ttl, p1, p2, p3 = LIMIT(lims[j])
-          apply(KEYS[first + j], ttl, now, costs[j], p1, p2, p3, s1s[j], s2s[j], s3s[j])
+          local _, _, apply = LIMIT(lims[j])
+          local p = params[j]
+          MARK = marks[j]
+          apply(KEYS[first + j], p[1], now, costs[j], p[2], p[3], p[4], s1s[j], s2s[j], s3s[j])
         end
+        MARK = ''
       else
         -- Nothing is charged: report the limits that would have allowed as they stand (cost 0).
         local after = nout
         for j = 1, n do
           if oks[j] then
-            local _, decide, _, _, _, _, p1, p2, p3 = LIMIT(lims[j])
-            nout = at + j - 1
-            local ok, remaining, reset, retry = decide(now, 0, p1, p2, p3, s1s[j], s2s[j], s3s[j])
+            local _, decide = LIMIT(lims[j])
+            local p = params[j]
+            nout = pos + j - 1
+            local ok, remaining, reset, retry = decide(now, 0, p[2], p[3], p[4], s1s[j], s2s[j], s3s[j])
             emit(ok, remaining, reset, retry, corrupts[j])
           end
         end

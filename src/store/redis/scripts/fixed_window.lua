@@ -123,3 +123,25 @@ local function fw_refund(key, ttl, now, _, cost, period, limit, cal, window, cou
   end
   return window, count
 end
+
+-- Plan change (REBASE.md; FixedWindow::rebase): the state was written with windows of `operiod`
+-- and a check arrives with windows of `period`. With the same period, the count carries over as
+-- it is (the new limit applies to it). Otherwise the units charged in the window current at
+-- t = max(now, the stored window's start) stay charged, in the new window current at t (not
+-- clamped: a count above the new limit reads as exhausted until that window ends). Stores and
+-- returns the new state.
+local function fw_rebase(key, ttl, now, operiod, _, _, period, _, _, window, count)
+  if operiod == period then
+    return window, count
+  end
+  local t = window * operiod
+  if now > t then
+    t = now
+  end
+  if window ~= idiv(t, operiod) then
+    count = 0
+  end
+  window = idiv(t, period)
+  store2(key, ttl, window, count)
+  return window, count
+end

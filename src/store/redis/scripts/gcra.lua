@@ -86,3 +86,18 @@ local function gcra_refund(key, ttl, at, now, cost, unit, per, cap, tat, sub)
   end
   return tat, sub
 end
+
+-- Plan change (REBASE.md; Gcra::rebase): the state was written at (ounit, oper) and a check
+-- arrives at (unit, per, cap). What the key spent, in whole units rounded up, stays spent, at most
+-- the new capacity; a key that spent nothing is fresh. Stores and returns the new state.
+local function gcra_rebase(key, ttl, now, ounit, oper, _, unit, per, cap, tat, sub)
+  local steps = cdiv(gcra_before(now, oper, tat, sub), ounit) * unit
+  if steps == 0 then
+    redis.call('DEL', key)
+    return 0, 0
+  end
+  if steps > cap then
+    steps = cap
+  end
+  return gcra_store(key, ttl, per, now, steps)
+end

@@ -37,14 +37,25 @@ end
 -- the hot path, and every value an exact integer. Loaders return `corrupt` first, then the
 -- state's integers (zeros for a missing key, which is a fresh key).
 
--- The value at `key` if it is a string of `len` bytes (any positive multiple of 16 when `len`
--- is 0); false if the key is missing; nil, after deleting the key, if it holds anything else.
+-- Plan changes (see REBASE.md and src/algorithm's "Plan changes" sections): a key's state may be
+-- followed by a 24-byte mark, the parameters p1, p2, p3 it was written under, when those are not
+-- the limit's own (the LIMIT constants): a check at a plan's quota writes it. A key without a mark
+-- was written at the limit's own parameters, so the common path (no plan) reads and writes
+-- exactly the bytes it always did. MARK is what the writes below append: '' unless the driver set
+-- it for a check at other parameters.
+local MARK = ''
+local MARK_LEN = 24
+
+-- The value at `key` if it is a string of `len` bytes (or `len` + MARK_LEN: marked), or any
+-- positive multiple of 16 when `len` is 0; false if the key is missing; nil, after deleting the
+-- key, if it holds anything else.
 local function read_state(key, len)
   local v = redis.pcall('GET', key)
   if v == false then
     return false
   end
-  if type(v) == 'string' and (#v == len or (len == 0 and #v > 0 and #v % 16 == 0)) then
+  if type(v) == 'string' and (#v == len or (len == 0 and #v > 0 and #v % 16 == 0)
+    or (len > 0 and #v == len + MARK_LEN)) then
     return v
   end
   redis.call('DEL', key)
@@ -61,18 +72,17 @@ local function reset_state(key)
   return true, 0, 0, 0
 end
 
-local function load1(key)
-  local v = read_state(key, 8)
-  if not v then
-    return v == nil, 0
+-- The mark after `len` bytes of state: p1, p2, p3, or nil if they are out of range (p1 and p2
+-- are divisors: at least 1).
+local function read_mark(v, len)
+  local m1, m2, m3 = struct.unpack('<i8i8i8', v, len + 1)
+  if m1 < 1 or m2 < 1 or out_of_range(m1) or out_of_range(m2) or out_of_range(m3) then
+    return nil
   end
-  local a = struct.unpack('<i8', v)
-  if a < 0 or a >= MAX_EXACT then
-    return reset_state(key)
-  end
-  return false, a
+  return m1, m2, m3
 end
 
+-- Returns corrupt, a, b, and, for a marked key, 0 and the mark's p1, p2, p3.
 local function load2(key)
   local v = read_state(key, 16)
   if not v then
@@ -82,9 +92,17 @@ local function load2(key)
   if a < 0 or a >= MAX_EXACT or b < 0 or b >= MAX_EXACT then
     return reset_state(key)
   end
+  if #v > 16 then
+    local m1, m2, m3 = read_mark(v, 16)
+    if m1 == nil then
+      return reset_state(key)
+    end
+    return false, a, b, 0, m1, m2, m3
+  end
   return false, a, b
 end
 
+-- Returns corrupt, a, b, c, and, for a marked key, the mark's p1, p2, p3.
 local function load3(key)
   local v = read_state(key, 24)
   if not v then
@@ -94,17 +112,20 @@ local function load3(key)
   if out_of_range(a) or out_of_range(b) or out_of_range(c) then
     return reset_state(key)
   end
+  if #v > 24 then
+    local m1, m2, m3 = read_mark(v, 24)
+    if m1 == nil then
+      return reset_state(key)
+    end
+    return false, a, b, c, m1, m2, m3
+  end
   return false, a, b, c
 end
 
-local function store1(key, ttl, a)
-  redis.call('SET', key, struct.pack('<i8', a), 'PX', ttl)
-end
-
 local function store2(key, ttl, a, b)
-  redis.call('SET', key, struct.pack('<i8i8', a, b), 'PX', ttl)
+  redis.call('SET', key, struct.pack('<i8i8', a, b) .. MARK, 'PX', ttl)
 end
 
 local function store3(key, ttl, a, b, c)
-  redis.call('SET', key, struct.pack('<i8i8i8', a, b, c), 'PX', ttl)
+  redis.call('SET', key, struct.pack('<i8i8i8', a, b, c) .. MARK, 'PX', ttl)
 end

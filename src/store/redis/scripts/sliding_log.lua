@@ -228,3 +228,9 @@ local function sl_refund(key, ttl, now, _, cost, period, limit, _, st)
   local _, fresh = sl_load(key)
   return fresh
 end
+
+-- Plan change (REBASE.md; SlidingLog::rebase): entries are absolute times and units, which the
+-- new window and limit read as they are: nothing changes.
+local function sl_rebase(_, _, _, _, _, _, _, _, _, st)
+  return st
+end

@@ -83,3 +83,18 @@ local function tb_refund(key, ttl, at, now, cost, unit, per, cap, deficit, last)
   store2(key, ttl, deficit, last)
   return deficit, last
 end
+
+-- Plan change (REBASE.md; TokenBucket::rebase): the state was written at (ounit, oper, ocap) and
+-- a check arrives at (unit, per, cap). What the key spent, in whole units rounded up, stays spent,
+-- at most the new capacity. Stores and returns the new state.
+local function tb_rebase(key, ttl, now, ounit, oper, ocap, unit, _, cap, deficit, last)
+  deficit = cdiv(tb_deficit(now, oper, ocap, deficit, last), ounit) * unit
+  if deficit > cap then
+    deficit = cap -- also when the product passed 2^53: it is then far above cap
+  end
+  if now > last then
+    last = now
+  end
+  store2(key, ttl, deficit, last)
+  return deficit, last
+end
