@@ -120,6 +120,9 @@ impl Conn {
 /// earliest deadline of its jobs, so callers need no timer of their own.
 pub(crate) struct Job {
     pub(crate) group: Group,
+    /// The script of the store that sent it: stores reconfigured from one another share the
+    /// connection and its batcher, each with its own script.
+    pub(crate) script: Arc<LuaScript>,
     pub(crate) deadline: Instant,
     pub(crate) reply: oneshot::Sender<(Group, Result<Ints, BatchError>)>,
 }
@@ -133,10 +136,10 @@ pub(crate) enum BatchError {
 }
 
 /// Coalesces concurrent calls into one script run: while `max_in_flight` batches are on the
-/// wire, new calls queue; the next batch takes everything queued (up to `max_batch`).
+/// wire, new calls queue; the next batch takes everything queued (up to `max_batch`), one script
+/// call per script among them (one, unless a reconfigured store shares the connection).
 fn spawn_batcher(
     conn: Conn,
-    script: Arc<LuaScript>,
     stats: RedisStats,
     max_batch: usize,
     max_in_flight: usize,
@@ -174,9 +177,22 @@ fn spawn_batcher(
                     if jobs.is_empty() {
                         continue;
                     }
-                    jobs.shrink_to_fit();
-                    stats.record_batch(jobs.len());
-                    in_flight.push(run_batch(conn.clone(), script.clone(), jobs));
+                    if jobs.iter().all(|j| same_script(&j.script, &jobs[0].script)) {
+                        jobs.shrink_to_fit();
+                        stats.record_batch(jobs.len());
+                        let script = jobs[0].script.clone();
+                        in_flight.push(run_batch(conn.clone(), script, jobs));
+                        continue;
+                    }
+                    while let Some(first) = jobs.first() {
+                        let script = first.script.clone();
+                        let (same, rest): (Vec<Job>, Vec<Job>) = jobs
+                            .into_iter()
+                            .partition(|j| same_script(&j.script, &script));
+                        stats.record_batch(same.len());
+                        in_flight.push(run_batch(conn.clone(), script, same));
+                        jobs = rest;
+                    }
                 }
                 // Unreachable with max_in_flight >= 1 (checked at build time); if it ever is,
                 // the task ends and the next request restarts it (see `Links::get`).
@@ -185,6 +201,10 @@ fn spawn_batcher(
         }
     });
     tx
+}
+
+fn same_script(a: &Arc<LuaScript>, b: &Arc<LuaScript>) -> bool {
+    Arc::ptr_eq(a, b) || a.sha() == b.sha()
 }
 
 async fn run_batch(conn: Conn, script: Arc<LuaScript>, jobs: Vec<Job>) {
@@ -277,7 +297,6 @@ pub(crate) struct LinkConfig<'a> {
     pub(crate) target: &'a Target,
     pub(crate) connect_timeout: Duration,
     pub(crate) batching: Option<(usize, usize)>,
-    pub(crate) script: &'a Arc<LuaScript>,
     pub(crate) stats: &'a RedisStats,
 }
 
@@ -303,7 +322,6 @@ impl Links {
                     );
                     link.batcher = Some(spawn_batcher(
                         link.conn.clone(),
-                        cfg.script.clone(),
                         cfg.stats.clone(),
                         max_batch,
                         max_in_flight,
@@ -337,13 +355,7 @@ impl Links {
             let _ = stopped.await;
         });
         let batcher = cfg.batching.map(|(max_batch, max_in_flight)| {
-            spawn_batcher(
-                conn.clone(),
-                cfg.script.clone(),
-                cfg.stats.clone(),
-                max_batch,
-                max_in_flight,
-            )
+            spawn_batcher(conn.clone(), cfg.stats.clone(), max_batch, max_in_flight)
         });
         if self.connected_once.swap(true, Ordering::Relaxed) {
             cfg.stats.add_reconnect();
@@ -459,7 +471,6 @@ mod tests {
     #[test]
     fn a_stopped_batcher_is_restarted_and_counted() {
         let target = Target::Node(redis::Client::open("redis://127.0.0.1:1").unwrap());
-        let script = Arc::new(LuaScript::assemble(&[]));
         let stats = RedisStats::default();
         // max_in_flight 0 (refused by the builder) makes the task end at once: a stand-in for a
         // batcher that panicked.
@@ -467,7 +478,6 @@ mod tests {
             target: &target,
             connect_timeout: Duration::from_millis(10),
             batching: Some((64, 0)),
-            script: &script,
             stats: &stats,
         };
         let links = Links::default();

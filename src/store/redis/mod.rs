@@ -54,6 +54,28 @@
 //!   reservation, which a key without it may have lost to being full. A limit is never left
 //!   fuller than it would be had the reservation never been made.
 //!
+//! # Plans, refunds and reloads
+//!
+//! A check may carry a quota of its own ([`LimitCheck::with_quota`](crate::store::LimitCheck::with_quota):
+//! a plan chosen per request); it is decided at that quota, which must be for the limit's
+//! algorithm (a [`StoreError`](crate::StoreError) says so otherwise). Its parameters go with the
+//! check, so one script serves every plan; a check without one sends what it always did. A key
+//! whose plan changes keeps what it spent: before deciding, the script converts the state
+//! written at the old quota to the new one by the rule of
+//! [`Algorithm::rebase`](crate::algorithm::Algorithm::rebase) (each algorithm's "Plan changes"),
+//! in the same integers, and stores the result, whatever the decision (the only write a
+//! rejected check makes). To know the old quota, a key written at a quota other than its
+//! limit's own carries a mark after its state: that quota's parameters, 24 bytes. Keys of
+//! limits never checked with a plan are exactly as before.
+//!
+//! Every check reports the Redis `TIME` it was decided at ([`Decisions::decided_at`](crate::store::Decisions::decided_at);
+//! on a Cluster, the earliest of its masters'; none when a failure policy decided a limit), which
+//! [`Store::refund`](crate::store::Store::refund) takes back to give the charge back as of then.
+//! [`Store::reconfigure`](crate::store::Store::reconfigure) builds a store for new limits on the
+//! same connections, breakers and statistics. Keys are named by limit name and algorithm, so
+//! counters survive; keys of a limit whose quota changed are read as the store they were
+//! written by wrote them, and converted as for a plan change.
+//!
 //! # Keys
 //!
 //! `{prefix}:{TAG}:{algorithm}:{limit}:h.{HMAC}`, for example
@@ -460,79 +482,22 @@ impl Backend for RedisBackend {
             };
         let keys = keys::KeyEncoder::new(&self.prefix, &self.hash_secret, self.readable_keys)?;
         self.validate()?;
-        if limits.is_empty() || limits.len() > MAX_LIMITS {
-            return Err(ConfigError::new(
-                "limits",
-                format!("configure 1 to {MAX_LIMITS} limits per layer; stack layers for more"),
-            ));
-        }
-        let mut infos = Vec::with_capacity(limits.len());
-        let mut policies = Vec::with_capacity(limits.len());
-        let mut local_specs = Vec::with_capacity(limits.len());
-        let mut any_local = false;
-        for (i, spec) in limits.iter().enumerate() {
-            spec.validate()?;
-            let name = spec.name();
-            if limits[..i].iter().any(|s| s.name() == name) {
-                return Err(ConfigError::new(
-                    "limit.name",
-                    format!(
-                        "two limits are named {:?}; names must be unique because they name the Redis keys",
-                        name.as_str()
-                    ),
-                ));
-            }
-            let policy = spec.failure_policy().ok_or_else(|| {
-                ConfigError::new(
-                    "failure_policy",
-                    format!(
-                        "limit {:?} has no failure policy; a Redis-backed limit must say what happens when Redis is unreachable: set FailurePolicy::Open, FailurePolicy::Closed {{ retry_after }} or FailurePolicy::Local {{ share }} with Limit::on_store_error",
-                        name.as_str()
-                    ),
-                )
-            })?;
-            let local_spec = match policy {
-                FailurePolicy::Local { share } => {
-                    any_local = true;
-                    LimitSpec::new(name, local_quota(spec, share)?, spec.algorithm())
-                }
-                _ => LimitSpec::new(name, *spec.quota(), spec.algorithm()),
-            };
-            local_specs.push(local_spec);
-            let info = script::limit_info(spec, keys::encode_name(name.as_str())?)?;
-            if spec.algorithm() == AlgorithmKind::SlidingLog && info.limit > MAX_SLIDING_LOG {
-                return Err(ConfigError::new(
-                    "quota.count",
-                    format!(
-                        "limit {:?}: a sliding log on Redis keeps one entry per admission, so its count must be at most {MAX_SLIDING_LOG} (got {}); use AlgorithmKind::SlidingWindow for larger limits",
-                        name.as_str(),
-                        info.limit
-                    ),
-                ));
-            }
-            infos.push(info);
-            policies.push(policy);
-        }
-        let local = if any_local {
-            let build = self.local.unwrap_or_else(|| {
-                Box::new(|specs| {
-                    Ok(Box::new(MemoryBackend::new().build(specs)?) as Box<dyn store::LocalStore>)
-                })
-            });
-            Some(build(&local_specs)?)
+        let compiled = compile_limits(limits)?;
+        let (local, local_builder) = if compiled.any_local {
+            (Some(build_local(self.local, &compiled.local_specs)?), None)
         } else {
-            None
+            (None, self.local)
         };
         let script = Arc::new(LuaScript::assemble(
-            &limits
+            &compiled
+                .infos
                 .iter()
-                .zip(&infos)
-                .map(|(spec, info)| (spec.algorithm(), info.params))
+                .map(|info| (info.algorithm, info.params))
                 .collect::<Vec<_>>(),
         ));
         Ok(RedisStore::from_inner(store::Inner {
-            limits: infos,
-            policies,
+            limits: compiled.infos,
+            policies: compiled.policies,
             keys,
             script,
             target,
@@ -544,6 +509,7 @@ impl Backend for RedisBackend {
             clock: self.clock,
             batching: (self.batching && !cluster).then_some((self.max_batch, self.max_in_flight)),
             local,
+            local_builder: Arc::new(std::sync::Mutex::new(local_builder)),
             stats: self.stats,
             links: Default::default(),
             breakers: Default::default(),
@@ -552,6 +518,90 @@ impl Backend for RedisBackend {
             born: std::time::Instant::now(),
             connected: Default::default(),
         }))
+    }
+}
+
+/// A store's limits, checked and compiled for the script.
+pub(crate) struct CompiledLimits {
+    pub(crate) infos: Vec<script::LimitInfo>,
+    pub(crate) policies: Vec<FailurePolicy>,
+    /// The local fallback's limits (each limit's share of its quota, when `Local`).
+    pub(crate) local_specs: Vec<LimitSpec>,
+    pub(crate) any_local: bool,
+}
+
+/// Checks `limits` (count, unique names, failure policies, Redis bounds) and compiles them.
+pub(crate) fn compile_limits(limits: &[LimitSpec]) -> Result<CompiledLimits, ConfigError> {
+    if limits.is_empty() || limits.len() > MAX_LIMITS {
+        return Err(ConfigError::new(
+            "limits",
+            format!("configure 1 to {MAX_LIMITS} limits per layer; stack layers for more"),
+        ));
+    }
+    let mut infos = Vec::with_capacity(limits.len());
+    let mut policies = Vec::with_capacity(limits.len());
+    let mut local_specs = Vec::with_capacity(limits.len());
+    let mut any_local = false;
+    for (i, spec) in limits.iter().enumerate() {
+        spec.validate()?;
+        let name = spec.name();
+        if limits[..i].iter().any(|s| s.name() == name) {
+            return Err(ConfigError::new(
+                "limit.name",
+                format!(
+                    "two limits are named {:?}; names must be unique because they name the Redis keys",
+                    name.as_str()
+                ),
+            ));
+        }
+        let policy = spec.failure_policy().ok_or_else(|| {
+            ConfigError::new(
+                "failure_policy",
+                format!(
+                    "limit {:?} has no failure policy; a Redis-backed limit must say what happens when Redis is unreachable: set FailurePolicy::Open, FailurePolicy::Closed {{ retry_after }} or FailurePolicy::Local {{ share }} with Limit::on_store_error",
+                    name.as_str()
+                ),
+            )
+        })?;
+        let local_spec = match policy {
+            FailurePolicy::Local { share } => {
+                any_local = true;
+                LimitSpec::new(name, local_quota(spec, share)?, spec.algorithm())
+            }
+            _ => LimitSpec::new(name, *spec.quota(), spec.algorithm()),
+        };
+        local_specs.push(local_spec);
+        let info = script::limit_info(spec, keys::encode_name(name.as_str())?)?;
+        if spec.algorithm() == AlgorithmKind::SlidingLog && info.limit > MAX_SLIDING_LOG {
+            return Err(ConfigError::new(
+                "quota.count",
+                format!(
+                    "limit {:?}: a sliding log on Redis keeps one entry per admission, so its count must be at most {MAX_SLIDING_LOG} (got {}); use AlgorithmKind::SlidingWindow for larger limits",
+                    name.as_str(),
+                    info.limit
+                ),
+            ));
+        }
+        infos.push(info);
+        policies.push(policy);
+    }
+    Ok(CompiledLimits {
+        infos,
+        policies,
+        local_specs,
+        any_local,
+    })
+}
+
+/// The local fallback store for `specs`: `builder`'s ([`RedisBackend::local_fallback`]), or a
+/// default [`MemoryBackend`]'s.
+pub(crate) fn build_local(
+    builder: Option<LocalBuilder>,
+    specs: &[LimitSpec],
+) -> Result<Box<dyn store::LocalStore>, ConfigError> {
+    match builder {
+        Some(build) => build(specs),
+        None => Ok(Box::new(MemoryBackend::new().build(specs)?)),
     }
 }
 
@@ -629,14 +679,19 @@ fn local_quota(spec: &LimitSpec, share: f64) -> Result<Quota, ConfigError> {
             ),
         ));
     }
-    let q = spec.quota();
+    let local = local_share(spec.quota(), share);
+    spec.algorithm().validate(&local)?;
+    Ok(local)
+}
+
+/// `share` (in (0, 1]) of `q`: its count and explicit burst, rounded down, at least 1.
+pub(crate) fn local_share(q: &Quota, share: f64) -> Quota {
     let scale = |n: u64| ((n as f64 * share).floor() as u64).max(1);
     let mut local = Quota::per(q.period(), scale(q.count())).with_calendar(q.calendar());
     if q.has_explicit_burst() {
         local = local.burst(scale(q.burst_size()));
     }
-    spec.algorithm().validate(&local)?;
-    Ok(local)
+    local
 }
 
 #[cfg(test)]

@@ -8,13 +8,12 @@ use std::time::Duration;
 
 use redis::{Cmd, Value};
 
-use crate::algorithm::{
-    Algorithm, AlgorithmKind, FixedWindow, Gcra, LeakyBucket, SlidingLog, SlidingWindow,
-    TokenBucket,
-};
+use crate::algorithm::{Algorithm, AlgorithmKind};
 use crate::decision::{Decision, PolicyName};
 use crate::error::{ConfigError, StoreError, StoreErrorKind};
-use crate::store::{LimitSpec, MAX_LIMITS};
+use crate::quota::Quota;
+use crate::store::plan_quota::CompiledAlgorithm;
+use crate::store::{LimitSpec, PlanQuota, MAX_LIMITS};
 
 const PRELUDE: &str = include_str!("scripts/prelude.lua");
 const DRIVER: &str = include_str!("scripts/driver.lua");
@@ -63,89 +62,92 @@ pub(crate) struct ScriptParams {
     pub(crate) p: [u64; 3],
 }
 
+/// A quota as one check carries it to the script: its parameters (sent with the check), and
+/// `Decision::limit` as its algorithm reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct QuotaArg {
+    pub(crate) params: ScriptParams,
+    pub(crate) limit: u64,
+}
+
+impl QuotaArg {
+    /// The script parameters of `quota`, compiled already (no validation per check).
+    pub(crate) fn of(quota: &PlanQuota) -> Self {
+        let q = quota.quota();
+        // The buckets: (unit, per, cap) in the token bucket's fixed point.
+        let bucket = |q: &Quota| {
+            let fp = q.fixed_point();
+            [fp.unit, fp.per_micro, q.burst_size() * fp.unit]
+        };
+        let window = |q: &Quota| [q.period_micros(), q.count(), 0];
+        // p3 = 0: windows of p1 µs from the epoch; else a calendar (see fixed_window.lua).
+        let fixed = |q: &Quota| {
+            let (period, calendar) = q
+                .calendar()
+                .map_or((q.period_micros(), 0), |c| c.script_params());
+            [period, q.count(), calendar]
+        };
+        let (p, idle) = match &quota.compiled {
+            CompiledAlgorithm::TokenBucket(a) => (bucket(q), a.idle_timeout_micros()),
+            CompiledAlgorithm::Gcra(a) => (bucket(q), a.idle_timeout_micros()),
+            CompiledAlgorithm::LeakyBucket(a) => (bucket(q), a.idle_timeout_micros()),
+            CompiledAlgorithm::FixedWindow(a) => (fixed(q), a.idle_timeout_micros()),
+            CompiledAlgorithm::SlidingWindow(a) => (window(q), a.idle_timeout_micros()),
+            CompiledAlgorithm::SlidingLog(a) => (window(q), a.idle_timeout_micros()),
+        };
+        Self {
+            params: ScriptParams {
+                code: script_of(quota.algorithm()).code,
+                ttl_ms: idle.div_ceil(1000).max(1),
+                p,
+            },
+            limit: quota.capacity(),
+        }
+    }
+}
+
 /// What the store needs to know about one configured limit.
 #[derive(Debug, Clone)]
 pub(crate) struct LimitInfo {
     pub(crate) name: PolicyName,
     pub(crate) name_enc: String,
     pub(crate) short: &'static str,
+    pub(crate) algorithm: AlgorithmKind,
+    /// The parameters the script holds for this limit: those its unmarked keys were written at
+    /// (see `scripts/prelude.lua`). The limit's own, unless the store was reconfigured from one
+    /// where the limit of this name had another quota.
     pub(crate) params: ScriptParams,
     /// `Decision::limit` as the algorithm reports it.
     pub(crate) limit: u64,
+    /// The limit's own quota when it is not `params` (reconfigured): every check without a plan
+    /// then carries it, as a plan would.
+    pub(crate) own: Option<QuotaArg>,
+}
+
+impl LimitInfo {
+    /// Keeps reading unmarked keys as `earlier` (the same limit in the store this one
+    /// reconfigures) wrote them: checks at this limit's own quota then carry it when it differs.
+    pub(crate) fn inherit(&mut self, earlier: &LimitInfo) {
+        let own = QuotaArg {
+            params: self.params,
+            limit: self.limit,
+        };
+        self.params = earlier.params;
+        self.own = (own.params.p != self.params.p).then_some(own);
+    }
 }
 
 /// Computes a limit's script parameters from its algorithm's exact integer formulas.
 pub(crate) fn limit_info(spec: &LimitSpec, name_enc: String) -> Result<LimitInfo, ConfigError> {
-    let quota = *spec.quota();
-    let s = script_of(spec.algorithm());
-    let (p, idle, limit) = match spec.algorithm() {
-        AlgorithmKind::TokenBucket => {
-            let a = TokenBucket::new(quota)?;
-            let fp = quota.fixed_point();
-            let cap = quota.burst_size() * fp.unit;
-            (
-                [fp.unit, fp.per_micro, cap],
-                a.idle_timeout_micros(),
-                a.decide(&Default::default(), 0, 0).limit(),
-            )
-        }
-        AlgorithmKind::Gcra => {
-            let a = Gcra::new(quota)?;
-            let fp = quota.fixed_point();
-            (
-                [fp.unit, fp.per_micro, quota.burst_size() * fp.unit],
-                a.idle_timeout_micros(),
-                a.decide(&Default::default(), 0, 0).limit(),
-            )
-        }
-        AlgorithmKind::FixedWindow => {
-            let a = FixedWindow::new(quota)?;
-            // p3 = 0: windows of p1 µs from the epoch; else a calendar (see fixed_window.lua).
-            let (period, calendar) = quota
-                .calendar()
-                .map_or((quota.period_micros(), 0), |c| c.script_params());
-            (
-                [period, quota.count(), calendar],
-                a.idle_timeout_micros(),
-                a.decide(&Default::default(), 0, 0).limit(),
-            )
-        }
-        AlgorithmKind::SlidingWindow => {
-            let a = SlidingWindow::new(quota)?;
-            (
-                [quota.period_micros(), quota.count(), 0],
-                a.idle_timeout_micros(),
-                a.decide(&Default::default(), 0, 0).limit(),
-            )
-        }
-        AlgorithmKind::SlidingLog => {
-            let a = SlidingLog::new(quota)?;
-            (
-                [quota.period_micros(), quota.count(), 0],
-                a.idle_timeout_micros(),
-                a.decide(&Default::default(), 0, 0).limit(),
-            )
-        }
-        AlgorithmKind::LeakyBucket => {
-            let a = LeakyBucket::new(quota)?;
-            let fp = quota.fixed_point();
-            (
-                [fp.unit, fp.per_micro, quota.burst_size() * fp.unit],
-                a.idle_timeout_micros(),
-                a.decide(&Default::default(), 0, 0).limit(),
-            )
-        }
-    };
+    let arg = QuotaArg::of(&PlanQuota::new(spec.algorithm(), *spec.quota())?);
     Ok(LimitInfo {
         name: spec.name(),
         name_enc,
-        short: s.short,
-        params: ScriptParams {
-            code: s.code,
-            ttl_ms: idle.div_ceil(1000).max(1),
-            p,
-        },
-        limit,
+        short: script_of(spec.algorithm()).short,
+        algorithm: spec.algorithm(),
+        params: arg.params,
+        limit: arg.limit,
+        own: None,
     })
 }
 
@@ -192,6 +194,15 @@ impl LuaScript {
             );
         }
         code.push_str("  error('tollgate: unknown limit ' .. tostring(i))\nend\n\n");
+        code.push_str("-- Each limit's plan change (see REBASE.md), by configuration index.\nlocal function REBASE(i)\n");
+        for (i, (k, _)) in limits.iter().enumerate() {
+            let _ = writeln!(
+                code,
+                "  if i == {i} then return {}_rebase end",
+                script_of(*k).functions
+            );
+        }
+        code.push_str("  error('tollgate: unknown limit ' .. tostring(i))\nend\n\n");
         code.push_str(DRIVER);
         let sha = redis::Script::new(&code).get_hash().to_owned();
         Self { code, sha }
@@ -223,6 +234,16 @@ pub(crate) struct LimitArg {
     /// Index of the limit in the store's configuration.
     pub(crate) limit: usize,
     pub(crate) cost: u64,
+    /// The quota to decide at, when it is not the script's (a plan, or the limit's own quota
+    /// after a reconfiguration changed it).
+    pub(crate) quota: Option<QuotaArg>,
+}
+
+impl LimitArg {
+    /// `Decision::limit` of this check.
+    pub(crate) fn reported_limit(&self, info: &LimitInfo) -> u64 {
+        self.quota.map_or(info.limit, |q| q.limit)
+    }
 }
 
 /// A group of limits decided all-or-nothing in one script run; all keys share a hash slot (in a
@@ -270,9 +291,13 @@ pub(crate) fn pack_args<'g>(
     if mode == Mode::Batch {
         cmd.arg("b");
         for l in groups.flat_map(|g| &g.limits) {
-            match l.limit {
-                0 => cmd.arg(l.cost),
-                i => cmd.arg(format!("{i}:{}", l.cost)),
+            match (l.limit, l.quota) {
+                (0, None) => cmd.arg(l.cost),
+                (i, None) => cmd.arg(format!("{i}:{}", l.cost)),
+                (i, Some(q)) => {
+                    let [p1, p2, p3] = q.params.p;
+                    cmd.arg(format!("{i}:{}:{}:{p1}:{p2}:{p3}", l.cost, q.params.ttl_ms))
+                }
             };
         }
         return;
@@ -294,7 +319,14 @@ pub(crate) fn pack_args<'g>(
     }
     for g in groups {
         for l in &g.limits {
-            cmd.arg(l.limit).arg(l.cost);
+            match l.quota {
+                None => cmd.arg(l.limit),
+                Some(q) => {
+                    let [p1, p2, p3] = q.params.p;
+                    cmd.arg(format!("{}:{}:{p1}:{p2}:{p3}", l.limit, q.params.ttl_ms))
+                }
+            };
+            cmd.arg(l.cost);
         }
     }
 }
@@ -349,8 +381,12 @@ fn invalid(msg: String) -> StoreError {
     StoreError::new(StoreErrorKind::InvalidResponse, msg)
 }
 
-/// Turns one limit's five reply integers into a decision.
-pub(crate) fn decision(info: &LimitInfo, r: &[i64]) -> Result<(Decision, bool), StoreError> {
+/// Turns one limit's five reply integers into a decision, reported with `limit`.
+pub(crate) fn decision(
+    info: &LimitInfo,
+    limit: u64,
+    r: &[i64],
+) -> Result<(Decision, bool), StoreError> {
     let &[allowed, remaining, reset, retry, corrupt] = r else {
         return Err(invalid(format!("expected 5 integers per limit, got {r:?}")));
     };
@@ -359,10 +395,10 @@ pub(crate) fn decision(info: &LimitInfo, r: &[i64]) -> Result<(Decision, bool), 
     };
     let reset = Duration::from_micros(reset);
     let d = match (allowed, retry) {
-        (1, _) => Decision::allowed_with(info.limit, remaining, reset),
-        (0, -1) => Decision::impossible(info.limit, remaining, reset),
+        (1, _) => Decision::allowed_with(limit, remaining, reset),
+        (0, -1) => Decision::impossible(limit, remaining, reset),
         (0, retry) if retry > 0 => Decision::rejected(
-            info.limit,
+            limit,
             remaining,
             reset,
             Duration::from_micros(retry.unsigned_abs()),
@@ -403,7 +439,11 @@ mod tests {
         let args = |mode, now, reserved_at| {
             let group = Group {
                 keys: vec!["k".into()],
-                limits: vec![LimitArg { limit: 0, cost: 3 }],
+                limits: vec![LimitArg {
+                    limit: 0,
+                    cost: 3,
+                    quota: None,
+                }],
                 now,
                 reserved_at,
             };
@@ -428,6 +468,85 @@ mod tests {
     }
 
     #[test]
+    fn a_plan_sends_its_parameters_with_its_check() {
+        let plan =
+            PlanQuota::new(AlgorithmKind::TokenBucket, Quota::per_second(10).burst(20)).unwrap();
+        let arg = QuotaArg::of(&plan);
+        assert_eq!(arg.params.p, [100_000, 1, 2_000_000]);
+        assert_eq!((arg.params.ttl_ms, arg.limit), (2_000, 20));
+        let group = |limit, quota| Group {
+            keys: vec!["k".into()],
+            limits: vec![LimitArg {
+                limit,
+                cost: 3,
+                quota,
+            }],
+            now: None,
+            reserved_at: None,
+        };
+        let args = |mode, g: &Group| {
+            let mut cmd = redis::cmd("EVALSHA");
+            pack_args(&mut cmd, mode, std::iter::once(g));
+            cmd.args_iter()
+                .skip(3)
+                .map(|a| match a {
+                    redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                    _ => "<cursor>".to_owned(),
+                })
+                .collect::<Vec<_>>()
+        };
+        // Without a plan, nothing more than before.
+        assert_eq!(args(Mode::Batch, &group(0, None)), ["b", "3"]);
+        assert_eq!(args(Mode::Batch, &group(2, None)), ["b", "2:3"]);
+        assert_eq!(args(Mode::Check, &group(2, None)), ["c", "1", "", "2", "3"]);
+        // With one, its ttl and parameters.
+        assert_eq!(
+            args(Mode::Batch, &group(0, Some(arg))),
+            ["b", "0:3:2000:100000:1:2000000"]
+        );
+        assert_eq!(
+            args(Mode::Check, &group(1, Some(arg))),
+            ["c", "1", "", "1:2000:100000:1:2000000", "3"]
+        );
+    }
+
+    #[test]
+    fn a_reconfigured_limit_keeps_the_scripts_parameters_and_sends_its_own() {
+        let spec = |q| LimitSpec::new(PolicyName::new("b"), q, AlgorithmKind::FixedWindow);
+        let before = limit_info(&spec(Quota::per_minute(5)), "b".into()).unwrap();
+        let mut same = limit_info(&spec(Quota::per_minute(5)), "b".into()).unwrap();
+        same.inherit(&before);
+        assert_eq!((same.params, same.own), (before.params, None));
+        let mut raised = limit_info(&spec(Quota::per_minute(10)), "b".into()).unwrap();
+        raised.inherit(&before);
+        assert_eq!(raised.params, before.params, "unmarked keys read as before");
+        let own = raised.own.expect("its own quota goes with each check");
+        assert_eq!((own.params.p, own.limit), ([60_000_000, 10, 0], 10));
+        let mut again = limit_info(&spec(Quota::per_minute(3)), "b".into()).unwrap();
+        again.inherit(&raised);
+        assert_eq!(
+            again.params, before.params,
+            "inherited through every reload"
+        );
+        assert_eq!(again.own.unwrap().limit, 3);
+    }
+
+    #[test]
+    fn every_limit_has_a_rebase() {
+        let p = |k| QuotaArg::of(&PlanQuota::new(k, Quota::per_minute(10)).unwrap()).params;
+        let all: Vec<_> = AlgorithmKind::ALL.into_iter().map(|k| (k, p(k))).collect();
+        let code = LuaScript::assemble(&all).code().to_owned();
+        for (i, k) in AlgorithmKind::ALL.into_iter().enumerate() {
+            let f = script_of(k).functions;
+            assert!(
+                code.contains(&format!("if i == {i} then return {f}_rebase end")),
+                "{k}"
+            );
+            assert!(code.contains(&format!("local function {f}_rebase(")), "{k}");
+        }
+    }
+
+    #[test]
     fn token_bucket_params_follow_the_fixed_point() {
         let spec = LimitSpec::new(
             PolicyName::new("b"),
@@ -448,15 +567,15 @@ mod tests {
             AlgorithmKind::TokenBucket,
         );
         let info = limit_info(&spec, "b".into()).unwrap();
-        let (d, corrupt) = decision(&info, &[0, 0, 1_000_000, 500_000, 1]).unwrap();
+        let (d, corrupt) = decision(&info, info.limit, &[0, 0, 1_000_000, 500_000, 1]).unwrap();
         assert!(!d.allowed() && corrupt);
         assert_eq!(d.retry_after(), Some(Duration::from_millis(500)));
         assert!(
-            decision(&info, &[0, 0, 1, 0, 0]).is_err(),
+            decision(&info, info.limit, &[0, 0, 1, 0, 0]).is_err(),
             "rejected needs a positive retry"
         );
-        assert!(decision(&info, &[1, -1, 1, 0, 0]).is_err());
-        assert!(decision(&info, &[1, 1]).is_err());
+        assert!(decision(&info, info.limit, &[1, -1, 1, 0, 0]).is_err());
+        assert!(decision(&info, info.limit, &[1, 1]).is_err());
         assert!(reply_ints(Value::Okay).is_err());
         assert!(reply_ints(Value::BulkString(vec![0; 7])).is_err());
         let mut bytes = 5i64.to_le_bytes().to_vec();

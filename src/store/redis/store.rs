@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -12,14 +12,18 @@ use tokio::sync::{mpsc, oneshot};
 use super::breaker::{Breaker, Breakers};
 use super::conn::{slot_of_tag, BatchError, Handle, Job, LinkConfig, Links, SlotMap, Target};
 use super::keys::KeyEncoder;
-use super::script::{decision, reply_ints, Group, Ints, LimitArg, LimitInfo, LuaScript, Mode};
+use super::script::{
+    decision, reply_ints, Group, Ints, LimitArg, LimitInfo, LuaScript, Mode, QuotaArg,
+};
 use super::stats::RedisStats;
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::{StoreError, StoreErrorKind};
 use crate::key::Key;
 use crate::store::memory::MemoryStore;
-use crate::store::{Checked, Decisions, FailurePolicy, LimitCheck, Store, MAX_LIMITS};
+use crate::store::{
+    Checked, Decisions, FailurePolicy, LimitCheck, LimitSpec, PlanQuota, Store, MAX_LIMITS,
+};
 
 type BoxFuture = Pin<Box<dyn Future<Output = Result<Decisions, StoreError>> + Send + 'static>>;
 
@@ -46,20 +50,24 @@ pub(crate) struct Inner {
     pub(crate) clock: Option<Arc<dyn Clock>>,
     pub(crate) batching: Option<(usize, usize)>,
     pub(crate) local: Option<Box<dyn LocalStore>>,
+    /// The backend's local fallback builder, until a store needs it (shared with the stores
+    /// reconfigured from this one).
+    pub(crate) local_builder: Arc<Mutex<Option<super::LocalBuilder>>>,
+    // Everything below is shared (Arc) with the stores reconfigured from this one.
     pub(crate) stats: RedisStats,
     /// The connection (and batcher) of each tokio runtime the store is used from.
-    pub(crate) links: Links,
+    pub(crate) links: Arc<Links>,
     /// One circuit breaker per node.
-    pub(crate) breakers: Breakers,
+    pub(crate) breakers: Arc<Breakers>,
     /// The Cluster's slot map (empty for a single node, or until read), which picks a group's
     /// breaker.
-    pub(crate) slots: RwLock<Arc<SlotMap>>,
+    pub(crate) slots: Arc<RwLock<Arc<SlotMap>>>,
     /// When the slot map was last asked for (ms since the store was built), to ask at most once
     /// per probe interval.
-    pub(crate) slots_asked: AtomicU64,
+    pub(crate) slots_asked: Arc<AtomicU64>,
     pub(crate) born: std::time::Instant,
     /// Set once Redis has answered; until then calls may take `connect_timeout`.
-    pub(crate) connected: AtomicBool,
+    pub(crate) connected: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -138,15 +146,8 @@ impl Store for RedisStore {
         if checks.is_empty() {
             return Checked::Ready(Ok(Decisions::new()));
         }
-        if checks.len() > MAX_LIMITS || checks.iter().any(|c| c.limit >= inner.limits.len()) {
-            return Checked::Ready(Err(StoreError::new(
-                StoreErrorKind::Other,
-                format!(
-                    "{} checks for {} configured limits (at most {MAX_LIMITS})",
-                    checks.len(),
-                    inner.limits.len()
-                ),
-            )));
+        if let Err(e) = inner.validate(checks) {
+            return Checked::Ready(Err(e));
         }
         let now = inner.clock.as_ref().map(|c| unix_micros(&**c));
         let mut limits = [0usize; MAX_LIMITS];
@@ -166,28 +167,183 @@ impl Store for RedisStore {
             crate::metrics::record_store_error(StoreErrorKind::Unavailable);
             inner.spawn_probe(node, None);
             tracing::debug!("redis circuit breaker open; deciding by failure policy");
-            return Checked::Ready(inner.degrade(fallback, checks));
+            let local: Vec<LocalCheck<'_>> = checks.iter().map(LocalCheck::from).collect();
+            return Checked::Ready(inner.degrade(fallback, &local));
         }
-        let plan = inner.plan(checks, now);
-        let local: Vec<LimitCheck<'static>> = checks
+        let plan = inner.plan(checks, now, None);
+        let local: Vec<LocalCheck<'static>> = checks
             .iter()
             .filter(|c| matches!(inner.policies[c.limit], FailurePolicy::Local { .. }))
-            .map(|c| LimitCheck::new(c.limit, c.key.clone().into_owned(), c.cost))
+            .map(|c| LocalCheck::from(c).into_owned())
             .collect();
         Checked::Pending(RedisFuture {
             inner: Box::pin(inner.clone().run(plan, fallback, local)),
         })
+    }
+
+    /// Gives back what an allowed [`check`](Store::check) of the same `checks` charged at
+    /// `reserved_at` (its [`Decisions::decided_at`]: Redis `TIME`, or the store's clock),
+    /// applied at the time of the refund, each limit at its check's quota: the refund script the
+    /// store already runs for a Cluster request rejected in another slot (see [the module
+    /// docs](super#several-limits-per-request)). A refund gives back only what its reservation
+    /// still takes, so a late one never lets a limit admit more than its quota.
+    ///
+    /// On a Cluster, checks in several hash slots are refunded slot by slot, concurrently. When
+    /// Redis cannot be reached (or its circuit breaker is open) the refund fails with the error
+    /// and the units stay spent until they refill ([`RedisStats::refund_failures`]): failure
+    /// policies decide checks, not refunds.
+    fn refund(&self, checks: &[LimitCheck<'_>], reserved_at: u64) -> Checked<RedisFuture> {
+        let inner = &self.inner;
+        if checks.is_empty() {
+            return Checked::Ready(Ok(Decisions::new()));
+        }
+        if let Err(e) = inner.validate(checks) {
+            return Checked::Ready(Err(e));
+        }
+        let now = inner.clock.as_ref().map(|c| unix_micros(&**c));
+        let plan = inner.plan(checks, now, Some(reserved_at));
+        Checked::Pending(RedisFuture {
+            inner: Box::pin(inner.clone().give_back(plan, checks.len())),
+        })
+    }
+
+    /// A store deciding `limits` on the same connections, circuit breakers, statistics and
+    /// settings (and the local fallback's counters, for `Local` limits of the same name), with
+    /// its own script. Redis keys are named by the limit's name and algorithm, so every limit of
+    /// the same name and algorithm keeps its counters; a limit whose quota changed keeps what
+    /// each key spent (as a plan change does: see [`PlanQuota`]), new limits start fresh, and
+    /// the keys of limits that are gone expire.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tollgate::store::redis::RedisBackend;
+    /// use tollgate::store::{Backend, FailurePolicy, LimitSpec, Store};
+    /// use tollgate::{AlgorithmKind, PolicyName, Quota};
+    ///
+    /// # fn demo() -> Result<(), tollgate::ConfigError> {
+    /// let api = |q| {
+    ///     LimitSpec::new(PolicyName::new("api"), q, AlgorithmKind::FixedWindow)
+    ///         .on_store_error(FailurePolicy::Open)
+    /// };
+    /// let store = RedisBackend::new("redis://127.0.0.1:6379").build(&[api(Quota::per_minute(5))])?;
+    /// // Raised to 10 per minute: a key that spent 5 this minute has 5 left, not 10.
+    /// let raised = store.reconfigure(&[api(Quota::per_minute(10))])?;
+    /// # let _ = raised;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// A limit whose quota changed is read, in keys it has not written since, as the store it
+    /// was reconfigured from wrote them; a store built afresh reads them at its own quota.
+    fn reconfigure(&self, limits: &[LimitSpec]) -> Result<Self, crate::ConfigError> {
+        let old = &self.inner;
+        let mut compiled = super::compile_limits(limits)?;
+        for info in &mut compiled.infos {
+            if let Some(earlier) = old
+                .limits
+                .iter()
+                .find(|o| o.name == info.name && o.algorithm == info.algorithm)
+            {
+                info.inherit(earlier);
+            }
+        }
+        let local = if compiled.any_local {
+            Some(match &old.local {
+                Some(local) => local.reconfigure(&compiled.local_specs)?,
+                None => {
+                    let builder = old
+                        .local_builder
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .take();
+                    super::build_local(builder, &compiled.local_specs)?
+                }
+            })
+        } else {
+            None
+        };
+        let script = Arc::new(LuaScript::assemble(
+            &compiled
+                .infos
+                .iter()
+                .map(|info| (info.algorithm, info.params))
+                .collect::<Vec<_>>(),
+        ));
+        let store = Self {
+            inner: Arc::new(Inner {
+                limits: compiled.infos,
+                policies: compiled.policies,
+                keys: old.keys.clone(),
+                script,
+                target: old.target.clone(),
+                cluster: old.cluster,
+                connect_timeout: old.connect_timeout,
+                timeout: old.timeout,
+                breaker_threshold: old.breaker_threshold,
+                probe_interval: old.probe_interval,
+                clock: old.clock.clone(),
+                batching: old.batching,
+                local,
+                local_builder: old.local_builder.clone(),
+                stats: old.stats.clone(),
+                links: old.links.clone(),
+                breakers: old.breakers.clone(),
+                slots: old.slots.clone(),
+                slots_asked: old.slots_asked.clone(),
+                born: old.born,
+                connected: old.connected.clone(),
+            }),
+        };
+        store.inner.load_script();
+        Ok(store)
+    }
+}
+
+/// A check as the local fallback limiter takes it: its quota, if any, is scaled by the limit's
+/// share when the fallback decides.
+#[derive(Debug, Clone)]
+struct LocalCheck<'a> {
+    check: LimitCheck<'a>,
+    quota: Option<PlanQuota>,
+}
+
+impl<'a> From<&LimitCheck<'a>> for LocalCheck<'a> {
+    fn from(c: &LimitCheck<'a>) -> Self {
+        Self {
+            check: LimitCheck::new(c.limit, c.key.clone(), c.cost),
+            quota: c.quota.copied(),
+        }
+    }
+}
+
+impl LocalCheck<'_> {
+    fn into_owned(self) -> LocalCheck<'static> {
+        LocalCheck {
+            check: LimitCheck::new(
+                self.check.limit,
+                self.check.key.into_owned(),
+                self.check.cost,
+            ),
+            quota: self.quota,
+        }
     }
 }
 
 /// The local fallback limiter, whatever its clock.
 pub(crate) trait LocalStore: Send + Sync + 'static {
     fn check_all(&self, checks: &[LimitCheck<'_>]) -> Result<Decisions, StoreError>;
+
+    /// The fallback for a reconfigured store's limits, keeping the counters of those that stay.
+    fn reconfigure(&self, specs: &[LimitSpec]) -> Result<Box<dyn LocalStore>, crate::ConfigError>;
 }
 
 impl<C: Clock> LocalStore for MemoryStore<C> {
     fn check_all(&self, checks: &[LimitCheck<'_>]) -> Result<Decisions, StoreError> {
         MemoryStore::check_all(self, checks)
+    }
+
+    fn reconfigure(&self, specs: &[LimitSpec]) -> Result<Box<dyn LocalStore>, crate::ConfigError> {
+        Ok(Box::new(Store::reconfigure(self, specs)?))
     }
 }
 
@@ -237,9 +393,61 @@ impl Inner {
             target: &self.target,
             connect_timeout: self.connect_timeout,
             batching: self.batching,
-            script: &self.script,
             stats: &self.stats,
         }
+    }
+
+    /// Refuses checks no configuration can decide: too many, an unknown limit index, or a quota
+    /// for another algorithm than its limit's.
+    fn validate(&self, checks: &[LimitCheck<'_>]) -> Result<(), StoreError> {
+        if checks.len() > MAX_LIMITS || checks.iter().any(|c| c.limit >= self.limits.len()) {
+            return Err(StoreError::new(
+                StoreErrorKind::Other,
+                format!(
+                    "{} checks for {} configured limits (at most {MAX_LIMITS})",
+                    checks.len(),
+                    self.limits.len()
+                ),
+            ));
+        }
+        for c in checks {
+            let info = &self.limits[c.limit];
+            if let Some(q) = c.quota {
+                if q.algorithm() != info.algorithm {
+                    return Err(StoreError::new(
+                        StoreErrorKind::Other,
+                        format!(
+                            "limit {:?} is decided by {}, but its check carries a quota for {} ({:?}); a plan's quota must use its limit's algorithm: build it with PlanQuota::new(AlgorithmKind::{:?}, ..)",
+                            info.name.as_str(),
+                            info.algorithm,
+                            q.algorithm(),
+                            q.quota(),
+                            info.algorithm,
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Loads this store's script on the current runtime's connection, in the background (a
+    /// reconfigured store shares a connection that was warmed up with another script). Without
+    /// it, the first call sends the script (`NOSCRIPT`, then `EVAL`).
+    fn load_script(self: &Arc<Self>) {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        let Ok(handle) = self.handle() else {
+            return;
+        };
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(self.script.code());
+        tokio::spawn(async move {
+            if let Err(e) = handle.conn.query(&load).await {
+                tracing::debug!(error = %e, "loading the reconfigured script failed; the first call will send it");
+            }
+        });
     }
 
     /// The connection of the current runtime. A new one is warmed up in the background: the
@@ -307,7 +515,9 @@ impl Inner {
         }
     }
 
-    fn plan(&self, checks: &[LimitCheck<'_>], now: Option<u64>) -> Plan {
+    /// The script call(s) for `checks`: a check (`reserved_at` `None`) or a refund of a check
+    /// charged at `reserved_at`.
+    fn plan(&self, checks: &[LimitCheck<'_>], now: Option<u64>, reserved_at: Option<u64>) -> Plan {
         let mut scratch = Vec::with_capacity(64);
         if !self.cluster {
             // On a single node every limit goes in one script call, whatever its slot.
@@ -315,7 +525,7 @@ impl Inner {
                 keys: Vec::with_capacity(checks.len()),
                 limits: Vec::with_capacity(checks.len()),
                 now,
-                reserved_at: None,
+                reserved_at,
             };
             for c in checks {
                 let info = &self.limits[c.limit];
@@ -326,6 +536,7 @@ impl Inner {
                 group.limits.push(LimitArg {
                     limit: c.limit,
                     cost: c.cost,
+                    quota: quota_arg(c, info),
                 });
             }
             return Plan {
@@ -350,6 +561,7 @@ impl Inner {
                     nodes.push(self.node_of(&enc.tag));
                     groups.push(Group {
                         now,
+                        reserved_at,
                         ..Group::default()
                     });
                     positions.push(Vec::with_capacity(checks.len()));
@@ -360,6 +572,7 @@ impl Inner {
             groups[g].limits.push(LimitArg {
                 limit: c.limit,
                 cost: c.cost,
+                quota: quota_arg(c, info),
             });
             positions[g].push(i);
         }
@@ -374,16 +587,23 @@ impl Inner {
         self: Arc<Self>,
         plan: Plan,
         mut fb: Fallback,
-        local: Vec<LimitCheck<'static>>,
+        local: Vec<LocalCheck<'static>>,
     ) -> Result<Decisions, StoreError> {
         let several = plan.groups.len() > 1;
-        let results = self.call_groups(plan.groups, plan.nodes).await;
+        let results = self.call_groups(plan.groups, plan.nodes, Mode::Check).await;
+        // The earliest time Redis decided a group at (each master of a Cluster reads its own).
+        let mut decided_at: Option<u64> = None;
         for (g, (group, result)) in results.into_iter().enumerate() {
             let positions = match plan.positions.get(g) {
                 Some(p) => &p[..],
                 None => &IDENTITY[..group.len()],
             };
-            match result.and_then(|ints| self.parse_group(&group, positions, &ints, &mut fb.got)) {
+            let parsed =
+                result.and_then(|ints| self.parse_group(&group, positions, &ints, &mut fb.got));
+            if let Ok((now, _)) = parsed {
+                decided_at = Some(decided_at.map_or(now, |at| at.min(now)));
+            }
+            match parsed {
                 // Only a request split over several slots can need a refund.
                 Ok((now, true)) if several => fb.applied.push(Applied {
                     group,
@@ -401,7 +621,13 @@ impl Inner {
         }
         let applied = std::mem::take(&mut fb.applied);
         let mut result = if fb.error.is_none() {
-            Ok(collect(&fb))
+            let mut decisions = collect(&fb);
+            // Only when Redis decided every limit: a limit decided by its failure policy was
+            // not charged in Redis, and a refund must not give back what was never taken.
+            if let Some(at) = decided_at {
+                decisions.set_decided_at(at);
+            }
+            Ok(decisions)
         } else {
             self.degrade(fb, &local)
         };
@@ -410,6 +636,50 @@ impl Inner {
             self.refund(applied, &mut result).await;
         }
         result
+    }
+
+    /// [`Store::refund`]: sends each group's refund (concurrently on a Cluster) and reports every
+    /// limit as it stands after it. Fails with the first error; the groups that answered were
+    /// refunded all the same.
+    async fn give_back(self: Arc<Self>, plan: Plan, n: usize) -> Result<Decisions, StoreError> {
+        let results = self
+            .call_groups(plan.groups, plan.nodes, Mode::Refund)
+            .await;
+        let mut got = [None; MAX_LIMITS];
+        let mut error = None;
+        let mut at: Option<u64> = None;
+        for (g, (group, result)) in results.into_iter().enumerate() {
+            let positions = match plan.positions.get(g) {
+                Some(p) => &p[..],
+                None => &IDENTITY[..group.len()],
+            };
+            let parsed =
+                result.and_then(|ints| self.parse_group(&group, positions, &ints, &mut got));
+            self.stats.add_refund(parsed.is_ok());
+            match parsed {
+                Ok((now, _)) => at = Some(at.map_or(now, |a| a.min(now))),
+                Err(e) => {
+                    tracing::warn!(keys = ?group.keys, error = %e, "could not refund a reservation; it stays spent until it refills");
+                    error.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = error {
+            return Err(e);
+        }
+        let mut decisions = Decisions::new();
+        for d in &got[..n] {
+            decisions.push(d.ok_or_else(|| {
+                StoreError::new(
+                    StoreErrorKind::InvalidResponse,
+                    "a refund left a limit unreported",
+                )
+            })?);
+        }
+        if let Some(at) = at {
+            decisions.set_decided_at(at);
+        }
+        Ok(decisions)
     }
 
     /// Gives back what Redis charged for a request that is, as a whole, not allowed (Cluster,
@@ -486,7 +756,7 @@ impl Inner {
         let mut all = true;
         for (j, (&p, l)) in positions.iter().zip(&group.limits).enumerate() {
             let info = &self.limits[l.limit];
-            let (d, corrupt) = decision(info, &ints[1 + 5 * j..6 + 5 * j])?;
+            let (d, corrupt) = decision(info, l.reported_limit(info), &ints[1 + 5 * j..6 + 5 * j])?;
             if corrupt {
                 self.stats.add_corrupt_reset();
                 tracing::warn!(
@@ -507,17 +777,18 @@ impl Inner {
         self: &Arc<Self>,
         mut groups: Vec<Group>,
         mut nodes: Vec<(Arc<Breaker>, Option<String>)>,
+        mode: Mode,
     ) -> Vec<(Group, Result<Ints, StoreError>)> {
         if groups.len() == 1 {
             let group = groups.pop().expect("one group");
             let node = nodes.pop().expect("one node per group");
-            return vec![self.call_one(group, node).await];
+            return vec![self.call_one(group, node, mode).await];
         }
         futures_util::future::join_all(
             groups
                 .into_iter()
                 .zip(nodes)
-                .map(|(g, node)| self.call_one(g, node)),
+                .map(|(g, node)| self.call_one(g, node, mode)),
         )
         .await
     }
@@ -526,6 +797,7 @@ impl Inner {
         self: &Arc<Self>,
         group: Group,
         (breaker, addr): (Arc<Breaker>, Option<String>),
+        mode: Mode,
     ) -> (Group, Result<Ints, StoreError>) {
         if breaker.is_open() {
             self.stats.add_short_circuited();
@@ -544,23 +816,25 @@ impl Inner {
             self.timeout.max(self.connect_timeout)
         };
         let timer = crate::metrics::RedisTimer::start(); // metrics: the round trip
-        let (group, result) =
-            match self.handle() {
-                Err(e) => (group, Err(CallError::Store(e))),
-                Ok(handle) => match handle.batcher {
-                    Some(batcher) => self.send_batched(&batcher, group, timeout).await,
-                    None => {
-                        let result =
-                            match tokio::time::timeout(timeout, self.send(&handle.conn, &group))
-                                .await
-                            {
-                                Ok(r) => r,
-                                Err(_) => Err(CallError::Timeout),
-                            };
-                        (group, result)
-                    }
-                },
-            };
+        let (group, result) = match self.handle() {
+            Err(e) => (group, Err(CallError::Store(e))),
+            Ok(handle) => match handle.batcher {
+                // The batcher coalesces checks; a refund goes on its own.
+                Some(batcher) if mode == Mode::Check => {
+                    self.send_batched(&batcher, group, timeout).await
+                }
+                _ => {
+                    let result =
+                        match tokio::time::timeout(timeout, self.send(&handle.conn, &group, mode))
+                            .await
+                        {
+                            Ok(r) => r,
+                            Err(_) => Err(CallError::Timeout),
+                        };
+                    (group, result)
+                }
+            },
+        };
         timer.finish();
         let result = match result {
             Ok(ints) => {
@@ -589,9 +863,14 @@ impl Inner {
     }
 
     /// One script call for one group, on the shared connection.
-    async fn send(&self, conn: &super::conn::Conn, group: &Group) -> Result<Ints, CallError> {
+    async fn send(
+        &self,
+        conn: &super::conn::Conn,
+        group: &Group,
+        mode: Mode,
+    ) -> Result<Ints, CallError> {
         let value = conn
-            .eval(&self.script, Mode::Check, std::iter::once(group))
+            .eval(&self.script, mode, std::iter::once(group))
             .await
             .map_err(|e| CallError::Redis(e.to_string(), kind_of(&e)))?;
         let ints = reply_ints(value).map_err(CallError::Store)?;
@@ -614,6 +893,7 @@ impl Inner {
         let (tx, rx) = oneshot::channel();
         let job = Job {
             group,
+            script: self.script.clone(),
             // The timeout is at most MAX_TIMEOUT (checked at build time); checked anyway.
             deadline: deadline_after(timeout),
             reply: tx,
@@ -652,7 +932,7 @@ impl Inner {
     fn degrade(
         self: &Arc<Self>,
         mut fb: Fallback,
-        checks: &[LimitCheck<'_>],
+        checks: &[LocalCheck<'_>],
     ) -> Result<Decisions, StoreError> {
         let error = fb.error.take();
         let reason = error
@@ -707,9 +987,34 @@ impl Inner {
                 "no local fallback store was built",
             ));
         };
-        let subset: Vec<LimitCheck<'_>> = local_positions
+        let subset: Vec<&LocalCheck<'_>> = local_positions
             .iter()
-            .filter_map(|&i| checks.iter().find(|c| c.limit == fb.limits[i]).cloned())
+            .filter_map(|&i| checks.iter().find(|c| c.check.limit == fb.limits[i]))
+            .collect();
+        // A check at a plan's quota falls back to the limit's share of that quota.
+        let mut shares: Vec<Option<PlanQuota>> = Vec::with_capacity(subset.len());
+        for c in &subset {
+            let share = match (c.quota, self.policies[c.check.limit]) {
+                (Some(q), FailurePolicy::Local { share }) => {
+                    let quota = super::local_share(q.quota(), share);
+                    Some(PlanQuota::new(q.algorithm(), quota).map_err(|e| {
+                        StoreError::new(
+                            StoreErrorKind::Other,
+                            format!("the local share of a plan's quota is invalid: {e}"),
+                        )
+                    })?)
+                }
+                _ => None,
+            };
+            shares.push(share);
+        }
+        let subset: Vec<LimitCheck<'_>> = subset
+            .iter()
+            .zip(&shares)
+            .map(|(c, share)| match share {
+                Some(q) => c.check.clone().with_quota(q),
+                None => c.check.clone(),
+            })
             .collect();
         let local = local.check_all(&subset)?;
         for (&p, d) in local_positions.iter().zip(local.as_slice()) {
@@ -769,6 +1074,16 @@ impl Inner {
                 }
             }
         });
+    }
+}
+
+/// The quota a check is sent with: its plan's, else the limit's own when the script holds
+/// another (after a reconfiguration changed it), else none (the script's constants).
+#[inline]
+fn quota_arg(c: &LimitCheck<'_>, info: &LimitInfo) -> Option<QuotaArg> {
+    match c.quota {
+        None => info.own,
+        Some(q) => Some(QuotaArg::of(q)),
     }
 }
 
