@@ -674,3 +674,52 @@ async fn reconfigure_keeps_counters_and_shares_the_connection() {
     assert!(lowered.stats().batches() > 0);
     assert_eq!(store.stats().batches(), lowered.stats().batches());
 }
+
+/// Reloads that change a limit's quota (and back) between random checks, for every algorithm:
+/// the node and the memory store, reconfigured alike, agree decision by decision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconfigured_quotas_decide_as_the_memory_store() {
+    for kind in AlgorithmKind::ALL {
+        let windowed = matches!(
+            kind,
+            AlgorithmKind::FixedWindow | AlgorithmKind::SlidingWindow | AlgorithmKind::SlidingLog
+        );
+        let quotas = if windowed {
+            [
+                Quota::per_second(4),
+                Quota::per_second(9),
+                Quota::per_minute(20),
+            ]
+        } else {
+            [
+                Quota::per_second(3).burst(4),
+                Quota::per_second(7).burst(12),
+                Quota::per_minute(20),
+            ]
+        };
+        let specs = |q| [spec("reload", q, kind)];
+        let (c1, c2) = (ManualClock::new(), ManualClock::new());
+        let mut memory = memory_store(&c1, &specs(quotas[0]));
+        let mut node = node_store(&node().url(), "reload", &c2, &specs(quotas[0]));
+        let mut rng = Rng(0xBEEF ^ kind as u64);
+        let mut t = T;
+        for i in 0..200 {
+            t += rng.below(300 * MS);
+            c1.set_micros(t);
+            c2.set_micros(t);
+            if rng.below(15) == 0 {
+                let q = quotas[rng.below(3) as usize];
+                memory = memory.reconfigure(&specs(q)).unwrap();
+                node = node.reconfigure(&specs(q)).unwrap();
+            }
+            let checks = [LimitCheck::new(
+                0,
+                Key::string(format!("c{}", rng.below(2))),
+                rng.below(5),
+            )];
+            let m = decide(&memory, &checks).await.unwrap();
+            let n = decide(&node, &checks).await.unwrap();
+            assert_eq!(m.as_slice(), n.as_slice(), "{kind} step {i}");
+        }
+    }
+}
