@@ -723,3 +723,38 @@ async fn reconfigured_quotas_decide_as_the_memory_store() {
         }
     }
 }
+
+/// With Redis unreachable, a `Local` limit checked at a plan falls back to its share of the
+/// plan's quota (not of the limit's own), and reports no `decided_at`: nothing was charged in
+/// Redis, so nothing may be refunded there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_local_fallback_takes_its_share_of_the_plans_quota() {
+    use std::time::Duration;
+    use tollgate::store::redis::RedisBackend;
+    use tollgate::store::{FailurePolicy, MemoryBackend};
+    // Nothing listens on port 1.
+    let limits = [LimitSpec::new(
+        tollgate::PolicyName::new("api"),
+        Quota::per_minute(4),
+        AlgorithmKind::FixedWindow,
+    )
+    .on_store_error(FailurePolicy::Local { share: 0.5 })];
+    let clock = ManualClock::new();
+    let store = RedisBackend::new("redis://127.0.0.1:1")
+        .timeout(Duration::from_millis(50))
+        .connect_timeout(Duration::from_millis(50))
+        .local_fallback(MemoryBackend::new().clock(clock.clone()))
+        .build(&limits)
+        .unwrap();
+    let pro = PlanQuota::new(AlgorithmKind::FixedWindow, Quota::per_minute(20)).unwrap();
+    let checks = [LimitCheck::new(0, Key::string("k"), 1).with_quota(&pro)];
+    let mut allowed = 0;
+    for _ in 0..12 {
+        let d = decide(&store, &checks).await.unwrap();
+        assert_eq!(d.as_slice()[0].limit(), 10, "half of the plan's 20");
+        assert_eq!(d.decided_at(), None);
+        allowed += usize::from(d.allowed());
+    }
+    assert_eq!(allowed, 10);
+    assert!(store.stats().local_fallback() >= 12);
+}
