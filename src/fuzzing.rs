@@ -15,6 +15,6 @@ pub fn decode_reply(spec: &LimitSpec, reply: &[u8]) -> Result<Vec<(Decision, boo
     ints.get(1..)
         .unwrap_or_default()
         .chunks(5)
-        .map(|r| decision(&info, r))
+        .map(|r| decision(&info, info.limit, r))
         .collect()
 }
