@@ -215,7 +215,6 @@ impl Store for RedisStore {
     /// the keys of limits that are gone expire.
     ///
     /// ```no_run
-    /// use std::time::Duration;
     /// use tollgate::store::redis::RedisBackend;
     /// use tollgate::store::{Backend, FailurePolicy, LimitSpec, Store};
     /// use tollgate::{AlgorithmKind, PolicyName, Quota};
