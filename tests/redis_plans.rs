@@ -758,3 +758,31 @@ async fn the_local_fallback_takes_its_share_of_the_plans_quota() {
     assert_eq!(allowed, 10);
     assert!(store.stats().local_fallback() >= 12);
 }
+
+/// A fixed window whose plan follows the calendar (a local day in UTC+2) and back to epoch
+/// hours, across local midnight: the node decides as the memory store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calendar_plans_decide_as_the_memory_store() {
+    use tollgate::quota::UtcOffset;
+    let kind = AlgorithmKind::FixedWindow;
+    let limits = [spec("cal", Quota::per_hour(6), kind)];
+    let daily = PlanQuota::new(kind, Quota::per_day(10).aligned(UtcOffset::hours(2))).unwrap();
+    let plans = [daily];
+    let (c1, c2) = (ManualClock::new(), ManualClock::new());
+    let memory = memory_store(&c1, &limits);
+    let node = node_store(&node().url(), "calendar", &c2, &limits);
+    // 2024-02-28T21:00:00Z: 23:00 in UTC+2, an hour before local midnight.
+    let mut t = 1_709_154_000 * S;
+    let mut rng = Rng(2024);
+    let key = Key::string("cal");
+    for i in 0..120 {
+        t += rng.below(90 * S);
+        c1.set_micros(t);
+        c2.set_micros(t);
+        let plan = (rng.below(2) == 0).then_some(0);
+        let checks = check_at(&key, &plans, plan, rng.below(3));
+        let m = decide(&memory, &checks).await.unwrap();
+        let n = decide(&node, &checks).await.unwrap();
+        assert_eq!(m.as_slice(), n.as_slice(), "step {i} plan {plan:?}");
+    }
+}

@@ -125,23 +125,23 @@ local function fw_refund(key, ttl, now, _, cost, period, limit, cal, window, cou
 end
 
 -- Plan change (REBASE.md; FixedWindow::rebase): the state was written with windows of `operiod`
--- and a check arrives with windows of `period`. With the same period, the count carries over as
--- it is (the new limit applies to it). Otherwise the units charged in the window current at
--- t = max(now, the stored window's start) stay charged, in the new window current at t (not
--- clamped: a count above the new limit reads as exhausted until that window ends). Stores and
--- returns the new state.
-local function fw_rebase(key, ttl, now, operiod, _, _, period, _, _, window, count)
-  if operiod == period then
+-- (calendar `ocal`) and a check arrives with windows of `period` (calendar `cal`). With the same
+-- windows, the count carries over as it is (the new limit applies to it). Otherwise the units
+-- charged in the window current at t stay charged, in the new window current at t (not clamped:
+-- a count above the new limit reads as exhausted until that window ends); t = now, or for epoch
+-- windows max(now, the stored window's start). Stores and returns the new state.
+local function fw_rebase(key, ttl, now, operiod, _, ocal, period, _, cal, window, count)
+  if operiod == period and ocal == cal then
     return window, count
   end
-  local t = window * operiod
-  if now > t then
-    t = now
+  local t = now
+  if ocal == 0 and window * operiod > t then
+    t = window * operiod
   end
-  if window ~= idiv(t, operiod) then
+  if window ~= fw_index(t, operiod, ocal) then
     count = 0
   end
-  window = idiv(t, period)
+  window = fw_index(t, period, cal)
   store2(key, ttl, window, count)
   return window, count
 end

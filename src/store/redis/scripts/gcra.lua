@@ -91,6 +91,9 @@ end
 -- arrives at (unit, per, cap). What the key spent, in whole units rounded up, stays spent, at most
 -- the new capacity; a key that spent nothing is fresh. Stores and returns the new state.
 local function gcra_rebase(key, ttl, now, ounit, oper, _, unit, per, cap, tat, sub)
+  if ounit < 1 then
+    ounit = 1 -- only a mark written by something else (see read_mark)
+  end
   local steps = cdiv(gcra_before(now, oper, tat, sub), ounit) * unit
   if steps == 0 then
     redis.call('DEL', key)

@@ -72,11 +72,14 @@ local function reset_state(key)
   return true, 0, 0, 0
 end
 
--- The mark after `len` bytes of state: p1, p2, p3, or nil if they are out of range (p1 and p2
--- are divisors: at least 1).
+-- The mark after `len` bytes of state: p1, p2, p3, or nil if they are out of range. p2 (a
+-- count or a rate) is at least 1; p1 is a divisor unless p3 names a calendar (a fixed window's
+-- calendar month has p1 = 0), so it is at least 1 when p3 is 0 or p1 would divide (buckets:
+-- p3 = cap >= p1).
 local function read_mark(v, len)
   local m1, m2, m3 = struct.unpack('<i8i8i8', v, len + 1)
-  if m1 < 1 or m2 < 1 or out_of_range(m1) or out_of_range(m2) or out_of_range(m3) then
+  if m2 < 1 or (m1 < 1 and m3 == 0) or out_of_range(m1) or out_of_range(m2)
+    or out_of_range(m3) then
     return nil
   end
   return m1, m2, m3

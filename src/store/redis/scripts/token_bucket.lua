@@ -88,6 +88,9 @@ end
 -- a check arrives at (unit, per, cap). What the key spent, in whole units rounded up, stays spent,
 -- at most the new capacity. Stores and returns the new state.
 local function tb_rebase(key, ttl, now, ounit, oper, ocap, unit, _, cap, deficit, last)
+  if ounit < 1 then
+    ounit = 1 -- only a mark written by something else (see read_mark)
+  end
   deficit = cdiv(tb_deficit(now, oper, ocap, deficit, last), ounit) * unit
   if deficit > cap then
     deficit = cap -- also when the product passed 2^53: it is then far above cap
