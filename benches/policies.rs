@@ -96,7 +96,10 @@ fn variants() -> Vec<(&'static str, Svc)> {
 
     let mut map = PlanMap::new();
     for i in 0..KEYS {
-        map = map.assign(key_name(i), if i.is_multiple_of(2) { "free" } else { "pro" });
+        map = map.assign(
+            key_name(i),
+            if i.is_multiple_of(2) { "free" } else { "pro" },
+        );
     }
     let plans_map = RateLimitLayer::new(with_plans(api()).resolve_plan(map)).unwrap();
 

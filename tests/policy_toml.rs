@@ -94,7 +94,6 @@ async fn the_example_policy_scopes_keys_and_routes() {
 }
 
 #[tokio::test]
-#[ignore = "needs per-check plan quotas and Store::refund in the memory store (helper H1a); un-ignore when merged"]
 async fn the_example_policy_holds_its_contract() {
     let svc = example_service();
     let call = |req| svc.clone().oneshot(req);
@@ -252,7 +251,6 @@ fn several_windows_make_one_limit_each() {
 }
 
 #[tokio::test]
-#[ignore = "needs Store::refund in the memory store (helper H1a); un-ignore when merged"]
 async fn json_through_serde_with_routes_costs_and_refunds() {
     let json = r#"{ "limit": [ {
         "name": "export", "quota": "10/min", "key": "global", "algorithm": "sliding_log",
@@ -323,7 +321,6 @@ async fn json_through_serde_with_routes_costs_and_refunds() {
 }
 
 #[tokio::test]
-#[ignore = "needs per-check plan quotas in the memory store (helper H1a); un-ignore when merged"]
 async fn plans_from_the_extension_and_principal_keys() {
     use tollgate::plan::AssignedPlan;
     use tollgate::policy::PrincipalId;

@@ -81,7 +81,6 @@ async fn changes_are_applied_and_broken_files_refused() {
 }
 
 #[tokio::test]
-#[ignore = "needs Store::reconfigure in the memory store (helper H1a); un-ignore when merged"]
 async fn a_layer_reloads_from_its_file_and_keeps_what_was_spent() {
     let file = TempFile::new("reload", &policy_text(2));
     let policy = Policy::from_toml_file(&file.0).unwrap();

@@ -206,7 +206,8 @@ impl fmt::Display for AuditEvent {
             .at
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        write!(f, "audit at={secs} source={:?}", self.source)?;
+        let at = crate::response::rfc3339::format_utc(secs);
+        write!(f, "audit at={at} source={:?}", self.source)?;
         if self.changes.is_empty() {
             return f.write_str(" no changes");
         }

@@ -95,7 +95,7 @@ mod grpc;
 mod grpc_details;
 mod problem;
 mod rejection;
-mod rfc3339;
+pub(crate) mod rfc3339;
 
 pub use body::RejectionBody;
 pub use grpc::{
