@@ -162,6 +162,13 @@ pub use request::RequestView;
 
 /// Compiles and runs every Rust code block of `README.md` as a doctest (`cargo test
 /// --all-features`), so the README cannot drift from the API.
-#[cfg(all(doctest, feature = "axum", feature = "redis", feature = "tonic"))]
+#[cfg(all(
+    doctest,
+    feature = "axum",
+    feature = "redis",
+    feature = "tonic",
+    feature = "toml",
+    feature = "metrics"
+))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
