@@ -17,7 +17,9 @@ use tollgate::store::{Backend, FailurePolicy, LimitCheck, LimitSpec, MemoryBacke
 use tollgate::{Decision, PolicyName, Quota};
 
 const S: u64 = 1_000_000;
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 const HOUR: u64 = 3_600 * S;
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 const DAY: u64 = 24 * HOUR;
 
 /// Unix µs of a UTC date and time, counted day by day (independent of the crate's arithmetic).

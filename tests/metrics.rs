@@ -2,7 +2,7 @@
 //! store's latency, errors by kind and circuit-breaker state against a real `redis-server` that is
 //! killed and restarted. Recorded into a recorder that logs every event, installed for the test's
 //! thread (current-thread runtime: the store's tasks run on it too).
-#![cfg(feature = "metrics")]
+#![cfg(all(feature = "metrics", feature = "redis"))]
 
 mod common;
 #[cfg(feature = "redis")]

@@ -474,3 +474,70 @@ async fn a_lookup_in_flight_is_awaited_then_resolved_from_its_cache() {
     assert_eq!(res.headers()["x-ratelimit-remaining"], "18");
     assert_eq!(lookups.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test]
+async fn a_shadow_limit_never_refuses_even_without_a_key_or_plan_or_when_blocked() {
+    let clock = ManualClock::new();
+    let layer = layer_with(
+        &clock,
+        vec![
+            Limit::new("open", Quota::per_minute(100)).key(GlobalKey),
+            Limit::new("tried", Quota::per_minute(5))
+                .key(HeaderKey::new("x-api-key").unwrap())
+                .plan(Plan::new("pro", Quota::per_minute(20)))
+                .resolve_plan(api_key_plan)
+                .on_unknown_plan(UnknownPlan::reject(StatusCode::UNAUTHORIZED))
+                .mode(Mode::shadow()),
+        ],
+    );
+    let svc = app_generic(&layer);
+    // No key, an unknown plan, a blocked key: all pass (the enforcing limit decides).
+    let no_key = Request::get("/").body(String::new()).unwrap();
+    assert_eq!(status(&svc, no_key).await.0, StatusCode::OK);
+    assert_eq!(status(&svc, get("stolen")).await.0, StatusCode::OK);
+    layer
+        .set_override("tried", Key::string("abuser"), Override::Block, "t")
+        .unwrap();
+    assert_eq!(status(&svc, get("abuser")).await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_shadow_limit_counting_by_outcome_gives_back_what_does_not_count() {
+    // Only failed logins count, tried in shadow: successful logins must not use it up, so that
+    // moving it to enforce behaves as the trial said.
+    let clock = ManualClock::new();
+    let login = |mode: Mode| {
+        Limit::new("login", Quota::per_minute(3))
+            .algorithm(AlgorithmKind::FixedWindow)
+            .key(GlobalKey)
+            .charge(Charge::only_when(|s| s == StatusCode::UNAUTHORIZED))
+            .mode(mode)
+    };
+    let layer = layer_with(&clock, vec![login(Mode::Shadow { headers: true })]);
+    let svc = app_generic(&layer);
+    let post = |status: u16| {
+        Request::post("/login")
+            .header("x-status", status.to_string())
+            .body(String::new())
+            .unwrap()
+    };
+    for _ in 0..5 {
+        // Shown in the headers (no enforcing limit applies), and given back each time.
+        assert_eq!(
+            status(&svc, post(200)).await,
+            (StatusCode::OK, Some("2".into()))
+        );
+    }
+    assert_eq!(
+        status(&svc, post(401)).await,
+        (StatusCode::UNAUTHORIZED, Some("2".into()))
+    );
+    layer.reload(vec![login(Mode::Enforce)], "enforce").unwrap();
+    // One failure counted in shadow: two more failures, then refused.
+    assert_eq!(status(&svc, post(401)).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(status(&svc, post(401)).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        status(&svc, post(200)).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}

@@ -32,7 +32,7 @@ struct Waiting<S, ReqBody, St: Store> {
 enum Step<St: Store> {
     Lookup(u8),
     Check(Applied, Arc<Snapshot<St>>, Option<Followup<St>>),
-    Shadow(Outcome, Followup<St>),
+    Shadow(Option<Outcome>, Followup<St>),
 }
 
 type Lookup = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -76,6 +76,7 @@ pin_project! {
             #[pin]
             refund: C,
             response: Option<R>,
+            more: Vec<C>,
         },
         Rejected {
             response: Option<Response<RejectionBody>>,
@@ -233,9 +234,9 @@ where
                                 Finish::Reject(response) => Begin::Reject(response),
                             }
                         }
-                        Step::Shadow(mut outcome, followup) => {
-                            shadow_done(&followup, result, &mut outcome);
-                            Begin::Proceed(req, Some(outcome), Some(followup))
+                        Step::Shadow(mut outcome, mut followup) => {
+                            shadow_done(&mut followup, result, &mut outcome);
+                            Begin::Proceed(req, outcome, Some(followup))
                         }
                         Step::Lookup(_) => unreachable!("a lookup is not a store check"),
                     };
@@ -244,32 +245,50 @@ where
                 }
                 StateProj::Inner { future } => {
                     let response = ready!(future.poll(cx))?;
-                    let refund = this
-                        .followup
-                        .as_ref()
-                        .and_then(|f| f.refund(response.status()));
-                    match refund {
-                        Some(Checked::Pending(refund)) => {
-                            this.state.set(State::Refunding {
-                                refund,
-                                response: Some(response),
-                            });
-                            continue;
+                    let refunds = match this.followup.as_ref() {
+                        Some(f) => f.refunds(response.status()),
+                        None => Vec::new(),
+                    };
+                    let mut pending = Vec::new();
+                    for refund in refunds {
+                        match refund {
+                            Checked::Pending(f) => pending.push(f),
+                            Checked::Ready(Err(error)) => {
+                                tracing::warn!(error = %error, "rate-limit store could not give a charge back");
+                            }
+                            Checked::Ready(Ok(_)) => {}
                         }
-                        Some(Checked::Ready(Err(error))) => {
-                            tracing::warn!(error = %error, "rate-limit store could not give a charge back");
-                        }
-                        _ => {}
+                    }
+                    if let Some(refund) = pending.pop() {
+                        this.state.set(State::Refunding {
+                            refund,
+                            response: Some(response),
+                            more: pending,
+                        });
+                        continue;
                     }
                     return Poll::Ready(Ok(respond(this.outcome, response)));
                 }
-                StateProj::Refunding { refund, response } => {
+                StateProj::Refunding {
+                    refund,
+                    response,
+                    more,
+                } => {
                     if let Err(error) = ready!(refund.poll(cx)) {
                         tracing::warn!(error = %error, "rate-limit store could not give a charge back");
                     }
                     let response = response
                         .take()
                         .expect("ResponseFuture polled after completion");
+                    if let Some(next) = more.pop() {
+                        let more = std::mem::take(more);
+                        this.state.set(State::Refunding {
+                            refund: next,
+                            response: Some(response),
+                            more,
+                        });
+                        continue;
+                    }
                     return Poll::Ready(Ok(respond(this.outcome, response)));
                 }
                 StateProj::Rejected { response } => {

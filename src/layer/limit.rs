@@ -10,7 +10,7 @@ use crate::cost::Cost;
 use crate::decision::PolicyName;
 use crate::error::ConfigError;
 use crate::key::{KeyError, KeyExtractor};
-use crate::plan::{Charge, Mode, Plan, PlanResolver, UnknownPlan};
+use crate::plan::{Charge, Mode, Plan, PlanResolver, UnknownPlan, MAX_PLANS};
 use crate::quota::Quota;
 use crate::request::RequestView;
 use crate::store::{FailurePolicy, LimitSpec, PlanQuota};
@@ -359,6 +359,15 @@ impl Limit {
         }
         let base = PlanQuota::new(self.algorithm, self.quota)
             .map_err(|e| bad(e.field(), e.message().to_owned()))?;
+        if self.plans.len() > MAX_PLANS {
+            return Err(bad(
+                "limit.plans",
+                format!(
+                    "{} plans, but a limit holds at most {MAX_PLANS}; use per-key overrides for one-off quotas",
+                    self.plans.len()
+                ),
+            ));
+        }
         let mut plans: Vec<CompiledPlan> = Vec::with_capacity(self.plans.len());
         for plan in &self.plans {
             let pname = plan.name().as_str();

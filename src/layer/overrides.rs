@@ -27,7 +27,10 @@ type Map = HashMap<(PolicyName, Box<[u8]>), (Override, Option<PlanQuota>)>;
 #[derive(Default)]
 pub(crate) struct OverrideTable {
     map: ArcSwap<Map>,
+    /// The committed map's length; written only under `writing`, after the map.
     len: AtomicUsize,
+    /// Serialises writers (rare), so `len` always ends as the last map's length.
+    writing: std::sync::Mutex<()>,
 }
 
 impl OverrideTable {
@@ -57,25 +60,24 @@ impl OverrideTable {
     ) {
         let mut bytes = Vec::new();
         key.write_canonical(&mut bytes);
-        self.map.rcu(|map| {
-            let mut map = Map::clone(map);
-            map.insert((limit, bytes.clone().into_boxed_slice()), (value, quota));
-            Arc::new(map)
-        });
-        self.len.store(self.map.load().len(), Ordering::Relaxed);
+        let _writing = self.writing.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = Map::clone(&self.map.load());
+        map.insert((limit, bytes.into_boxed_slice()), (value, quota));
+        let len = map.len();
+        self.map.store(Arc::new(map));
+        self.len.store(len, Ordering::Relaxed);
     }
 
     pub(crate) fn remove(&self, limit: PolicyName, key: &Key<'_>) -> bool {
         let mut bytes = Vec::new();
         key.write_canonical(&mut bytes);
         let k = (limit, bytes.into_boxed_slice());
-        let mut removed = false;
-        self.map.rcu(|map| {
-            let mut map = Map::clone(map);
-            removed = map.remove(&k).is_some();
-            Arc::new(map)
-        });
-        self.len.store(self.map.load().len(), Ordering::Relaxed);
+        let _writing = self.writing.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = Map::clone(&self.map.load());
+        let removed = map.remove(&k).is_some();
+        let len = map.len();
+        self.map.store(Arc::new(map));
+        self.len.store(len, Ordering::Relaxed);
         removed
     }
 
@@ -89,21 +91,23 @@ impl OverrideTable {
     }
 
     pub(crate) fn recompile(&self, limit: PolicyName, key: Box<[u8]>, quota: Option<PlanQuota>) {
-        self.map.rcu(|map| {
-            let mut map = Map::clone(map);
-            if let Some(entry) = map.get_mut(&(limit, key.clone())) {
-                entry.1 = quota;
-            }
-            Arc::new(map)
-        });
+        let _writing = self.writing.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = Map::clone(&self.map.load());
+        if let Some(entry) = map.get_mut(&(limit, key)) {
+            entry.1 = quota;
+        }
+        self.map.store(Arc::new(map));
     }
 }
 
-/// A digest of a key for audit events: correlates events without logging the key.
+/// A digest of a key for audit events: correlates events of one process without logging the
+/// key. Seeded randomly per process, so a log reader cannot enumerate small key spaces (IPv4
+/// addresses) against it; the same key has another digest after a restart.
 pub(crate) fn key_digest(key: &Key<'_>) -> String {
+    static SEED: std::sync::OnceLock<foldhash::quality::RandomState> = std::sync::OnceLock::new();
     let mut bytes = Vec::new();
     key.write_canonical(&mut bytes);
-    let mut h = foldhash::fast::FixedState::with_seed(0x746f_6c6c_6761_7465).build_hasher();
+    let mut h = SEED.get_or_init(Default::default).build_hasher();
     h.write(&bytes);
     format!("{:016x}", h.finish())
 }

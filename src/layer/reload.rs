@@ -105,9 +105,13 @@ impl<St: Store> RateLimitLayer<St> {
         Ok(AuditEvent::new(source, changes))
     }
 
-    /// Sets a per-key override of limit `limit` (by name) for `key` (as the limit's key
+    /// Sets a per-key override of limit `limit` (by name) for `key`, exactly as the limit's key
     /// extractor produces it: `Key::string("free-key-1")` for a header, `Key::ip(..)` for an
-    /// address): a custom quota, a block (`403`) or an exemption. Overrides outlive reloads.
+    /// IPv4 address, and for IPv6 the address grouped to the extractor's prefix (`PeerIp` and
+    /// `ClientIp` group to a /64 by default: `2001:db8::/64` is `Key::ip("2001:db8::".parse()?)`);
+    /// a scoped key (`RouteKey`, `GrpcMethod`) includes its scope. A custom quota, a block
+    /// (`403`) or an exemption. Overrides outlive reloads; a shadow limit never refuses, even
+    /// for a blocked key.
     /// Emits an [`AuditEvent`] (the key appears only as a digest).
     ///
     /// ```
@@ -143,6 +147,12 @@ impl<St: Store> RateLimitLayer<St> {
         value: Override,
         source: impl Into<String>,
     ) -> Result<AuditEvent, ConfigError> {
+        // Not while a reload recompiles overrides for new algorithms.
+        let _reloading = self
+            .shared
+            .reloading
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let snapshot = self.shared.current.load();
         let found = snapshot
             .limits
@@ -182,6 +192,11 @@ impl<St: Store> RateLimitLayer<St> {
     /// Removes the override of `key` for limit `limit`; returns whether there was one. Emits an
     /// [`AuditEvent`] when there was.
     pub fn remove_override(&self, limit: &str, key: Key<'_>, source: impl Into<String>) -> bool {
+        let _reloading = self
+            .shared
+            .reloading
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let name = {
             let snapshot = self.shared.current.load();
             snapshot

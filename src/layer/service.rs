@@ -145,7 +145,7 @@ pub(crate) struct Applied {
 
 /// Plan lookups one request may wait for (a lookup another request led may be abandoned when
 /// that request is dropped, and is then led again); after them the plan is unknown.
-const MAX_LOOKUPS: u8 = 3;
+const MAX_LOOKUPS: u8 = 3 * MAX_LIMITS as u8;
 
 /// The check is decided at the limit's own quota.
 const NO_PLAN: u8 = u8::MAX;
@@ -219,7 +219,10 @@ pub(crate) struct Followup<St> {
     shadow: Vec<OwnedCheck>,
     by_outcome: Vec<OwnedCheck>,
     reserved_at: Option<u64>,
+    /// When the shadow limits were charged, if all of them allowed (they decide together).
+    shadow_at: Option<u64>,
     near: NearLimit,
+    headers: RateLimitHeaders,
 }
 
 impl<St: Store> Followup<St> {
@@ -230,7 +233,11 @@ impl<St: Store> Followup<St> {
 
     /// Records the shadow decisions: counted, sampled in the log, and folded into the headers
     /// when the limit asks for them.
-    fn record_shadow(&self, result: Result<Decisions, StoreError>, outcome: Option<&mut Outcome>) {
+    fn record_shadow(
+        &mut self,
+        result: Result<Decisions, StoreError>,
+        outcome: &mut Option<Outcome>,
+    ) {
         let decisions = match result {
             Ok(decisions) => decisions,
             Err(error) => {
@@ -238,6 +245,9 @@ impl<St: Store> Followup<St> {
                 return;
             }
         };
+        if decisions.allowed() {
+            self.shadow_at = decisions.decided_at();
+        }
         let mut shown = Decisions::new();
         for (d, check) in decisions.as_slice().iter().zip(&self.shadow) {
             let limit = &self.snapshot.limits[check.limit];
@@ -262,31 +272,58 @@ impl<St: Store> Followup<St> {
                 shown.push(seen.with_policy(limit.name));
             }
         }
-        if let (Some(outcome), false) = (outcome, shown.is_empty()) {
-            outcome.fold_in(&shown);
+        if shown.is_empty() {
+            return;
+        }
+        match outcome {
+            Some(outcome) => outcome.fold_in(&shown),
+            None => {
+                // No enforcing limit applied: the shadow decisions are all there is to show.
+                let reported = shown
+                    .reported()
+                    .copied()
+                    .unwrap_or_else(|| Decision::allowed_with(0, 0, Duration::ZERO));
+                *outcome = Some(Outcome {
+                    headers: self.headers,
+                    reported,
+                    ietf: None,
+                });
+            }
         }
     }
 
-    /// The refund of the charges this response does not keep, if any.
-    pub(crate) fn refund(&self, status: http::StatusCode) -> Option<Checked<St::Future>> {
-        if self.by_outcome.is_empty() {
-            return None;
-        }
-        let refund: Vec<LimitCheck<'_>> = self
-            .by_outcome
-            .iter()
-            .filter(|c| !self.snapshot.limits[c.limit].charge.keeps(status))
-            .map(OwnedCheck::as_check)
-            .collect();
-        if refund.is_empty() {
-            return None;
-        }
-        let Some(at) = self.reserved_at else {
-            tracing::warn!("the rate-limit store reports no decision time; charge by outcome cannot give this request back");
-            return None;
+    /// The refunds of the charges this response does not keep: the enforcing limits' and the
+    /// shadow limits' (charged at different times), each one store call.
+    pub(crate) fn refunds(&self, status: http::StatusCode) -> Vec<Checked<St::Future>> {
+        let mut out = Vec::new();
+        let shadow_charged = if self.shadow_at.is_some() {
+            &self.shadow[..]
+        } else {
+            &[]
         };
-        tracing::trace!(refunds = refund.len(), %status, "response not counted; giving the charge back");
-        Some(self.snapshot.store.refund(&refund, at))
+        for (checks, at) in [
+            (&self.by_outcome[..], self.reserved_at),
+            (shadow_charged, self.shadow_at),
+        ] {
+            let refund: Vec<LimitCheck<'_>> = checks
+                .iter()
+                .filter(|c| {
+                    let charge = &self.snapshot.limits[c.limit].charge;
+                    charge.by_outcome() && !charge.keeps(status)
+                })
+                .map(OwnedCheck::as_check)
+                .collect();
+            if refund.is_empty() {
+                continue;
+            }
+            let Some(at) = at else {
+                tracing::warn!("the rate-limit store reports no decision time; charge by outcome cannot give this request back");
+                continue;
+            };
+            tracing::trace!(refunds = refund.len(), %status, "response not counted; giving the charge back");
+            out.push(self.snapshot.store.refund(&refund, at));
+        }
+        out
     }
 }
 
@@ -458,7 +495,7 @@ pub(crate) enum Begin<ReqBody, St: Store> {
         Option<Followup<St>>,
     ),
     /// Wait for the shadow limits' check, then call the inner service.
-    Shadow(St::Future, Request<ReqBody>, Outcome, Followup<St>),
+    Shadow(St::Future, Request<ReqBody>, Option<Outcome>, Followup<St>),
     /// Wait for a plan lookup, then begin again (the lookups so far).
     Resolve(
         Pin<Box<dyn Future<Output = ()> + Send>>,
@@ -540,6 +577,10 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
                     }
                     continue;
                 }
+                Some(status) if limit.mode.is_shadow() => {
+                    tracing::debug!(policy = %limit.name, reason = %error, %status, "no rate-limit key; a shadow limit would have refused the request");
+                    continue;
+                }
                 Some(status) => {
                     if error.is_misconfiguration() {
                         tracing::warn!(policy = %limit.name, reason = %error, %status, "no rate-limit key (server misconfigured); request refused");
@@ -559,6 +600,10 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
         let mut plan = NO_PLAN;
         match shared.overrides.get(limit.name, &key) {
             Some(Active::Exempt) => continue,
+            Some(Active::Block) if limit.mode.is_shadow() => {
+                tracing::debug!(policy = %limit.name, "key blocked by an override; a shadow limit would have refused the request");
+                continue;
+            }
             Some(Active::Block) => {
                 tracing::debug!(policy = %limit.name, "key blocked by an override; request refused");
                 return Begin::Reject(refuse(
@@ -570,9 +615,6 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
             Some(Active::Quota(q)) => {
                 overridden[n] = Some(q);
                 plan = OVERRIDDEN;
-                if applied.override_quota.is_none() {
-                    applied.override_quota = Some(*q.quota());
-                }
             }
             None => {
                 if let Some(resolver) = &limit.resolver {
@@ -594,6 +636,10 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
                         (None, Resolution::Default) => {}
                         (None, _) => {
                             if let UnknownPlan::Reject { status } = limit.on_unknown_plan {
+                                if limit.mode.is_shadow() {
+                                    tracing::debug!(policy = %limit.name, %status, "no plan for this request; a shadow limit would have refused it");
+                                    continue;
+                                }
                                 tracing::debug!(policy = %limit.name, %status, "no plan for this request; refused");
                                 return Begin::Reject(refuse(
                                     shared,
@@ -620,7 +666,9 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
             let owned = OwnedCheck {
                 limit: i,
                 key: key.clone().into_owned(),
-                cost: if cost > capacity { 0 } else { cost },
+                // A shadow check above its capacity is decided (impossible: a would-be
+                // refusal) and charges nothing; an enforcing one refuses the request first.
+                cost,
                 quota: match plan {
                     NO_PLAN if limit.explicit_quota => Some(limit.base),
                     NO_PLAN => None,
@@ -634,7 +682,9 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
                 shadow: Vec::new(),
                 by_outcome: Vec::new(),
                 reserved_at: None,
+                shadow_at: None,
                 near: shared.near_limit,
+                headers: shared.headers,
             });
             if limit.mode.is_shadow() {
                 // Decided on its own after the enforcing limits allowed: never refuses.
@@ -645,6 +695,9 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
         }
         if cost > capacity && applied.too_costly.is_none() {
             applied.too_costly = Some(n as u8);
+        }
+        if let (OVERRIDDEN, None, Some(q)) = (plan, applied.override_quota, overridden[n]) {
+            applied.override_quota = Some(*q.quota());
         }
         applied.limit[n] = i as u8;
         applied.cost[n] = cost;
@@ -705,65 +758,28 @@ pub(crate) fn shadow_step<ReqBody, St: Store>(
     mut outcome: Option<Outcome>,
     followup: Followup<St>,
 ) -> Begin<ReqBody, St> {
+    // The shadow limits of a request decide together, all-or-nothing among themselves (as
+    // they would if they enforced), and never with the enforcing limits.
     let checks: Vec<LimitCheck<'_>> = followup.shadow.iter().map(OwnedCheck::as_check).collect();
-    // Each shadow limit on its own: one refusing never keeps another from being charged, as it
-    // would not had they enforced in separate layers.
-    let checked = if checks.len() == 1 {
-        followup.snapshot.store.check(&checks)
-    } else {
-        let mut all = Decisions::new();
-        let mut pending = None;
-        for check in &checks {
-            match followup.snapshot.store.check(std::slice::from_ref(check)) {
-                Checked::Ready(Ok(d)) => {
-                    if let Some(first) = d.as_slice().first() {
-                        all.push(*first);
-                    }
-                }
-                Checked::Ready(Err(e)) => {
-                    tracing::warn!(error = %e, "rate-limit store failed on a shadow limit; ignored");
-                    all.push(Decision::allowed_with(0, 0, Duration::ZERO));
-                }
-                Checked::Pending(f) => {
-                    // A networked store: decided together (all-or-nothing among shadow limits).
-                    pending = Some(f);
-                    break;
-                }
-            }
-        }
-        match pending {
-            Some(_) => followup.snapshot.store.check(&checks),
-            None => Checked::Ready(Ok(all)),
-        }
-    };
+    let checked = followup.snapshot.store.check(&checks);
     drop(checks);
     match checked {
         Checked::Ready(result) => {
-            followup.record_shadow(result, outcome.as_mut());
+            let mut followup = followup;
+            followup.record_shadow(result, &mut outcome);
             Begin::Proceed(req, outcome, Some(followup))
         }
-        Checked::Pending(future) => match outcome {
-            Some(outcome) => Begin::Shadow(future, req, outcome, followup),
-            None => {
-                // No enforcing limit applied: nothing to report but the shadow decisions.
-                let outcome = Outcome {
-                    headers: RateLimitHeaders::default().x_ratelimit(false),
-                    reported: Decision::allowed_with(0, 0, Duration::ZERO),
-                    ietf: None,
-                };
-                Begin::Shadow(future, req, outcome, followup)
-            }
-        },
+        Checked::Pending(future) => Begin::Shadow(future, req, outcome, followup),
     }
 }
 
 /// Finishes a pending shadow check.
 pub(crate) fn shadow_done<St: Store>(
-    followup: &Followup<St>,
+    followup: &mut Followup<St>,
     result: Result<Decisions, StoreError>,
-    outcome: &mut Outcome,
+    outcome: &mut Option<Outcome>,
 ) {
-    followup.record_shadow(result, Some(outcome));
+    followup.record_shadow(result, outcome);
 }
 
 /// Turns the store's answer into a rejection, or a request ready for the inner service.

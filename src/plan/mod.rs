@@ -42,6 +42,9 @@
 //! # }
 //! ```
 
+/// The most plans one limit may hold (one-off quotas are per-key overrides).
+pub const MAX_PLANS: usize = 250;
+
 mod mode;
 #[allow(clippy::module_inception)]
 mod plan;

@@ -14,7 +14,9 @@ use crate::request::RequestView;
 #[non_exhaustive]
 pub enum Resolution {
     /// One of the limit's plans, by name. A name the limit does not have is treated as
-    /// [`Unknown`](Resolution::Unknown).
+    /// [`Unknown`](Resolution::Unknown). [`PolicyName`]s are interned for the life of the
+    /// process: make them once (when the resolver is built), never from request data, as the
+    /// resolvers of this module do.
     Plan(PolicyName),
     /// The limit's own quota.
     Default,
