@@ -113,8 +113,28 @@ where
 
     /// A request waiting for a lookup or the store (`begin` is neither `Proceed` nor `Reject`).
     pub(crate) fn waiting(begin: Begin<ReqBody, St>, inner: S, shared: Arc<Shared<St>>) -> Self {
-        let state = match begin {
-            Begin::Resolve(lookup, req, lookups) => State::Resolving {
+        Self {
+            state: waiting_state(begin, inner, shared),
+            outcome: None,
+            followup: None,
+        }
+    }
+}
+
+/// The state of a future waiting for the lookup or store call `begin` names.
+#[allow(clippy::type_complexity)]
+fn waiting_state<S, ReqBody, St>(
+    begin: Begin<ReqBody, St>,
+    inner: S,
+    shared: Arc<Shared<St>>,
+) -> State<St::Future, S::Future, Waiting<S, ReqBody, St>, S::Response>
+where
+    S: Service<Request<ReqBody>>,
+    St: Store,
+{
+    let (req, step, check) = match begin {
+        Begin::Resolve(lookup, req, lookups) => {
+            return State::Resolving {
                 lookup: Some(lookup),
                 waiting: Some(Waiting {
                     req,
@@ -122,34 +142,26 @@ where
                     shared,
                     step: Step::Lookup(lookups),
                 }),
-            },
-            Begin::Pending(check, req, applied, snapshot, followup) => State::Checking {
-                check,
-                waiting: Some(Waiting {
-                    req,
-                    inner,
-                    shared,
-                    step: Step::Check(applied, snapshot, followup),
-                }),
-            },
-            Begin::Shadow(check, req, outcome, followup) => State::Checking {
-                check,
-                waiting: Some(Waiting {
-                    req,
-                    inner,
-                    shared,
-                    step: Step::Shadow(outcome, followup),
-                }),
-            },
-            Begin::Proceed(..) | Begin::Reject(..) => {
-                unreachable!("ResponseFuture::waiting is only called for pending steps")
             }
-        };
-        Self {
-            state,
-            outcome: None,
-            followup: None,
         }
+        Begin::Pending(check, req, applied, snapshot, followup) => {
+            (req, Step::Check(applied, snapshot, followup), check)
+        }
+        Begin::Shadow(check, req, outcome, followup) => {
+            (req, Step::Shadow(outcome, followup), check)
+        }
+        Begin::Proceed(..) | Begin::Reject(..) => {
+            unreachable!("a future waits only for a lookup or a store call")
+        }
+    };
+    State::Checking {
+        check,
+        waiting: Some(Waiting {
+            req,
+            inner,
+            shared,
+            step,
+        }),
     }
 }
 
@@ -335,38 +347,6 @@ fn advance<S, ReqBody, St>(
                 response: Some(response),
             });
         }
-        Begin::Resolve(lookup, req, lookups) => {
-            this.state.set(State::Resolving {
-                lookup: Some(lookup),
-                waiting: Some(Waiting {
-                    req,
-                    inner,
-                    shared,
-                    step: Step::Lookup(lookups),
-                }),
-            });
-        }
-        Begin::Pending(check, req, applied, snapshot, followup) => {
-            this.state.set(State::Checking {
-                check,
-                waiting: Some(Waiting {
-                    req,
-                    inner,
-                    shared,
-                    step: Step::Check(applied, snapshot, followup),
-                }),
-            });
-        }
-        Begin::Shadow(check, req, outcome, followup) => {
-            this.state.set(State::Checking {
-                check,
-                waiting: Some(Waiting {
-                    req,
-                    inner,
-                    shared,
-                    step: Step::Shadow(outcome, followup),
-                }),
-            });
-        }
+        waiting => this.state.set(waiting_state(waiting, inner, shared)),
     }
 }
