@@ -30,7 +30,11 @@ async fn both_runs_keep_the_contract() {
     assert_eq!(configured["ok"], "50", "{}", lines[0]);
     assert_eq!(configured["upstream_429"], "0", "{}", lines[0]);
     let elapsed = configured["elapsed"].strip_suffix('s').unwrap();
-    assert_eq!(elapsed.split_once('.').unwrap().1.len(), 2, "two decimals: {elapsed}");
+    assert_eq!(
+        elapsed.split_once('.').unwrap().1.len(),
+        2,
+        "two decimals: {elapsed}"
+    );
     let elapsed: f64 = elapsed.parse().unwrap();
     assert!((4.0..=6.0).contains(&elapsed), "{}", lines[0]);
 
@@ -40,6 +44,10 @@ async fn both_runs_keep_the_contract() {
     assert_eq!(adaptive["ok"], "50", "{}", lines[1]);
     let refused: u32 = adaptive["upstream_429"].parse().unwrap();
     assert!(refused <= 5, "{}", lines[1]);
-    let elapsed: f64 = adaptive["elapsed"].strip_suffix('s').unwrap().parse().unwrap();
+    let elapsed: f64 = adaptive["elapsed"]
+        .strip_suffix('s')
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(elapsed <= 8.0, "{}", lines[1]);
 }

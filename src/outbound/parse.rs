@@ -485,9 +485,12 @@ fn seconds_micros(bytes: &[u8]) -> Option<u64> {
     Some(secs.saturating_mul(1_000_000).saturating_add(micros))
 }
 
+/// A member's `;key=value` parameters, in order.
+type Params<'a> = Vec<(&'a str, &'a str)>;
+
 /// One structured-field list member: its bare item as a name (an sf-string or token; `None`
 /// for an integer) and its `;key=value` parameters. `None` when the member is empty.
-fn item(member: &str) -> Option<(Option<String>, Vec<(&str, &str)>)> {
+fn item(member: &str) -> Option<(Option<String>, Params<'_>)> {
     let parts = split_outside_quotes(member, b';');
     let head = parts[0].trim();
     if head.is_empty() {
