@@ -87,8 +87,8 @@ fn recorded(app: Router, seen: Arc<Seen>) -> Router {
 }
 
 /// An upstream behind tollgate's server layer: a token bucket of 10 refilling 10 per second on
-/// tokio's clock, with `X-RateLimit-*` (delta reset) and, if `ietf`, the IETF fields.
-async fn limited_upstream(ietf: bool) -> (SocketAddr, Arc<Seen>) {
+/// tokio's clock, with `X-RateLimit-*` (reset as `reset`) and, if `ietf`, the IETF fields.
+async fn limited_upstream(ietf: bool, reset: ResetFormat) -> (SocketAddr, Arc<Seen>) {
     let layer = RateLimitLayer::builder()
         .backend(MemoryBackend::new().clock(TokioClock::new()))
         .limit(
@@ -96,7 +96,7 @@ async fn limited_upstream(ietf: bool) -> (SocketAddr, Arc<Seen>) {
                 .algorithm(AlgorithmKind::TokenBucket)
                 .key(GlobalKey),
         )
-        .reset_format(ResetFormat::DeltaSeconds)
+        .reset_format(reset)
         .ietf_headers(ietf)
         .build()
         .unwrap();
@@ -177,7 +177,7 @@ fn gaps(times: &[Instant]) -> Vec<Duration> {
 
 #[tokio::test(start_paused = true)]
 async fn configured_quota_spaces_calls_and_the_upstream_never_refuses() {
-    let (addr, seen) = limited_upstream(false).await;
+    let (addr, seen) = limited_upstream(false, ResetFormat::DeltaSeconds).await;
     let layer = OutboundLayer::builder()
         .quota(Quota::per_second(10).burst(1))
         .build()
@@ -544,7 +544,7 @@ mod futures_like {
 
 #[tokio::test(start_paused = true)]
 async fn adaptive_learns_the_policy_and_stays_under() {
-    let (addr, seen) = limited_upstream(true).await;
+    let (addr, seen) = limited_upstream(true, ResetFormat::DeltaSeconds).await;
     let layer = OutboundLayer::new();
     let client = ServiceBuilder::new().layer(layer.clone()).service(http());
     let statuses = burst(&client, addr, 30).await;
@@ -570,7 +570,13 @@ async fn adaptive_learns_the_policy_and_stays_under() {
 
 #[tokio::test(start_paused = true)]
 async fn adaptive_learns_from_x_ratelimit_alone() {
-    let (addr, seen) = limited_upstream(false).await;
+    for reset in [ResetFormat::DeltaSeconds, ResetFormat::UnixSeconds] {
+        learns_from_x_ratelimit(reset).await;
+    }
+}
+
+async fn learns_from_x_ratelimit(reset: ResetFormat) {
+    let (addr, seen) = limited_upstream(false, reset).await;
     let layer = OutboundLayer::new();
     let client = ServiceBuilder::new().layer(layer.clone()).service(http());
     let statuses = burst(&client, addr, 30).await;
@@ -590,7 +596,7 @@ async fn adaptive_learns_from_x_ratelimit_alone() {
 #[tokio::test(start_paused = true)]
 async fn adaptive_never_exceeds_a_configured_quota() {
     // The upstream allows 10/s; the client is configured for 2/s: it keeps to 2/s.
-    let (addr, seen) = limited_upstream(true).await;
+    let (addr, seen) = limited_upstream(true, ResetFormat::DeltaSeconds).await;
     let layer = OutboundLayer::builder()
         .quota(Quota::per_second(2).burst(1))
         .build()
@@ -656,4 +662,32 @@ async fn invalid_configuration_names_the_field() {
         .quota(Quota::per_second(0))
         .build()
         .is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_closure_key_shares_one_schedule_across_hosts() {
+    // Two servers, one API (say, two regions of one provider): one key, one pause.
+    let (a, seen_a) = scripted(|n| match n {
+        0 => status(429, &[("retry-after", "1")]),
+        _ => status(200, &[]),
+    })
+    .await;
+    let (b, seen_b) = scripted(|_| status(200, &[])).await;
+    let layer = OutboundLayer::builder()
+        .upstream_key(|_: &Request<Full<Bytes>>| "provider".to_owned())
+        .replay(NoReplay)
+        .build()
+        .unwrap();
+    let mut client = ServiceBuilder::new().layer(layer.clone()).service(http());
+    let (s, _) = drain(send(&mut client, get(a)).await).await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS);
+    assert!(layer.status("provider").unwrap().paused_for() > Duration::from_millis(900));
+    let (s, _) = drain(send(&mut client, get(b)).await).await;
+    assert_eq!(s, StatusCode::OK);
+    let gap = seen_b.times()[0] - seen_a.times()[0];
+    assert!(gap >= Duration::from_secs(1), "{gap:?}");
+    assert!(
+        layer.status(&a.to_string()).is_none(),
+        "keyed by the closure only"
+    );
 }

@@ -3,7 +3,7 @@
 //! - `RateLimit-Policy` items say it exactly: `q` units per `w` seconds, each one a limit.
 //! - Otherwise `X-RateLimit-Limit` (or the draft `RateLimit` fields) gives the size `L`, and
 //!   the window is estimated as the longest time to full restoration (`X-RateLimit-Reset`)
-//!   seen so far, at least one second: a bucket of 50 refilling 10/s reports resets up to 5 s,
+//!   seen so far, in whole seconds rounded down, at least one second: a bucket of 50 refilling 10/s reports resets up to 5 s,
 //!   a `100/min` window up to 60 s. An estimate that is still short is too fast for a while;
 //!   the pauses on `Remaining: 0` and on `429` cover that time.
 //!
@@ -54,10 +54,11 @@ impl Learned {
             if limit == 0 {
                 return;
             }
-            let reset = u64::try_from(reset.as_micros()).unwrap_or(u64::MAX);
+            // Whole seconds, rounded down: a reset sent as Unix seconds is rounded up by the
+            // sender, so a 1 s window reads as up to 2 s; rounding down keeps it at 1 s.
             self.window_estimate = self
                 .window_estimate
-                .max(reset.div_ceil(1_000_000) * 1_000_000);
+                .max(reset.as_secs().saturating_mul(1_000_000));
             let window = Duration::from_micros(self.window_estimate.max(1_000_000));
             vec![learned_quota(limit, window)]
         } else {
@@ -172,6 +173,14 @@ mod tests {
             &signal(&[("x-ratelimit-limit", "10"), ("x-ratelimit-reset", "0")]),
             0,
         );
+        assert_eq!(l.quotas()[0].period(), Duration::from_secs(1));
+        // A Unix-seconds reset 1.8 s away (a 1 s window rounded up by the sender) is 1 s.
+        let mut l = Learned::default();
+        let mut headers = HeaderMap::new();
+        headers.insert("x-ratelimit-limit", "10".parse().unwrap());
+        headers.insert("x-ratelimit-reset", "1700000002".parse().unwrap());
+        let s = UpstreamSignal::from_headers(StatusCode::OK, &headers, 1_700_000_000_200_000);
+        l.observe(&s, 0);
         assert_eq!(l.quotas()[0].period(), Duration::from_secs(1));
         // Nothing to learn from.
         let mut l = Learned::default();

@@ -338,3 +338,106 @@ fn evict(map: &mut HashMap<String, Upstream>, now: u64) {
         map.remove(&oldest);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use http::{HeaderMap, StatusCode};
+
+    fn schedule(quota: Option<Quota>, clock: &ManualClock) -> Arc<Schedule> {
+        Arc::new(Schedule::new(
+            ScheduleConfig {
+                configured: quota.map(|q| Gcra::new(q).unwrap()),
+                adaptive: true,
+                max_pause: Duration::from_secs(60),
+                max_upstreams: 2,
+            },
+            Arc::new(clock.clone()),
+        ))
+    }
+
+    fn slot(s: &Arc<Schedule>, key: &str) -> Reservation {
+        match s.admit(key) {
+            Admit::Slot(r) => r,
+            Admit::Probe(_) => panic!("probe"),
+        }
+    }
+
+    fn refused(retry_after: &str) -> UpstreamSignal {
+        let mut h = HeaderMap::new();
+        h.insert(http::header::RETRY_AFTER, retry_after.parse().unwrap());
+        UpstreamSignal::from_headers(StatusCode::TOO_MANY_REQUESTS, &h, 0)
+    }
+
+    #[test]
+    fn concurrent_callers_are_spaced_in_arrival_order() {
+        let clock = ManualClock::new();
+        let s = schedule(Some(Quota::per_second(10).burst(1)), &clock);
+        let slots: Vec<_> = (0..4).map(|_| slot(&s, "a")).collect();
+        let at: Vec<_> = slots.iter().map(|r| r.at).collect();
+        assert_eq!(at, [0, 100_000, 200_000, 300_000]);
+        // Another upstream has its own schedule.
+        assert_eq!(slot(&s, "b").at, 0);
+    }
+
+    #[test]
+    fn an_unsent_reservation_is_given_back() {
+        let clock = ManualClock::new();
+        let s = schedule(Some(Quota::per_second(10).burst(1)), &clock);
+        let mut first = slot(&s, "a");
+        first.commit();
+        let second = slot(&s, "a");
+        assert_eq!(second.at, 100_000);
+        drop(second);
+        assert_eq!(slot(&s, "a").at, 100_000, "the slot was given back");
+        drop(first);
+    }
+
+    #[test]
+    fn a_pause_moves_new_slots_behind_it() {
+        let clock = ManualClock::new();
+        let s = schedule(Some(Quota::per_second(10).burst(1)), &clock);
+        slot(&s, "a").commit();
+        s.observe("a", &refused("2"));
+        assert_eq!(s.pause_left("a"), Duration::from_secs(2));
+        assert!(slot(&s, "a").at >= 2_000_000);
+        clock.advance(Duration::from_millis(500));
+        assert_eq!(s.pause_left("a"), Duration::from_millis(1_500));
+        // Longer than max_pause is cut to it.
+        s.observe("a", &refused("3600"));
+        assert_eq!(s.pause_left("a"), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn adaptive_probes_one_call_at_a_time_until_an_answer() {
+        let clock = ManualClock::new();
+        let s = schedule(None, &clock);
+        let mut probe = slot(&s, "a");
+        assert!(probe.probe);
+        assert!(matches!(s.admit("a"), Admit::Probe(_)));
+        probe.commit();
+        s.observe("a", &UpstreamSignal::default());
+        drop(probe);
+        // Answered without limits: no shaping from then on.
+        assert!(!slot(&s, "a").probe);
+        assert_eq!(slot(&s, "a").at, 0);
+        // A probe dropped unanswered lets the next caller probe.
+        let probe = slot(&s, "b");
+        drop(probe);
+        assert!(slot(&s, "b").probe);
+    }
+
+    #[test]
+    fn upstreams_beyond_the_bound_evict_the_least_recently_used() {
+        let clock = ManualClock::new();
+        let s = schedule(Some(Quota::per_second(1)), &clock);
+        slot(&s, "a").commit();
+        clock.advance(Duration::from_millis(1));
+        slot(&s, "b").commit();
+        clock.advance(Duration::from_millis(1));
+        slot(&s, "c").commit();
+        assert!(s.status("a").is_none());
+        assert!(s.status("b").is_some() && s.status("c").is_some());
+    }
+}
