@@ -108,11 +108,19 @@ impl UpstreamSignal {
             .get(RATELIMIT_POLICY)
             .map(ratelimit_policy)
             .unwrap_or_default();
-        let remaining = match (x.remaining, items.iter().filter_map(|i| i.remaining).min()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+        // The tightest of the `RateLimit` items: fewest units left, on a tie the longest reset.
+        let tightest = items
+            .iter()
+            .filter(|i| i.remaining.is_some())
+            .min_by(|a, b| a.remaining.cmp(&b.remaining).then(b.reset.cmp(&a.reset)));
+        // Remaining and reset come from the same limit: the one with fewest units left.
+        let (remaining, reset) = match (x.remaining, tightest) {
+            (Some(xr), Some(i)) if i.remaining < Some(xr) => (i.remaining, i.reset.or(x.reset)),
+            (Some(xr), Some(i)) if i.remaining == Some(xr) => (Some(xr), x.reset.max(i.reset)),
+            (Some(xr), _) => (Some(xr), x.reset.or_else(|| first.and_then(|i| i.reset))),
+            (None, Some(i)) => (i.remaining, i.reset),
+            (None, None) => (None, x.reset.or_else(|| first.and_then(|i| i.reset))),
         };
-        let reset = x.reset.or_else(|| first.and_then(|i| i.reset));
         let limit = x
             .limit
             .or_else(|| first.and_then(|i| i.limit))
@@ -148,8 +156,9 @@ impl UpstreamSignal {
         self.remaining
     }
 
-    /// Time until the limit is restored (`X-RateLimit-Reset` as delta seconds or Unix time,
-    /// else the `RateLimit` field's first `t`).
+    /// Time until the limit with the fewest units [`remaining`](Self::remaining) is restored
+    /// (`X-RateLimit-Reset` as delta seconds or Unix time, or that `RateLimit` item's `t`; on a
+    /// tie, the longest).
     pub fn reset(&self) -> Option<Duration> {
         self.reset
     }
@@ -634,6 +643,22 @@ mod tests {
         let x = XRateLimit::from_headers(&headers, NOW);
         assert_eq!((x.limit(), x.remaining()), (Some(100), Some(50)));
         assert_eq!(x.reset(), Some(Duration::from_secs(30)));
+        // The reset goes with the exhausted limit, not the first one listed.
+        let mut headers = HeaderMap::new();
+        headers.insert(X_RATELIMIT_REMAINING, hv("4"));
+        headers.insert(X_RATELIMIT_RESET, hv("1"));
+        headers.insert(RATELIMIT, hv(r#""burst";r=4;t=1, "daily";r=0;t=18000"#));
+        let s = UpstreamSignal::from_headers(StatusCode::OK, &headers, NOW);
+        assert_eq!(s.remaining(), Some(0));
+        assert_eq!(s.reset(), Some(Duration::from_secs(18_000)));
+        headers.insert(X_RATELIMIT_REMAINING, hv("0"));
+        headers.insert(RATELIMIT, hv(r#""burst";r=4;t=1, "daily";r=0;t=60"#));
+        let s = UpstreamSignal::from_headers(StatusCode::OK, &headers, NOW);
+        assert_eq!(
+            s.reset(),
+            Some(Duration::from_secs(60)),
+            "a tie: the longest"
+        );
         // draft-07 dictionary through the signal.
         let mut headers = HeaderMap::new();
         headers.insert(RATELIMIT, hv("limit=10, remaining=0, reset=2"));
