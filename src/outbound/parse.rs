@@ -613,11 +613,16 @@ mod tests {
             assert!(s.refused());
             assert_eq!(s.retry_after(), Some(Duration::from_secs(1)));
             assert_eq!((s.limit(), s.remaining()), (Some(5), Some(0)));
+            // 4.2 s rounded up: exactly 5 s as delta seconds; as Unix seconds, the next whole
+            // second after 4.2 s from when it was written (up to 5.2 s from now).
             let reset = s.reset().unwrap();
-            assert!(
-                reset <= Duration::from_secs(5) && reset >= Duration::from_secs(3),
-                "{reset:?}"
-            );
+            match format {
+                ResetFormat::DeltaSeconds => assert_eq!(reset, Duration::from_secs(5)),
+                _ => assert!(
+                    reset >= Duration::from_secs(4) && reset <= Duration::from_millis(5_300),
+                    "{reset:?}"
+                ),
+            }
             assert_eq!(s.policies().len(), 1);
             assert_eq!(s.policies()[0].name(), Some("burst"));
             assert_eq!(s.policies()[0].quota(), 5);
