@@ -92,6 +92,7 @@
 //! | [`headers`] | `X-RateLimit-*`, IETF `RateLimit` / `RateLimit-Policy`, `Retry-After` |
 //! | [`response`] | rejections: problem+json, gRPC, and the [`Rejection`](response::Rejection) trait |
 //! | [`clock`] | time sources, including a manual clock for tests |
+//! | [`outbound`] | client side: keep a client to its upstreams' limits (shaping, `Retry-After`, retries, adaptive rate) |
 //! | [`metrics`] | the metrics recorded with the `metrics` feature: names, labels, `describe()` |
 //!
 //! # Features
@@ -145,6 +146,7 @@ pub mod headers;
 pub mod key;
 pub mod layer;
 pub mod metrics;
+pub mod outbound;
 pub mod plan;
 #[cfg(feature = "serde")]
 pub mod policy;

@@ -1,0 +1,130 @@
+//! Client-side rate limiting: keep a client to its upstreams' limits.
+//!
+//! [`OutboundLayer`] wraps any `tower::Service<http::Request<_>>` client (hyper-util's
+//! legacy `Client`, a tonic `Channel`, a `service_fn`) and, per upstream ([`UpstreamKey`]:
+//! the request's authority by default, or a closure):
+//!
+//! - **shapes** its sending to a configured [`Quota`](crate::Quota): a call that does not fit
+//!   *waits* for its slot instead of failing. Slots are reserved on a [GCRA](crate::algorithm::Gcra)
+//!   schedule under a short lock, then waited for, so concurrent callers are spaced and served
+//!   first come, first served; a call dropped while waiting gives its slot back;
+//! - **reads the upstream's answers** ([`parse`]): `429` / `503` with `Retry-After`
+//!   (delta-seconds or HTTP-date), `X-RateLimit-Limit` / `-Remaining` / `-Reset`, the IETF
+//!   `RateLimit` / `RateLimit-Policy` fields, and gRPC `RESOURCE_EXHAUSTED` with
+//!   `grpc-retry-pushback-ms` or (feature `tonic`) `google.rpc.RetryInfo`. A refusal with a
+//!   wait, or `Remaining: 0` with a reset, **pauses that upstream for every caller** sharing the
+//!   layer until the upstream says it is ready;
+//! - **retries** a refused request when it can be replayed ([`Replay`]: by default a cloneable
+//!   body and an idempotent method), up to [`max_attempts`](OutboundLayerBuilder::max_attempts)
+//!   within a [`retry_deadline`](OutboundLayerBuilder::retry_deadline), with exponential
+//!   [`Backoff`] and full jitter; otherwise the upstream's response is returned unchanged;
+//! - **learns** an upstream's rate from its headers when no quota is set (adaptive mode, on by
+//!   default): `RateLimit-Policy` exactly, or `X-RateLimit-Limit` over the longest reset seen,
+//!   and keeps to it. A learned rate only ever slows a configured quota down, never speeds it up.
+//!
+//! Time is the layer's [`Clock`](crate::clock::Clock) ([`TokioClock`](crate::clock::TokioClock)
+//! by default) and sleeping is tokio's timer, so `#[tokio::test(start_paused = true)]` drives it.
+//!
+//! Only the response *headers* are read: a gRPC status sent in trailers after a streamed body is
+//! not seen (a rejection before any message, as tollgate's own gRPC layer sends, is
+//! trailers-only and is). Transport errors are returned as they are, not retried.
+//!
+//! # Examples
+//!
+//! The default, adaptive layer around a client: the upstream refuses the first call with
+//! `Retry-After: 1`; the layer waits a second and sends it again.
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use std::sync::atomic::{AtomicU32, Ordering};
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use http::{Request, Response, StatusCode};
+//! use tollgate::outbound::{OutboundInfo, OutboundLayer};
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let calls = Arc::new(AtomicU32::new(0));
+//! let upstream = {
+//!     let calls = calls.clone();
+//!     service_fn(move |_: Request<String>| {
+//!         let first = calls.fetch_add(1, Ordering::SeqCst) == 0;
+//!         async move {
+//!             let res = if first {
+//!                 Response::builder().status(429).header("retry-after", "1").body(String::new())
+//!             } else {
+//!                 Response::builder().body("hello".to_owned())
+//!             };
+//!             Ok::<_, Infallible>(res.unwrap())
+//!         }
+//!     })
+//! };
+//! let client = ServiceBuilder::new().layer(OutboundLayer::new()).service(upstream);
+//!
+//! let started = tokio::time::Instant::now();
+//! let res = client.oneshot(Request::get("http://api.example.com/").body(String::new())?).await?;
+//! assert_eq!(res.status(), StatusCode::OK);
+//! assert_eq!(res.extensions().get::<OutboundInfo>().unwrap().attempts(), 2);
+//! assert!(started.elapsed() >= Duration::from_secs(1));
+//! assert_eq!(calls.load(Ordering::SeqCst), 2);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! A configured quota of 10 per second, evenly spaced, that never retries (a body that cannot
+//! be cloned, or a `POST` that must not be sent twice, would not be retried either):
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use std::time::Duration;
+//! use http::{Request, Response, StatusCode};
+//! use tollgate::outbound::{NoReplay, OutboundLayer};
+//! use tollgate::Quota;
+//! use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let layer = OutboundLayer::builder()
+//!     .quota(Quota::per_second(10).burst(1))
+//!     .replay(NoReplay)
+//!     .build()?;
+//! let mut client = ServiceBuilder::new().layer(layer).service(service_fn(|req: Request<()>| async move {
+//!     let status = if req.uri().path() == "/busy" { 429 } else { 200 };
+//!     Ok::<_, Infallible>(Response::builder().status(status).body(()).unwrap())
+//! }));
+//!
+//! let started = tokio::time::Instant::now();
+//! for _ in 0..3 {
+//!     let res = client.ready().await?.call(Request::get("http://api/").body(())?).await?;
+//!     assert_eq!(res.status(), StatusCode::OK);
+//! }
+//! // 0 ms, 100 ms, 200 ms.
+//! assert!(started.elapsed() >= Duration::from_millis(200));
+//!
+//! let res = client.ready().await?.call(Request::get("http://api/busy").body(())?).await?;
+//! assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS); // returned, not retried
+//! # Ok(())
+//! # }
+//! ```
+
+mod adaptive;
+mod backoff;
+mod future;
+#[cfg(feature = "tonic")]
+mod grpc;
+mod http_date;
+mod key;
+mod layer;
+pub mod parse;
+mod replay;
+mod schedule;
+mod service;
+
+pub use backoff::Backoff;
+pub use future::ResponseFuture;
+pub use key::{Authority, UpstreamKey};
+pub use layer::{OutboundLayer, OutboundLayerBuilder};
+pub use replay::{clone_request, is_idempotent, Idempotent, NoReplay, Replay};
+pub use schedule::UpstreamStatus;
+pub use service::{Outbound, OutboundInfo};
