@@ -928,7 +928,17 @@ pub(crate) fn finish<ReqBody, St: Store>(
                 let decision = decisions.as_slice()[j];
                 let quota = applied.quota(snapshot, j);
                 let checks = mem::take(&mut f.shaped);
-                match shaping::reserve(&shared.waiting, &*shared.rejection, &f.snapshot, &mut req, checks, f.reserved_at, shaped.0, (&decision, quota), &decisions) {
+                match shaping::reserve(
+                    &shared.waiting,
+                    &*shared.rejection,
+                    &f.snapshot,
+                    &mut req,
+                    checks,
+                    f.reserved_at,
+                    shaped.0,
+                    (&decision, quota),
+                    &decisions,
+                ) {
                     Ok(reservation) => {
                         outcome.shaped = Some(ShapedDelay::new(reservation.delay()));
                         f.reservation = Some(reservation);

@@ -225,7 +225,10 @@ impl CompiledShape {
             let shown = Decision::allowed_with(self.burst, remaining, reset);
             (shown, wait)
         } else if d.is_impossible() {
-            (Decision::impossible(self.burst, remaining, d.reset()), Duration::ZERO)
+            (
+                Decision::impossible(self.burst, remaining, d.reset()),
+                Duration::ZERO,
+            )
         } else {
             // The wait until the request could take a place in the queue.
             let retry = d.retry_after().unwrap_or_default();
@@ -311,7 +314,10 @@ impl Reservation {
 impl Drop for Reservation {
     fn drop(&mut self) {
         if let Some(give_back) = self.give_back.take() {
-            tracing::debug!(delay_ms = self.delay.as_millis() as u64, "shaped request dropped while waiting; its reservation is given back");
+            tracing::debug!(
+                delay_ms = self.delay.as_millis() as u64,
+                "shaped request dropped while waiting; its reservation is given back"
+            );
             give_back();
         }
     }
@@ -341,7 +347,9 @@ fn give_back<St: Store>(snapshot: &Snapshot<St>, checks: &[OwnedCheck], at: Opti
                 });
             }
             Err(_) => {
-                tracing::warn!("no Tokio runtime to give a shaped reservation back on; it is spent");
+                tracing::warn!(
+                    "no Tokio runtime to give a shaped reservation back on; it is spent"
+                );
             }
         },
     }
@@ -432,8 +440,8 @@ mod tests {
             AlgorithmKind::SlidingWindow,
             AlgorithmKind::SlidingLog,
         ] {
-            let e = compile(&Duration::from_secs(1).into(), &Quota::per_second(10), kind)
-                .unwrap_err();
+            let e =
+                compile(&Duration::from_secs(1).into(), &Quota::per_second(10), kind).unwrap_err();
             assert_eq!(e.field(), "limit.shape", "{kind}");
         }
         let e = compile(
@@ -459,7 +467,10 @@ mod tests {
             assert_eq!(d.limit(), 2);
             waits.push(wait.as_millis());
         }
-        assert_eq!(waits, [0, 0, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000]);
+        assert_eq!(
+            waits,
+            [0, 0, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000]
+        );
         let (d, wait) = s.unwiden(gcra.check(&mut state, 0, 1));
         assert!(!d.allowed());
         assert_eq!(wait, Duration::ZERO);
