@@ -312,3 +312,65 @@ fn what_cannot_shape_fails_at_build_time() {
         "{message}"
     );
 }
+
+/// Through a real hyper server and a real client: the requests that do not fit wait for
+/// their turn instead of being refused. Real time here, so only what cannot depend on
+/// scheduling is asserted.
+#[tokio::test]
+async fn shaped_requests_wait_instead_of_failing_over_http() {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use hyper_util::server::conn::auto;
+    use hyper_util::service::TowerToHyperService;
+
+    // One every 250 ms.
+    let limit = Limit::new("smooth", Quota::per_second(4).burst(1))
+        .algorithm(AlgorithmKind::Gcra)
+        .key(GlobalKey)
+        .shape(Duration::from_secs(2));
+    let layer = RateLimitLayer::new(limit).unwrap();
+    let seen = Seen::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let handler_seen = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let seen = handler_seen.clone();
+            let svc = ServiceBuilder::new()
+                .layer(layer.clone())
+                .service(tower::service_fn(
+                    move |req: Request<hyper::body::Incoming>| {
+                        let seen = Arc::clone(&seen);
+                        async move {
+                            let delay = req.extensions().get::<ShapedDelay>().map(ShapedDelay::get);
+                            seen.lock()
+                                .unwrap()
+                                .push((String::new(), delay, Duration::ZERO));
+                            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("ok"))))
+                        }
+                    },
+                ));
+            tokio::spawn(async move {
+                let _ = auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), TowerToHyperService::new(svc))
+                    .await;
+            });
+        }
+    });
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let url = format!("http://{addr}/");
+    let calls: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(http.get(&url).send()))
+        .collect();
+    for c in calls {
+        let res = c.await.unwrap().unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(res.headers()["x-ratelimit-limit"], "1");
+    }
+    let delays: Vec<Option<Duration>> = seen.lock().unwrap().iter().map(|s| s.1).collect();
+    // At most 500 ms of waiting for three requests at 4/s, and two of them waited (the three
+    // arrive within far less than 250 ms).
+    let waited: Vec<Duration> = delays.iter().flatten().copied().collect();
+    assert_eq!(waited.len(), 2, "{delays:?}");
+    assert!(waited.iter().all(|d| *d <= 500 * MS), "{delays:?}");
+}
