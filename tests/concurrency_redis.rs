@@ -5,6 +5,8 @@
 //! Lease expiry is Redis's own clock, which a test cannot pause: the tests use short leases
 //! and wait for the state they expect (bounded), never assert on elapsed time.
 
+#![cfg(feature = "redis")]
+
 mod support;
 
 use std::convert::Infallible;

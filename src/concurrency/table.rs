@@ -87,9 +87,7 @@ impl MemorySlots {
     }
 
     fn shard(&self, key: &Key<'_>) -> usize {
-        let mut h = self.hasher.build_hasher();
-        key.hash(&mut h);
-        (h.finish() as usize) % SHARDS
+        (self.hasher.hash_one(key) as usize) % SHARDS
     }
 
     /// Takes a slot for `key`, or queues for one when `queue` (the most waiters a key may have)

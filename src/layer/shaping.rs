@@ -358,7 +358,8 @@ fn give_back<St: Store>(snapshot: &Snapshot<St>, checks: &[OwnedCheck], at: Opti
 /// Makes an allowed request that must wait `delay` wait: records the delay on the request and
 /// takes a place among the layer's waiting requests. When the layer's bound on waiting
 /// requests is reached, gives the reservation back and answers the refusal instead.
-#[allow(clippy::too_many_arguments)]
+// The refusal is rare (the layer bound is reached) and built once; boxing it buys nothing.
+#[allow(clippy::too_many_arguments, clippy::result_large_err)]
 pub(crate) fn reserve<St: Store, ReqBody>(
     waiting: &Waiting,
     rejection: &dyn crate::response::Rejection,
