@@ -20,12 +20,85 @@
 //! - **bounded per key**: at most `max_wait × rate` units (or [`Shape::max_queued`]) wait per
 //!   key, enforced by the store itself;
 //! - **cancellation-safe**: a waiting request that is dropped gives its reservation back with
-//!   [`Store::refund`](crate::store::Store::refund), so the next request takes the time it
+//!   [`Store::refund`], so the next request takes the time it
 //!   freed.
 //!
 //! The windows (fixed, sliding, log) have no schedule to reserve a place in: their units come
 //! back all at once at a window's edge, so every waiter would be released together. Shaping
 //! them is refused when the layer is built.
+//!
+//! # Examples
+//!
+//! One request every 100 ms; the others wait their turn, up to 1 s (time is tokio's paused
+//! clock here, which the store reads through [`TokioClock`](crate::clock::TokioClock)):
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use std::time::Duration;
+//! use http::{Request, Response, StatusCode};
+//! use tollgate::clock::TokioClock;
+//! use tollgate::key::GlobalKey;
+//! use tollgate::layer::ShapedDelay;
+//! use tollgate::store::MemoryBackend;
+//! use tollgate::{AlgorithmKind, Limit, Quota, RateLimitLayer};
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let layer = RateLimitLayer::builder()
+//!     .backend(MemoryBackend::new().clock(TokioClock::new()))
+//!     .limit(
+//!         Limit::new("smooth", Quota::per_second(10).burst(1))
+//!             .algorithm(AlgorithmKind::Gcra)
+//!             .key(GlobalKey)
+//!             .shape(Duration::from_secs(1)),
+//!     )
+//!     .build()?;
+//! let svc = ServiceBuilder::new().layer(layer).service(service_fn(|_req: Request<()>| async {
+//!     Ok::<_, Infallible>(Response::new(String::new()))
+//! }));
+//! let waits: Vec<_> = (0..3).map(|_| tokio::spawn(svc.clone().oneshot(Request::new(())))).collect();
+//! let mut delays = Vec::new();
+//! for w in waits {
+//!     let res = w.await??;
+//!     assert_eq!(res.status(), StatusCode::OK);
+//!     delays.push(res.extensions().get::<ShapedDelay>().map(|d| d.get().as_millis()));
+//! }
+//! assert_eq!(delays, [None, Some(100), Some(200)]);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! A bound per key, and what happens beyond `max_wait`: refused as without shaping.
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use std::time::Duration;
+//! use http::{Request, Response, StatusCode};
+//! use tollgate::key::GlobalKey;
+//! use tollgate::layer::Shape;
+//! use tollgate::{Limit, Quota, RateLimitLayer};
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // A slow rate: one a minute, at most one waiting.
+//! let layer = RateLimitLayer::new(
+//!     Limit::new("slow", Quota::per_minute(1))
+//!         .key(GlobalKey)
+//!         .shape(Shape::new(Duration::from_secs(600)).max_queued(1)),
+//! )?;
+//! let svc = ServiceBuilder::new().layer(layer).service(service_fn(|_req: Request<()>| async {
+//!     Ok::<_, Infallible>(Response::new(String::new()))
+//! }));
+//! assert_eq!(svc.clone().oneshot(Request::new(())).await?.status(), StatusCode::OK);
+//! let _waiting = tokio::spawn(svc.clone().oneshot(Request::new(())));
+//! tokio::task::yield_now().await;
+//! let refused = svc.clone().oneshot(Request::new(())).await?;
+//! assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+//! # Ok(())
+//! # }
+//! ```
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
