@@ -374,3 +374,27 @@ async fn shaped_requests_wait_instead_of_failing_over_http() {
     assert_eq!(waited.len(), 2, "{delays:?}");
     assert!(waited.iter().all(|d| *d <= 500 * MS), "{delays:?}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_request_that_costs_nothing_never_waits() {
+    let limit = smooth()
+        .cost(|req: &tollgate::RequestView<'_>| u64::from(req.method() != http::Method::HEAD))
+        .shape(Duration::from_secs(1));
+    let svc = service(layer(limit, 100), Seen::default());
+    assert_eq!(
+        svc.clone().oneshot(req("a1")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let _waiting = tokio::spawn(svc.clone().oneshot(req("a2")));
+    tokio::task::yield_now().await;
+    let head = Request::head("/")
+        .header("x-id", "h")
+        .header("x-key", "h")
+        .body(())
+        .unwrap();
+    let start = Instant::now();
+    let res = svc.clone().oneshot(head).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert!(res.extensions().get::<ShapedDelay>().is_none());
+}

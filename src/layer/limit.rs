@@ -328,7 +328,8 @@ impl Limit {
         self.quota.burst_size()
     }
 
-    /// What the backend needs to know about this limit.
+    /// What the backend needs to know about this limit. For a [shaped](Self::shape) limit the
+    /// quota is the one the store decides at: the burst widened by what may wait.
     pub fn spec(&self) -> LimitSpec {
         // A shaped limit is decided at its widened tolerance (see `shaping`).
         let quota = self

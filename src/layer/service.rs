@@ -845,7 +845,8 @@ pub(crate) fn finish<ReqBody, St: Store>(
             if let (Some(shape), NO_PLAN) = (&snapshot.limits[limit].shape, applied.plan[j]) {
                 let (own, wait) = shape.unwiden(*d);
                 *d = own;
-                if wait > shaped.0 {
+                // A request that spends nothing (cost 0) never waits.
+                if wait > shaped.0 && applied.cost[j] > 0 {
                     shaped = (wait, j);
                 }
             }
