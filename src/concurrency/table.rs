@@ -40,22 +40,24 @@ impl Hash for Lookup<'_, '_> {
     }
 }
 
-impl hashbrown::Equivalent<Key<'static>> for Lookup<'_, '_> {
-    fn equivalent(&self, key: &Key<'static>) -> bool {
-        self.0 == key
+impl hashbrown::Equivalent<Arc<Key<'static>>> for Lookup<'_, '_> {
+    fn equivalent(&self, key: &Arc<Key<'static>>) -> bool {
+        self.0 == &**key
     }
 }
 
 /// One key's slots.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Entry {
+    /// The key, shared with the permits of its requests (owned once per key, not per request).
+    key: Arc<Key<'static>>,
     in_flight: u32,
     waiters: VecDeque<oneshot::Sender<MemoryPermit>>,
 }
 
 #[derive(Debug)]
 struct Shard {
-    keys: HashMap<Key<'static>, Entry, foldhash::fast::RandomState>,
+    keys: HashMap<Arc<Key<'static>>, Entry, foldhash::fast::RandomState>,
 }
 
 /// The in-memory slot table: at most `max_in_flight` requests per key hold a slot; keys with
@@ -102,15 +104,21 @@ impl MemorySlots {
                 if keys.len() >= self.max_keys_per_shard {
                     return Acquire::TooManyKeys;
                 }
-                keys.entry(key.clone().into_owned()).or_default()
+                let owned = Arc::new(key.clone().into_owned());
+                keys.entry(Arc::clone(&owned)).or_insert(Entry {
+                    key: owned,
+                    in_flight: 0,
+                    waiters: VecDeque::new(),
+                })
             }
         };
         if entry.in_flight < self.max_in_flight {
             entry.in_flight += 1;
+            let key = Arc::clone(&entry.key);
             drop(guard);
             return Acquire::Got(MemoryPermit {
                 table: Arc::clone(self),
-                key: Some(key.clone().into_owned()),
+                key: Some(key),
                 shard,
             });
         }
@@ -128,7 +136,7 @@ impl MemorySlots {
     }
 
     /// Gives a slot of `key` back: to the first waiter still waiting, else to the table.
-    fn release(self: &Arc<Self>, key: Key<'static>, shard: usize) {
+    fn release(self: &Arc<Self>, key: Arc<Key<'static>>, shard: usize) {
         let mut guard = self.shards[shard].lock();
         let Some(entry) = guard.keys.get_mut(&key) else {
             return;
@@ -176,7 +184,7 @@ impl MemorySlots {
 pub(crate) struct MemoryPermit {
     table: Arc<MemorySlots>,
     /// `None` once given back (or handed on).
-    key: Option<Key<'static>>,
+    key: Option<Arc<Key<'static>>>,
     shard: usize,
 }
 
