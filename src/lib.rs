@@ -136,6 +136,7 @@
 
 pub mod algorithm;
 pub mod clock;
+pub mod concurrency;
 pub mod cost;
 mod decision;
 mod error;

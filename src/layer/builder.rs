@@ -46,6 +46,7 @@ pub struct RateLimitLayerBuilder<B = MemoryBackend> {
     skip: Option<Box<super::layer::SkipFn>>,
     audit: Option<Box<AuditFn>>,
     near_limit: Result<NearLimit, ConfigError>,
+    max_waiting: usize,
 }
 
 impl RateLimitLayerBuilder<MemoryBackend> {
@@ -59,6 +60,7 @@ impl RateLimitLayerBuilder<MemoryBackend> {
             skip: None,
             audit: None,
             near_limit: Ok(NearLimit::DEFAULT),
+            max_waiting: super::shaping::DEFAULT_MAX_WAITING,
         }
     }
 }
@@ -100,7 +102,17 @@ impl<B> RateLimitLayerBuilder<B> {
             skip: self.skip,
             audit: self.audit,
             near_limit: self.near_limit,
+            max_waiting: self.max_waiting,
         }
+    }
+
+    /// The most requests that may wait for their turn in this layer at once, across keys and
+    /// shaped limits (default [`DEFAULT_MAX_WAITING`](super::DEFAULT_MAX_WAITING)); a shaped
+    /// request beyond it is refused as if it did not fit. 0 fails [`build`](Self::build). See
+    /// [`Limit::shape`].
+    pub fn max_waiting(mut self, max: usize) -> Self {
+        self.max_waiting = max;
+        self
     }
 
     /// The share of a limit under which an allowed request counts as near the limit, in the
@@ -181,6 +193,12 @@ impl<B: Backend> RateLimitLayerBuilder<B> {
     /// Validates the configuration and builds the layer and its store.
     pub fn build(self) -> Result<RateLimitLayer<B::Store>, ConfigError> {
         let near_limit = self.near_limit?;
+        if self.max_waiting == 0 {
+            return Err(ConfigError::new(
+                "max_waiting",
+                "a layer where no request may wait cannot shape; allow at least 1 (the default is 10000), or drop .shape(..) from its limits",
+            ));
+        }
         let (limits, specs) = compile_limits(&self.limits)?;
         let store = self.backend.build(&specs)?;
         let policy_header = policy_field(limits.iter().map(|l| (l.name.as_str(), &l.quota)));
@@ -200,6 +218,7 @@ impl<B: Backend> RateLimitLayerBuilder<B> {
                 audit: self.audit,
                 near_limit,
                 reloading: std::sync::Mutex::new(0),
+                waiting: super::shaping::Waiting::new(self.max_waiting),
             }),
         })
     }

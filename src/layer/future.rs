@@ -7,6 +7,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
@@ -15,7 +16,8 @@ use tower_service::Service;
 use super::body::ResponseBody;
 use super::layer::{Shared, Snapshot};
 use super::service::{
-    begin, finish, shadow_done, shadow_step, Applied, Begin, Finish, Followup, Outcome,
+    begin, finish, shadow_done, shadow_step, shaping_wait, Applied, Begin, Finish, Followup,
+    Outcome,
 };
 use crate::response::RejectionBody;
 use crate::store::{Checked, Store};
@@ -33,6 +35,8 @@ enum Step<St: Store> {
     Lookup(u8),
     Check(Applied, Arc<Snapshot<St>>, Option<Followup<St>>),
     Shadow(Option<Outcome>, Followup<St>),
+    /// Shaping: waits for its turn (the reservation is in the future's followup).
+    Shaped,
 }
 
 type Lookup = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -71,6 +75,12 @@ pin_project! {
         Inner {
             #[pin]
             future: F,
+        },
+        // shaping hook: waits for the request's turn, then calls the inner service.
+        Shaping {
+            #[pin]
+            sleep: tokio::time::Sleep,
+            waiting: Option<W>,
         },
         Refunding {
             #[pin]
@@ -111,6 +121,21 @@ where
         }
     }
 
+    /// A request that waits for its turn (shaping) before the inner service is called.
+    pub(crate) fn shaped(
+        req: Request<ReqBody>,
+        inner: S,
+        shared: Arc<Shared<St>>,
+        outcome: Option<Outcome>,
+        followup: Option<Followup<St>>,
+    ) -> Self {
+        Self {
+            state: shaping_state(req, inner, shared, &followup),
+            outcome,
+            followup,
+        }
+    }
+
     /// A request waiting for a lookup or the store (`begin` is neither `Proceed` nor `Reject`).
     pub(crate) fn waiting(begin: Begin<ReqBody, St>, inner: S, shared: Arc<Shared<St>>) -> Self {
         Self {
@@ -118,6 +143,30 @@ where
             outcome: None,
             followup: None,
         }
+    }
+}
+
+/// The state of a future whose request waits for its turn (shaping).
+#[allow(clippy::type_complexity)]
+fn shaping_state<S, ReqBody, St>(
+    req: Request<ReqBody>,
+    inner: S,
+    shared: Arc<Shared<St>>,
+    followup: &Option<Followup<St>>,
+) -> State<St::Future, S::Future, Waiting<S, ReqBody, St>, S::Response>
+where
+    S: Service<Request<ReqBody>>,
+    St: Store,
+{
+    let delay = shaping_wait(followup).map_or(Duration::ZERO, |r| r.delay());
+    State::Shaping {
+        sleep: tokio::time::sleep(delay),
+        waiting: Some(Waiting {
+            req,
+            inner,
+            shared,
+            step: Step::Shaped,
+        }),
     }
 }
 
@@ -175,6 +224,7 @@ where
             State::Resolving { .. } => "resolving",
             State::Checking { .. } => "checking",
             State::Inner { .. } => "inner",
+            State::Shaping { .. } => "shaping",
             State::Refunding { .. } => "refunding",
             State::Rejected { .. } => "rejected",
         };
@@ -250,7 +300,9 @@ where
                             shadow_done(&mut followup, result, &mut outcome);
                             Begin::Proceed(req, outcome, Some(followup))
                         }
-                        Step::Lookup(_) => unreachable!("a lookup is not a store check"),
+                        Step::Lookup(_) | Step::Shaped => {
+                            unreachable!("a lookup or a wait is not a store check")
+                        }
                     };
                     advance(&mut this, next, inner, shared);
                     continue;
@@ -280,6 +332,18 @@ where
                         continue;
                     }
                     return Poll::Ready(Ok(respond(this.outcome, response)));
+                }
+                StateProj::Shaping { sleep, waiting: w } => {
+                    ready!(sleep.poll(cx));
+                    let Waiting { req, mut inner, .. } =
+                        w.take().expect("ResponseFuture polled after completion");
+                    // The request's turn: its reservation is spent, not given back.
+                    if let Some(r) = this.followup.as_mut().and_then(|f| f.reservation.take()) {
+                        r.release();
+                    }
+                    let future = inner.call(req);
+                    this.state.set(State::Inner { future });
+                    continue;
                 }
                 StateProj::Refunding {
                     refund,
@@ -336,6 +400,13 @@ fn advance<S, ReqBody, St>(
     St: Store,
 {
     match next {
+        // shaping hook: a request that must wait for its turn waits here.
+        Begin::Proceed(req, outcome, followup) if shaping_wait(&followup).is_some() => {
+            let state = shaping_state(req, inner, shared, &followup);
+            *this.outcome = outcome;
+            *this.followup = followup;
+            this.state.set(state);
+        }
         Begin::Proceed(req, outcome, followup) => {
             let future = inner.call(req);
             *this.outcome = outcome;

@@ -44,6 +44,8 @@ pub(crate) struct Shared<St> {
     pub(crate) near_limit: NearLimit,
     /// Serialises reloads (never taken on the request path).
     pub(crate) reloading: std::sync::Mutex<u64>,
+    /// Shaping: the bound on requests waiting for their turn, across keys.
+    pub(crate) waiting: super::shaping::Waiting,
 }
 
 /// The store of a [`RateLimitLayer`], as of the call: it derefs to the store. After a

@@ -118,6 +118,7 @@ pub struct Limit {
     when: Option<Arc<WhenFn>>,
     mode: Mode,
     charge: Charge,
+    shape: Option<super::shaping::Shape>,
 }
 
 impl fmt::Debug for Limit {
@@ -136,6 +137,7 @@ impl fmt::Debug for Limit {
             .field("when", &self.when.as_ref().map(|_| ".."))
             .field("mode", &self.mode)
             .field("charge", &self.charge)
+            .field("shape", &self.shape)
             .finish()
     }
 }
@@ -160,6 +162,7 @@ impl Limit {
             when: None,
             mode: Mode::default(),
             charge: Charge::default(),
+            shape: None,
         }
     }
 
@@ -220,6 +223,36 @@ impl Limit {
     #[must_use]
     pub fn charge(mut self, charge: Charge) -> Self {
         self.charge = charge;
+        self
+    }
+
+    /// Shapes instead of refusing: a request that does not fit now waits for its turn, up to
+    /// `shape`'s `max_wait` (a [`Duration`](std::time::Duration) or a
+    /// [`Shape`](super::Shape)), first come first served per key, then proceeds; beyond
+    /// `max_wait` or the queue bounds it is refused as usual. The wait is in the request's and
+    /// the response's extensions as a [`ShapedDelay`](super::ShapedDelay). See the
+    /// [module docs](super::shaping) for how it works.
+    ///
+    /// The token bucket, GCRA and the leaky bucket shape; the window algorithms cannot (their
+    /// units return all at once), and neither can a limit with plans or in shadow mode: building
+    /// the layer says so.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::key::GlobalKey;
+    /// use tollgate::{AlgorithmKind, Limit, Quota};
+    ///
+    /// // A fragile downstream sees at most 5 requests per second, evenly spaced; callers wait
+    /// // up to 3 s for their turn.
+    /// let limit = Limit::new("downstream", Quota::per_second(5).burst(1))
+    ///     .algorithm(AlgorithmKind::Gcra)
+    ///     .key(GlobalKey)
+    ///     .shape(Duration::from_secs(3));
+    /// # let _ = limit;
+    /// ```
+    #[must_use]
+    pub fn shape(mut self, shape: impl Into<super::shaping::Shape>) -> Self {
+        self.shape = Some(shape.into());
         self
     }
 
@@ -295,9 +328,16 @@ impl Limit {
         self.quota.burst_size()
     }
 
-    /// What the backend needs to know about this limit.
+    /// What the backend needs to know about this limit. For a [shaped](Self::shape) limit the
+    /// quota is the one the store decides at: the burst widened by what may wait.
     pub fn spec(&self) -> LimitSpec {
-        let spec = LimitSpec::new(self.name, self.quota, self.algorithm);
+        // A shaped limit is decided at its widened tolerance (see `shaping`).
+        let quota = self
+            .shape
+            .as_ref()
+            .and_then(|s| super::shaping::compile(s, &self.quota, self.algorithm).ok())
+            .map_or(self.quota, |s| s.widen(&self.quota));
+        let spec = LimitSpec::new(self.name, quota, self.algorithm);
         match self.on_store_error {
             Some(policy) => spec.on_store_error(policy),
             None => spec,
@@ -357,7 +397,27 @@ impl Limit {
                 ));
             }
         }
-        let base = PlanQuota::new(self.algorithm, self.quota)
+        let shape = match &self.shape {
+            None => None,
+            Some(_) if !self.plans.is_empty() => {
+                return Err(bad(
+                    "limit.shape",
+                    String::from("a limit with plans cannot shape yet; shape a separate limit without plans, or drop .shape(..)"),
+                ))
+            }
+            Some(_) if self.mode.is_shadow() => {
+                return Err(bad(
+                    "limit.shape",
+                    String::from("a shadow limit never delays or refuses, so it cannot shape; enforce it, or drop .shape(..)"),
+                ))
+            }
+            Some(s) => Some(
+                super::shaping::compile(s, &self.quota, self.algorithm)
+                    .map_err(|e| bad(e.field(), e.message().to_owned()))?,
+            ),
+        };
+        let store_quota = shape.map_or(self.quota, |s| s.widen(&self.quota));
+        let base = PlanQuota::new(self.algorithm, store_quota)
             .map_err(|e| bad(e.field(), e.message().to_owned()))?;
         if self.plans.len() > MAX_PLANS {
             return Err(bad(
@@ -426,6 +486,7 @@ impl Limit {
             charge: self.charge.clone(),
             explicit_quota: false,
             shadow_rejections: std::sync::atomic::AtomicU64::new(0),
+            shape,
         })
     }
 }
@@ -460,6 +521,8 @@ pub(crate) struct CompiledLimit {
     pub(crate) explicit_quota: bool,
     /// Would-be rejections of a shadow limit (sampled logging).
     pub(crate) shadow_rejections: std::sync::atomic::AtomicU64,
+    /// How the limit shapes, if it does: its store decides at `base`, the widened quota.
+    pub(crate) shape: Option<super::shaping::CompiledShape>,
 }
 
 impl CompiledLimit {

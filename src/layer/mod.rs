@@ -144,6 +144,7 @@ mod limit;
 mod overrides;
 mod reload;
 mod service;
+pub mod shaping;
 
 pub use audit::{AuditEvent, Change};
 pub use body::ResponseBody;
@@ -152,6 +153,7 @@ pub use future::ResponseFuture;
 pub use layer::{RateLimitLayer, StoreRef};
 pub use limit::{Limit, MissingKey};
 pub use service::RateLimit;
+pub use shaping::{Shape, ShapedDelay, DEFAULT_MAX_WAITING};
 
 #[cfg(test)]
 mod test_store;

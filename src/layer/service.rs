@@ -18,6 +18,7 @@ use std::sync::atomic::Ordering;
 use super::layer::{RateLimitLayer, Shared, Snapshot};
 use super::limit::{CompiledPlan, Limit};
 use super::overrides::Active;
+use super::shaping::{self, Reservation, ShapedDelay};
 use crate::decision::{Decision, PolicyName};
 use crate::error::{ConfigError, StoreError, StoreErrorKind};
 use crate::headers::{
@@ -113,6 +114,12 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         match begin(&self.shared, req, 0) {
+            // shaping hook: a request that must wait for its turn waits in the future.
+            Begin::Proceed(req, outcome, followup) if shaping_wait(&followup).is_some() => {
+                let clone = self.inner.clone();
+                let inner = mem::replace(&mut self.inner, clone);
+                ResponseFuture::shaped(req, inner, Arc::clone(&self.shared), outcome, followup)
+            }
             Begin::Proceed(req, outcome, followup) => {
                 ResponseFuture::inner(self.inner.call(req), outcome, followup)
             }
@@ -204,7 +211,7 @@ pub(crate) struct OwnedCheck {
 }
 
 impl OwnedCheck {
-    fn as_check(&self) -> LimitCheck<'_> {
+    pub(crate) fn as_check(&self) -> LimitCheck<'_> {
         let check = LimitCheck::new(self.limit, self.key.clone(), self.cost);
         match &self.quota {
             Some(q) => check.with_quota(q),
@@ -223,6 +230,15 @@ pub(crate) struct Followup<St> {
     shadow_at: Option<u64>,
     near: NearLimit,
     headers: RateLimitHeaders,
+    /// Shaping: the checks of the shaped limits, and what a waiting request reserved.
+    shaped: Vec<OwnedCheck>,
+    pub(crate) reservation: Option<Reservation>,
+}
+
+/// The reservation of a request that must wait for its turn (shaping), if any.
+#[inline]
+pub(crate) fn shaping_wait<St>(followup: &Option<Followup<St>>) -> Option<&Reservation> {
+    followup.as_ref().and_then(|f| f.reservation.as_ref())
 }
 
 impl<St: Store> Followup<St> {
@@ -287,6 +303,7 @@ impl<St: Store> Followup<St> {
                     headers: self.headers,
                     reported,
                     ietf: None,
+                    shaped: None,
                 });
             }
         }
@@ -334,6 +351,8 @@ pub(crate) struct Outcome {
     headers: RateLimitHeaders,
     reported: Decision,
     ietf: Option<(HeaderValue, HeaderValue)>,
+    /// How long the request waited for its turn (shaping).
+    shaped: Option<ShapedDelay>,
 }
 
 impl Outcome {
@@ -364,6 +383,7 @@ impl Outcome {
             headers: shared.headers,
             reported,
             ietf,
+            shaped: None,
         }
     }
 
@@ -390,6 +410,9 @@ impl Outcome {
     /// nested rate-limit layer already wrote: the more pressing decision wins `X-RateLimit-*`
     /// and the extension, and the IETF lists are appended to.
     pub(crate) fn apply<B>(self, response: &mut Response<B>) {
+        if let Some(shaped) = self.shaped {
+            response.extensions_mut().insert(shaped);
+        }
         let ours_wins = match response.extensions_mut().get_mut::<Decision>() {
             Some(theirs) => {
                 let wins = more_pressing(&self.reported, theirs);
@@ -662,8 +685,9 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
             p => limit.plans[usize::from(p)].quota.capacity(),
         };
         let plan_name = limit.plans.get(usize::from(plan)).map(|p| p.name);
-        if limit.mode.is_shadow() || limit.charge.by_outcome() {
-            let owned = OwnedCheck {
+        let shaped = limit.shape.is_some() && plan == NO_PLAN;
+        if limit.mode.is_shadow() || limit.charge.by_outcome() || shaped {
+            let owned = || OwnedCheck {
                 limit: i,
                 key: key.clone().into_owned(),
                 // A shadow check above its capacity is decided (impossible: a would-be
@@ -685,13 +709,20 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
                 shadow_at: None,
                 near: shared.near_limit,
                 headers: shared.headers,
+                shaped: Vec::new(),
+                reservation: None,
             });
             if limit.mode.is_shadow() {
                 // Decided on its own after the enforcing limits allowed: never refuses.
-                f.shadow.push(owned);
+                f.shadow.push(owned());
                 continue;
             }
-            f.by_outcome.push(owned);
+            if shaped {
+                f.shaped.push(owned());
+            }
+            if limit.charge.by_outcome() {
+                f.by_outcome.push(owned());
+            }
         }
         if cost > capacity && applied.too_costly.is_none() {
             applied.too_costly = Some(n as u8);
@@ -789,8 +820,10 @@ pub(crate) fn finish<ReqBody, St: Store>(
     mut req: Request<ReqBody>,
     applied: &Applied,
     result: Result<Decisions, StoreError>,
-    followup: Option<&mut Followup<St>>,
+    mut followup: Option<&mut Followup<St>>,
 ) -> Finish<ReqBody> {
+    // shaping hook: the longest wait among the shaped limits, and which check it is.
+    let mut shaped = (Duration::ZERO, 0);
     let result = result.and_then(|mut decisions| {
         if decisions.len() != usize::from(applied.len) {
             return Err(StoreError::new(
@@ -809,6 +842,14 @@ pub(crate) fn finish<ReqBody, St: Store>(
             .zip(applied.checks())
             .enumerate()
         {
+            if let (Some(shape), NO_PLAN) = (&snapshot.limits[limit].shape, applied.plan[j]) {
+                let (own, wait) = shape.unwiden(*d);
+                *d = own;
+                // A request that spends nothing (cost 0) never waits.
+                if wait > shaped.0 && applied.cost[j] > 0 {
+                    shaped = (wait, j);
+                }
+            }
             *d = d.with_policy(snapshot.limits[limit].name);
             if let Some(plan) = applied.plan(snapshot, j) {
                 *d = d.with_plan(plan.name);
@@ -878,10 +919,37 @@ pub(crate) fn finish<ReqBody, St: Store>(
             for d in decisions.as_slice() {
                 metrics::record_decision(d, false, shared.near_limit);
             }
-            if let Some(f) = followup {
+            if let Some(f) = followup.as_deref_mut() {
                 f.reserved_at = decisions.decided_at();
             }
-            let outcome = Outcome::new(shared, snapshot, applied, &decisions, reported);
+            let mut outcome = Outcome::new(shared, snapshot, applied, &decisions, reported);
+            // shaping hook: a request that must wait takes a place among the waiting ones.
+            if let (false, Some(f)) = (shaped.0.is_zero(), followup) {
+                let j = shaped.1;
+                let decision = decisions.as_slice()[j];
+                let quota = applied.quota(snapshot, j);
+                let checks = mem::take(&mut f.shaped);
+                match shaping::reserve(
+                    &shared.waiting,
+                    &*shared.rejection,
+                    &f.snapshot,
+                    &mut req,
+                    checks,
+                    f.reserved_at,
+                    shaped.0,
+                    (&decision, quota),
+                    &decisions,
+                ) {
+                    Ok(reservation) => {
+                        outcome.shaped = Some(ShapedDelay::new(reservation.delay()));
+                        f.reservation = Some(reservation);
+                    }
+                    Err(mut response) => {
+                        outcome.apply(&mut response);
+                        return Finish::Reject(response);
+                    }
+                }
+            }
             let several = snapshot.limits.len() > 1;
             merge_extensions(req.extensions_mut(), &decisions, &reported, several);
             Finish::Proceed(req, outcome)
