@@ -460,7 +460,7 @@ fn merge_extensions(
         None => {
             let Some(theirs) = theirs else {
                 if several {
-                    ext.insert(*decisions);
+                    ext.insert(decisions.clone());
                 }
                 return;
             };
