@@ -50,7 +50,7 @@ pin_project! {
         St: Store,
     {
         #[pin]
-        state: State<St::Future, S::Future, Waiting<S, ReqBody, St>, S::Response>,
+        state: State<St::Future, S::Future, Box<Waiting<S, ReqBody, St>>, S::Response>,
         outcome: Option<Outcome>,
         followup: Option<Followup<St>>,
     }
@@ -127,7 +127,7 @@ fn waiting_state<S, ReqBody, St>(
     begin: Begin<ReqBody, St>,
     inner: S,
     shared: Arc<Shared<St>>,
-) -> State<St::Future, S::Future, Waiting<S, ReqBody, St>, S::Response>
+) -> State<St::Future, S::Future, Box<Waiting<S, ReqBody, St>>, S::Response>
 where
     S: Service<Request<ReqBody>>,
     St: Store,
@@ -136,12 +136,12 @@ where
         Begin::Resolve(lookup, req, lookups) => {
             return State::Resolving {
                 lookup: Some(lookup),
-                waiting: Some(Waiting {
+                waiting: Some(Box::new(Waiting {
                     req,
                     inner,
                     shared,
                     step: Step::Lookup(lookups),
-                }),
+                })),
             }
         }
         Begin::Pending(check, req, applied, snapshot, followup) => {
@@ -156,12 +156,12 @@ where
     };
     State::Checking {
         check,
-        waiting: Some(Waiting {
+        waiting: Some(Box::new(Waiting {
             req,
             inner,
             shared,
             step,
-        }),
+        })),
     }
 }
 
@@ -196,7 +196,7 @@ where
         loop {
             // What the pending step produced: the next `Begin`, to be turned into a state.
             let next: Begin<ReqBody, St>;
-            let waiting: Waiting<S, ReqBody, St>;
+            let waiting: Box<Waiting<S, ReqBody, St>>;
             match this.state.as_mut().project() {
                 StateProj::Resolving { lookup, waiting: w } => {
                     if let Some(f) = lookup.as_mut() {
@@ -209,7 +209,7 @@ where
                         inner,
                         shared,
                         step,
-                    } = waiting;
+                    } = *waiting;
                     let lookups = match step {
                         Step::Lookup(n) => n,
                         _ => u8::MAX,
@@ -226,7 +226,7 @@ where
                         inner,
                         shared,
                         step,
-                    } = waiting;
+                    } = *waiting;
                     next = match step {
                         Step::Check(applied, snapshot, mut followup) => {
                             match finish(

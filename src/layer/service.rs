@@ -213,8 +213,26 @@ impl OwnedCheck {
     }
 }
 
-/// Work after the enforcing check: shadow limits, and charges decided by the response.
-pub(crate) struct Followup<St> {
+/// Work after the enforcing check: shadow limits, and charges decided by the response. Boxed
+/// (it is rare, and allocates anyway), so the request's future stays small.
+pub(crate) struct Followup<St>(Box<FollowupData<St>>);
+
+impl<St> std::ops::Deref for Followup<St> {
+    type Target = FollowupData<St>;
+
+    fn deref(&self) -> &FollowupData<St> {
+        &self.0
+    }
+}
+
+impl<St> std::ops::DerefMut for Followup<St> {
+    fn deref_mut(&mut self) -> &mut FollowupData<St> {
+        &mut self.0
+    }
+}
+
+/// What a [`Followup`] holds.
+pub(crate) struct FollowupData<St> {
     snapshot: Arc<Snapshot<St>>,
     shadow: Vec<OwnedCheck>,
     by_outcome: Vec<OwnedCheck>,
@@ -333,7 +351,8 @@ impl<St: Store> Followup<St> {
 pub(crate) struct Outcome {
     headers: RateLimitHeaders,
     reported: Decision,
-    ietf: Option<(HeaderValue, HeaderValue)>,
+    /// Boxed: rare (opt-in), and allocating anyway; the future stays small without it.
+    ietf: Option<Box<(HeaderValue, HeaderValue)>>,
 }
 
 impl Outcome {
@@ -356,7 +375,9 @@ impl Outcome {
                         )
                     }))
                 };
-            policy.zip(ratelimit_field(decisions.as_slice().iter()))
+            policy
+                .zip(ratelimit_field(decisions.as_slice().iter()))
+                .map(Box::new)
         } else {
             None
         };
@@ -374,7 +395,8 @@ impl Outcome {
                 self.reported = *d;
             }
         }
-        if let Some((_, ratelimit)) = &mut self.ietf {
+        if let Some(pair) = &mut self.ietf {
+            let (_, ratelimit) = &mut **pair;
             if let Some(more) = ratelimit_field(shown.as_slice().iter()) {
                 let mut joined = ratelimit.as_bytes().to_vec();
                 joined.extend_from_slice(b", ");
@@ -407,7 +429,8 @@ impl Outcome {
             self.headers
                 .write_x_ratelimit(&self.reported, response.headers_mut());
         }
-        if let Some((policy, ratelimit)) = self.ietf {
+        if let Some(pair) = self.ietf {
+            let (policy, ratelimit) = *pair;
             let headers = response.headers_mut();
             headers.append(RATELIMIT_POLICY, policy);
             headers.append(RATELIMIT, ratelimit);
@@ -677,14 +700,16 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
                 },
                 plan: plan_name,
             };
-            let f = followup.get_or_insert_with(|| Followup {
-                snapshot: Arc::clone(snapshot),
-                shadow: Vec::new(),
-                by_outcome: Vec::new(),
-                reserved_at: None,
-                shadow_at: None,
-                near: shared.near_limit,
-                headers: shared.headers,
+            let f = followup.get_or_insert_with(|| {
+                Followup(Box::new(FollowupData {
+                    snapshot: Arc::clone(snapshot),
+                    shadow: Vec::new(),
+                    by_outcome: Vec::new(),
+                    reserved_at: None,
+                    shadow_at: None,
+                    near: shared.near_limit,
+                    headers: shared.headers,
+                }))
             });
             if limit.mode.is_shadow() {
                 // Decided on its own after the enforcing limits allowed: never refuses.
