@@ -229,15 +229,16 @@ where
                     } = *waiting;
                     next = match step {
                         Step::Check(applied, snapshot, mut followup) => {
+                            let mut req = req;
                             match finish(
                                 &shared,
                                 &snapshot,
-                                req,
+                                &mut req,
                                 &applied,
                                 result,
                                 followup.as_mut(),
                             ) {
-                                Finish::Proceed(req, outcome) => match followup {
+                                Finish::Proceed(outcome) => match followup {
                                     Some(f) if !f.shadow_is_empty() => {
                                         shadow_step(&shared, req, Some(outcome), f)
                                     }

@@ -529,8 +529,8 @@ pub(crate) enum Begin<ReqBody, St: Store> {
 
 /// The result of a store check.
 #[allow(clippy::large_enum_variant)]
-pub(crate) enum Finish<ReqBody> {
-    Proceed(Request<ReqBody>, Outcome),
+pub(crate) enum Finish {
+    Proceed(Outcome),
     Reject(Response<RejectionBody>),
 }
 
@@ -762,8 +762,16 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
     drop((keys, checks));
     match checked {
         Checked::Ready(result) => {
-            match finish(shared, snapshot, req, &applied, result, followup.as_mut()) {
-                Finish::Proceed(req, outcome) => match followup {
+            let mut req = req;
+            match finish(
+                shared,
+                snapshot,
+                &mut req,
+                &applied,
+                result,
+                followup.as_mut(),
+            ) {
+                Finish::Proceed(outcome) => match followup {
                     Some(f) if !f.shadow.is_empty() => shadow_step(shared, req, Some(outcome), f),
                     f => Begin::Proceed(req, Some(outcome), f),
                 },
@@ -811,11 +819,11 @@ pub(crate) fn shadow_done<St: Store>(
 pub(crate) fn finish<ReqBody, St: Store>(
     shared: &Arc<Shared<St>>,
     snapshot: &Snapshot<St>,
-    mut req: Request<ReqBody>,
+    req: &mut Request<ReqBody>,
     applied: &Applied,
     result: Result<Decisions, StoreError>,
     followup: Option<&mut Followup<St>>,
-) -> Finish<ReqBody> {
+) -> Finish {
     let result = result.and_then(|mut decisions| {
         if decisions.len() != usize::from(applied.len) {
             return Err(StoreError::new(
@@ -846,7 +854,7 @@ pub(crate) fn finish<ReqBody, St: Store>(
         Ok(decisions) => decisions,
         Err(error) => {
             let empty = Decisions::new();
-            let view = RequestView::new(&req);
+            let view = RequestView::new(req);
             if let Some(i) = applied.too_costly {
                 // Refused whatever the store says; without its numbers, report capacity only.
                 let i = usize::from(i);
@@ -909,7 +917,7 @@ pub(crate) fn finish<ReqBody, St: Store>(
             let outcome = Outcome::new(shared, snapshot, applied, &decisions, reported);
             let several = snapshot.limits.len() > 1;
             merge_extensions(req.extensions_mut(), &decisions, &reported, several);
-            Finish::Proceed(req, outcome)
+            Finish::Proceed(outcome)
         }
         Some(i) => {
             let decision = decisions.as_slice()[i];
@@ -917,7 +925,7 @@ pub(crate) fn finish<ReqBody, St: Store>(
             let quota = applied.quota(snapshot, i);
             let plan = applied.plan(snapshot, i);
             let plan_name = plan.map_or("", |p| p.name.as_str());
-            let view = RequestView::new(&req);
+            let view = RequestView::new(req);
             let reason = if decision.is_impossible() {
                 tracing::debug!(policy = %limit.name, plan = plan_name, cost = applied.cost[i], capacity = quota.burst_size(), "request costs more than the limit holds");
                 RejectReason::CostExceedsCapacity {
