@@ -122,11 +122,14 @@ where
     }
 }
 
+/// Answers a chunk of requests (draining it) and says how long the answering took.
+type Run = Box<dyn FnMut(&mut Vec<Request<()>>) -> Duration>;
+
 /// One variant: a service behind a closure that answers a chunk of requests and says how long
 /// the answering took.
 struct Variant {
     name: String,
-    run: Box<dyn FnMut(&mut Vec<Request<()>>) -> Duration>,
+    run: Run,
     /// The headers of one response, for the report.
     headers: String,
 }
