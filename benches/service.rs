@@ -341,6 +341,9 @@ fn median(mut xs: Vec<f64>) -> f64 {
 
 fn main() {
     let test_mode = std::env::args().any(|a| a == "--test") || cfg!(debug_assertions);
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(", "))
+        .unwrap_or_else(|_| "unknown".to_string());
     let mut variants = variants();
     variants.retain(|v| wanted(&v.name));
     let (rounds, requests) = if test_mode {
@@ -376,10 +379,10 @@ fn main() {
     if test_mode || std::env::args().any(|a| a == "--only") {
         return;
     }
-    report(&variants, &ns, &by);
+    report(&variants, &ns, &by, &load);
 }
 
-fn report(variants: &[Variant], ns: &[f64], by: &dyn Fn(&str) -> f64) {
+fn report(variants: &[Variant], ns: &[f64], by: &dyn Fn(&str) -> f64, load: &str) {
     let mut section = Section::new(
         "layer",
         "The layer against tower_governor",
@@ -491,6 +494,9 @@ fn report(variants: &[Variant], ns: &[f64], by: &dyn Fn(&str) -> f64) {
     plot.series("tollgate, one layer per limit", n_layers);
     plot.series("tower_governor, one layer per limit (headers)", governor);
     section.plot(plot);
+    section.note(format!(
+        "Load average when the run started (1, 5, 15 min): {load}."
+    ));
     section.note(format!(
         "Rejected: tollgate {rejected:.1} ns (problem+json body, `Retry-After`, headers) against \
          {ours:.1} ns allowed; tower_governor's 429 {:.1} ns.",
