@@ -170,26 +170,28 @@ fn push_json_chars(out: &mut String, s: &str) {
         out.push_str(s);
         return;
     }
+    // Every byte to escape is ASCII, so splitting at them keeps UTF-8 sequences whole: copy the
+    // runs between them, one `push_str` each.
     let mut start = 0;
-    for (i, c) in s.char_indices() {
-        let escaped = match c {
-            '"' => "\\\"",
-            '\\' => "\\\\",
-            '\n' => "\\n",
-            '\r' => "\\r",
-            '\t' => "\\t",
-            '\u{08}' => "\\b",
-            '\u{0c}' => "\\f",
-            c if (c as u32) < 0x20 => "",
+    for (i, b) in s.bytes().enumerate() {
+        let escaped = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0x08 => "\\b",
+            0x0c => "\\f",
+            b if b < 0x20 => "",
             _ => continue,
         };
         out.push_str(&s[start..i]);
         if escaped.is_empty() {
-            let _ = write!(out, "\\u{:04x}", c as u32);
+            let _ = write!(out, "\\u{:04x}", b);
         } else {
             out.push_str(escaped);
         }
-        start = i + c.len_utf8();
+        start = i + 1;
     }
     out.push_str(&s[start..]);
 }

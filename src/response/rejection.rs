@@ -368,7 +368,10 @@ impl DefaultRejection {
                 .member_u64("window", policy_window_secs(quota))
                 .member_u64("remaining", decision.remaining())
                 .member_u64("retry_after", retry)
-                .member_str("reset", &rfc3339::format_utc(reset_at))
+                .member_str(
+                    "reset",
+                    std::str::from_utf8(&rfc3339::utc_bytes(reset_at)).unwrap_or_default(),
+                )
                 .member_u64("reset_seconds", ceil_secs(decision.reset()));
                 if let Some(plan) = rejected.plan() {
                     problem = problem.member_str("plan", plan.as_str());

@@ -19,6 +19,11 @@ pub(crate) fn unix_secs_ceil(now: SystemTime, wait: Duration) -> u64 {
 /// `secs` after the Unix epoch as an RFC 3339 UTC time with whole seconds, clamped to
 /// `9999-12-31T23:59:59Z`.
 pub(crate) fn format_utc(secs: u64) -> String {
+    String::from_utf8_lossy(&utc_bytes(secs)).into_owned()
+}
+
+/// [`format_utc`] into a buffer (ASCII), without allocating.
+pub(crate) fn utc_bytes(secs: u64) -> [u8; 20] {
     let secs = secs.min(MAX_SECS);
     let (days, rem) = (secs / 86_400, secs % 86_400);
     let (year, month, day) = civil_from_days(days);
@@ -37,7 +42,7 @@ pub(crate) fn format_utc(secs: u64) -> String {
     put(11, 2, rem / 3600);
     put(14, 2, rem / 60 % 60);
     put(17, 2, rem % 60);
-    String::from_utf8_lossy(&out).into_owned()
+    out
 }
 
 /// The proleptic Gregorian date `days` days after 1970-01-01 (Howard Hinnant's
