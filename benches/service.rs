@@ -65,13 +65,13 @@ use tower_governor::GovernorLayer;
 /// Requests built per untimed setup step, then timed together.
 const CHUNK: usize = 1024;
 /// Requests timed per variant and round.
-const REQUESTS: usize = 100 * CHUNK;
+const REQUESTS: usize = 40 * CHUNK;
 /// Rounds; figures are medians over them.
-const ROUNDS: usize = 7;
+const ROUNDS: usize = 15;
 /// Peers, visited in pseudo-random order.
 const PEERS: u64 = 1_000;
 /// The never-refusing quota's burst (see the module docs): more than one peer's requests in a
-/// run (about 750), and a realistic API limit (tollgate writes numbers below 10 000 from a static
+/// run (about 650), and a realistic API limit (tollgate writes numbers below 10 000 from a static
 /// table, larger ones it formats or takes from a per-thread cache).
 const BIG_BURST: u32 = 9_999;
 
@@ -393,12 +393,12 @@ fn report(variants: &[Variant], ns: &[f64], by: &dyn Fn(&str) -> f64, load: &str
          (`splitmix64(counter) % 1000`). tollgate in its defaults (in-memory store, default \
          headers `X-RateLimit-Limit`/`-Remaining`/`-Reset`), tower_governor with `use_headers()` \
          (`x-ratelimit-limit`/`-remaining`) unless said. Allowed: a burst of 9 999 refilled one \
-         a minute on both sides (each peer sees about 750 requests); rejected: one an hour, spent first. Each of 7 rounds times \
-         every variant once (102 400 requests) in a rotating order; figures are medians.",
+         a minute on both sides (each peer sees about 650 requests); rejected: one an hour, spent first. Each of 15 rounds times \
+         every variant once (40 960 requests) in a rotating order; figures are medians.",
     );
     let bare = by("bare");
     let mut table = Table::new(
-        "ns per request (median of 7 alternating rounds)",
+        "ns per request (median of 15 alternating rounds)",
         &[
             "variant",
             "ns per request",
