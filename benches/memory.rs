@@ -1,37 +1,54 @@
-//! The in-memory store side by side with governor's keyed limiter.
+//! The in-memory store side by side with governor's keyed limiter, on the path the layer takes.
 //!
-//! `cargo bench --bench memory` measures, for both, the time of one check on one hot key, on
-//! 1,000 keys and on 1,000,000 keys, with 1 and 2 threads, and the heap bytes per key at
-//! 1,000,000 keys (with a counting global allocator), then prints a ratio summary. Keys are IPv4
-//! addresses (the usual key of an HTTP limiter), visited in a fixed pseudo-random permutation.
-//! With 2 threads, the figure is wall time divided by the checks of both threads (throughput).
+//! `cargo bench --bench memory` (about two minutes) measures one check through
+//! [`Store::check`] on a store built by `MemoryBackend::new()` (default clock, default shards)
+//! against governor's `DefaultKeyedRateLimiter` (its default clock), for 1, 1,000 and 1,000,000
+//! keys, on 1 and 2 threads, then the heap bytes per key at 1,000,000 keys and the memory held
+//! when twice the key bound in distinct keys arrive. It prints the tables and writes them to
+//! `target/bench-report/memory.json` (section `memory`, plot `memory.svg`).
 //!
-//! Each limiter is built, filled and measured alone, in pairs on the same kind of clock:
-//! tollgate on [`QuantaClock`] against governor's default (quanta), tollgate on [`CoarseClock`]
-//! against governor on quanta's upkeep clock (both updated every millisecond), and tollgate on
-//! its default [`SystemClock`]. The run takes about three and a half minutes.
+//! # Method
 //!
-//! Wall-clock figures on a shared 2-core machine are noisy. For CPU time instead, run one
-//! variant alone under `perf stat -e task-clock` with `--spin VARIANT KEYS CHECKS` (see
-//! [`spin`]) and subtract a run with 0 checks.
+//! - Keys are IPv4 addresses (the usual key of an HTTP limiter: each side builds its key from the
+//!   address bits, as a key extractor would), visited in a pseudo-random order: key
+//!   `splitmix64(counter) % N`. With 2 threads each thread has its own half of the N keys
+//!   (distinct key sets), and the figure is wall time / checks of both threads; the scaling
+//!   figure is the 1-thread time over the 2-thread time (2.0 would be perfect).
+//! - Both limiters are built and filled with every key before the rounds start; then each round
+//!   times every variant once, in an order that rotates from round to round, so that drift on a
+//!   shared machine hits all of them alike. The figure is the median of [`ROUNDS`] rounds.
+//! - The quota is 1,000 per hour (burst 1,000) on both sides: a key charged once stays charged
+//!   for 3.6 s, longer than a pass over a million keys, so every key stays in memory; the hot key
+//!   and the 1,000 keys run out and are mostly refused, the million are allowed.
+//! - `MemoryBackend::new()` bounds a limit to 100,000 keys. For 1,000,000 keys the bound is
+//!   raised to 1,050,000 (governor's map is unbounded and keeps every key): everything else stays
+//!   the default. Without it the table would be full of spenders, and most checks would go to
+//!   the overflow bucket.
+//!
+//! Secondary rows: [`MemoryStore::check_one`] (the direct API) and the other clocks
+//! ([`CoarseClock`], [`QuantaClock`], [`SystemClock`]) on the same path.
+//!
+//! Instruction counts (reproducible on a loaded machine): `memory --spin VARIANT KEYS CHECKS`
+//! prefills then runs CHECKS checks on one thread, for `valgrind --tool=callgrind` or
+//! `perf stat` (subtract a run with 0 checks).
+
+#[path = "common/report.rs"]
+mod report;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
 use std::num::NonZeroU32;
-use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::Barrier;
+use std::time::Instant;
 
-use criterion::{BenchmarkId, Criterion};
-use governor::clock::QuantaUpkeepClock;
-use governor::middleware::NoOpMiddleware;
-use governor::state::keyed::DashMapStateStore;
 use governor::{DefaultKeyedRateLimiter, RateLimiter};
+use report::{Plot, Section, Table};
 use tollgate::algorithm::AlgorithmKind;
-use tollgate::clock::{Clock, CoarseClock, ManualClock, QuantaClock, SystemClock};
+use tollgate::clock::{Clock, CoarseClock, QuantaClock, SystemClock};
 use tollgate::key::Key;
-use tollgate::store::{Backend, LimitSpec, MemoryBackend, MemoryStore};
+use tollgate::store::{Backend, Checked, LimitCheck, LimitSpec, MemoryBackend, MemoryStore, Store};
 use tollgate::{PolicyName, Quota};
 
 // ---------------------------------------------------------------------------------------------
@@ -83,162 +100,226 @@ fn live_bytes() -> usize {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The two limiters under the same quota: 1,000 per hour (burst 1,000). A key charged once stays
-// charged for 3.6 s, longer than a pass over a million keys, so the million keys stay resident
-// (with a fast refill, tollgate would recycle keys that are already fresh again, and measure
-// something else). The hot key and the 1,000 keys run out and are mostly rejected; the million
-// are allowed.
+// The limiters.
 
 const PER_HOUR: u32 = 1_000;
 const MILLION: usize = 1_000_000;
-const SIZES: [(&str, usize); 3] = [("hot", 1), ("1k", 1_000), ("1M", MILLION)];
+/// Rounds per case; the figure is their median.
+const ROUNDS: usize = 7;
+/// Checks timed per variant and round (both threads together with 2 threads).
+const CHECKS: u64 = 1_500_000;
 
-fn tollgate_store<C: Clock>(clock: C, max_keys: usize) -> MemoryStore<C> {
-    let spec = LimitSpec::new(
+fn spec() -> LimitSpec {
+    LimitSpec::new(
         PolicyName::new("bench"),
         Quota::per_hour(u64::from(PER_HOUR)),
         AlgorithmKind::TokenBucket,
-    );
-    MemoryBackend::new()
-        .max_keys(max_keys)
+    )
+}
+
+/// The default backend, with room for every key at a million (see the module docs).
+fn backend(keys: usize) -> MemoryBackend {
+    let backend = MemoryBackend::new();
+    if keys > MemoryBackend::DEFAULT_MAX_KEYS {
+        backend.max_keys(keys + keys / 20)
+    } else {
+        backend
+    }
+}
+
+fn tollgate_store<C: Clock>(keys: usize, clock: C) -> MemoryStore<C> {
+    backend(keys)
         .clock(clock)
-        .build(&[spec])
+        .build(&[spec()])
         .expect("valid bench configuration")
 }
 
-/// The key bound for `keys` active keys: the default (100,000), or 5% headroom over a million
-/// (shards fill unevenly, by a few tenths of a percent at that size, and a full shard evicts).
-fn headroom(keys: usize) -> usize {
-    (keys + keys / 20).max(MemoryBackend::DEFAULT_MAX_KEYS)
-}
-
-fn governor_quota() -> governor::Quota {
-    governor::Quota::per_hour(NonZeroU32::new(PER_HOUR).expect("non-zero"))
-}
-
-/// governor's keyed limiter with its coarse clock (quanta's upkeep thread, every millisecond).
-fn governor_upkeep_limiter() -> RateLimiter<IpAddr, DashMapStateStore<IpAddr>, QuantaUpkeepClock> {
-    let clock = QuantaUpkeepClock::from_interval(Duration::from_millis(1)).expect("upkeep thread");
-    RateLimiter::dashmap_with_clock(governor_quota(), clock)
-}
-
 fn governor_limiter() -> DefaultKeyedRateLimiter<IpAddr> {
-    RateLimiter::keyed(governor_quota())
+    RateLimiter::keyed(governor::Quota::per_hour(
+        NonZeroU32::new(PER_HOUR).expect("non-zero"),
+    ))
 }
 
-/// The `i`-th key of a set of `n` (as the bits of an IPv4 address in 10.0.0.0/8), visiting all
-/// `n` in a fixed pseudo-random order.
 #[inline]
-fn ip(i: usize, n: usize) -> u32 {
-    // 999_983 is prime and does not divide 10^k, so multiplying by it permutes 0..n.
-    let k = (i as u64 * 999_983) % n as u64;
+fn splitmix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// The address bits of key `k` (10.0.0.0/8 plus `k`).
+#[inline]
+fn ip(k: u64) -> u32 {
     0x0A00_0000 + k as u32
 }
 
-/// One check of the IPv4 address with bits `ip`. Each limiter builds its own key from the bits,
-/// as a key extractor would from the peer address.
+/// One check of the IPv4 address with bits `ip`, each side building its own key.
 trait Limiter: Sync {
     fn check(&self, ip: u32) -> bool;
 }
 
-impl<C: Clock> Limiter for MemoryStore<C> {
+/// `Store::check`, the path the layer takes.
+struct ViaStore<C>(MemoryStore<C>);
+
+impl<C: Clock> Limiter for ViaStore<C> {
     #[inline]
     fn check(&self, ip: u32) -> bool {
-        self.check_one(0, &Key::ip(IpAddr::V4(Ipv4Addr::from(ip))), 1)
-            .map(|d| d.allowed())
-            .unwrap_or(false)
+        let checks = [LimitCheck::new(
+            0,
+            Key::ip(IpAddr::V4(Ipv4Addr::from(ip))),
+            1,
+        )];
+        match self.0.check(&checks) {
+            Checked::Ready(Ok(decisions)) => decisions.allowed(),
+            Checked::Ready(Err(_)) => false,
+            Checked::Pending(never) => match never {},
+        }
     }
 }
 
-impl<C> Limiter for RateLimiter<IpAddr, DashMapStateStore<IpAddr>, C, NoOpMiddleware<C::Instant>>
-where
-    C: governor::clock::Clock + Sync,
-{
+/// `MemoryStore::check_one`, the direct API.
+struct Direct<C>(MemoryStore<C>);
+
+impl<C: Clock> Limiter for Direct<C> {
+    #[inline]
+    fn check(&self, ip: u32) -> bool {
+        self.0
+            .check_one(0, &Key::ip(IpAddr::V4(Ipv4Addr::from(ip))), 1)
+            .is_ok_and(|d| d.allowed())
+    }
+}
+
+impl Limiter for DefaultKeyedRateLimiter<IpAddr> {
     #[inline]
     fn check(&self, ip: u32) -> bool {
         self.check_key(&IpAddr::V4(Ipv4Addr::from(ip))).is_ok()
     }
 }
 
-fn prefill(limiter: &dyn Limiter, n: usize) {
-    for i in 0..n {
-        limiter.check(ip(i, n));
-    }
-}
+const GOVERNOR: &str = "governor";
+const TOLLGATE: &str = "tollgate";
+const CHECK_ONE: &str = "tollgate check_one";
+const COARSE: &str = "tollgate CoarseClock";
+const QUANTA: &str = "tollgate QuantaClock";
+const SYSTEM: &str = "tollgate SystemClock";
+const DEFAULT_BOUND: &str = "tollgate bound 100 000";
 
-/// Runs `iters` checks over `n` keys split over `threads` threads; returns the wall time.
-fn run(limiter: &dyn Limiter, n: usize, threads: usize, iters: u64) -> Duration {
-    let per_thread = iters.div_ceil(threads as u64) as usize;
-    let start = Instant::now();
-    if threads == 1 {
-        for i in 0..per_thread {
-            black_box(limiter.check(ip(i, n)));
-        }
-    } else {
-        std::thread::scope(|s| {
-            for t in 0..threads {
-                s.spawn(move || {
-                    // Threads start at different points of the key order.
-                    let offset = t * n / threads + t * 7_919;
-                    for i in offset..offset + per_thread {
-                        black_box(limiter.check(ip(i, n)));
-                    }
-                });
-            }
-        });
-    }
-    start.elapsed()
-}
-
-/// The variants compared, in pairs with the same kind of clock: precise (tollgate on quanta,
-/// governor's default on quanta), coarse (tollgate's `CoarseClock`, governor on quanta's upkeep
-/// clock, both updated every millisecond), and tollgate's default (`Instant`).
-const VARIANTS: [&str; 5] = [
-    "tollgate_quanta",
-    "governor",
-    "tollgate_coarse",
-    "governor_upkeep",
-    "tollgate_system",
+/// Every variant: the headline pair first, then the secondary rows.
+const VARIANTS: [&str; 7] = [
+    GOVERNOR,
+    TOLLGATE,
+    CHECK_ONE,
+    COARSE,
+    QUANTA,
+    SYSTEM,
+    DEFAULT_BOUND,
 ];
 
-/// A limiter of `variant` (one of [`VARIANTS`], or `tollgate_manual`, whose time never moves)
-/// sized for `n` keys.
-fn build(variant: &str, n: usize) -> Box<dyn Limiter> {
+fn build(variant: &str, keys: usize) -> Box<dyn Limiter> {
     match variant {
-        "tollgate_quanta" => Box::new(tollgate_store(QuantaClock::new(), headroom(n))),
-        "tollgate_coarse" => Box::new(tollgate_store(CoarseClock::new(), headroom(n))),
-        "tollgate_system" => Box::new(tollgate_store(SystemClock::new(), headroom(n))),
-        "tollgate_manual" => Box::new(tollgate_store(ManualClock::new(), headroom(n))),
-        "governor" => Box::new(governor_limiter()),
-        "governor_upkeep" => Box::new(governor_upkeep_limiter()),
+        GOVERNOR => Box::new(governor_limiter()),
+        TOLLGATE => Box::new(ViaStore(
+            backend(keys).build(&[spec()]).expect("valid configuration"),
+        )),
+        CHECK_ONE => Box::new(Direct(
+            backend(keys).build(&[spec()]).expect("valid configuration"),
+        )),
+        COARSE => Box::new(ViaStore(tollgate_store(keys, CoarseClock::new()))),
+        QUANTA => Box::new(ViaStore(tollgate_store(keys, QuantaClock::new()))),
+        SYSTEM => Box::new(ViaStore(tollgate_store(keys, SystemClock::new()))),
+        // `MemoryBackend::new()` as is: at a million keys, the table holds 100 000 of them and
+        // the others are decided by the overflow bucket (one shared state): another workload.
+        DEFAULT_BOUND => Box::new(ViaStore(
+            MemoryBackend::new()
+                .build(&[spec()])
+                .expect("valid configuration"),
+        )),
         other => panic!("unknown variant {other}"),
     }
 }
 
-fn bench_checks(c: &mut Criterion) {
-    for (label, n) in SIZES {
-        let mut group = c.benchmark_group(format!("check/{label}"));
-        // One limiter at a time, built and filled just before it is measured.
-        for variant in VARIANTS {
-            let limiter = build(variant, n);
-            prefill(&*limiter, n);
-            for threads in [1, 2] {
-                group.bench_function(BenchmarkId::new(variant, threads), |b| {
-                    b.iter_custom(|iters| run(&*limiter, n, threads, iters))
-                });
-            }
-        }
-        group.finish();
+fn prefill(limiter: &dyn Limiter, keys: usize) {
+    for k in 0..keys as u64 {
+        limiter.check(ip(k));
     }
 }
 
-fn bench_clock(c: &mut Criterion) {
-    let clock = SystemClock::new();
-    c.bench_function("clock/system", |b| b.iter(|| black_box(clock.now_micros())));
-    let clock = QuantaClock::new();
-    c.bench_function("clock/quanta", |b| b.iter(|| black_box(clock.now_micros())));
-    let clock = CoarseClock::new();
-    c.bench_function("clock/coarse", |b| b.iter(|| black_box(clock.now_micros())));
+/// Key `counter` of thread `thread` of `threads`, over `keys` keys split between the threads.
+#[inline]
+fn key_of(counter: u64, thread: u64, threads: u64, keys: u64) -> u64 {
+    let share = (keys / threads).max(1);
+    (splitmix64(counter) % share) * threads + thread
+}
+
+/// Times `checks` checks on `threads` threads; ns per check (wall time / all checks).
+fn run(limiter: &dyn Limiter, keys: usize, threads: usize, checks: u64, seed: u64) -> f64 {
+    let per_thread = checks / threads as u64;
+    let (keys, threads_u) = (keys as u64, threads as u64);
+    let elapsed = if threads == 1 {
+        let start = Instant::now();
+        for c in seed..seed + per_thread {
+            black_box(limiter.check(ip(key_of(c, 0, 1, keys))));
+        }
+        start.elapsed()
+    } else {
+        let barrier = Barrier::new(threads + 1);
+        std::thread::scope(|s| {
+            for t in 0..threads_u {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    barrier.wait();
+                    let from = seed + t * per_thread;
+                    for c in from..from + per_thread {
+                        black_box(limiter.check(ip(key_of(c, t, threads_u, keys))));
+                    }
+                });
+            }
+            barrier.wait();
+            let start = Instant::now();
+            // Joined at the end of the scope.
+            start
+        })
+        .elapsed()
+    };
+    elapsed.as_nanos() as f64 / (per_thread * threads_u) as f64
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+/// One case: every variant built and filled, then [`ROUNDS`] alternating rounds; the median ns
+/// per check of each variant, in [`VARIANTS`] order.
+fn measure_case(keys: usize, threads: usize) -> Vec<f64> {
+    let limiters: Vec<Box<dyn Limiter>> = VARIANTS
+        .iter()
+        .map(|v| {
+            let limiter = build(v, keys);
+            prefill(&*limiter, keys);
+            limiter
+        })
+        .collect();
+    // A warm-up pass each.
+    for limiter in &limiters {
+        run(&**limiter, keys, threads, CHECKS / 10, 1 << 40);
+    }
+    let mut times = vec![Vec::new(); VARIANTS.len()];
+    for round in 0..ROUNDS {
+        for i in 0..VARIANTS.len() {
+            // Rotate the order, and reverse it every other round.
+            let j = (i + round) % VARIANTS.len();
+            let j = if round % 2 == 1 {
+                VARIANTS.len() - 1 - j
+            } else {
+                j
+            };
+            let seed = (round as u64) << 32;
+            times[j].push(run(&*limiters[j], keys, threads, CHECKS, seed));
+        }
+    }
+    times.into_iter().map(median).collect()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -248,8 +329,8 @@ fn bench_clock(c: &mut Criterion) {
 fn bytes_for<L: Limiter>(build: impl FnOnce() -> L, keys: usize) -> (usize, L) {
     let before = live_bytes();
     let limiter = build();
-    for i in 0..keys {
-        limiter.check(ip(i, keys));
+    for k in 0..keys as u64 {
+        limiter.check(ip(k));
     }
     (live_bytes().saturating_sub(before), limiter)
 }
@@ -266,13 +347,13 @@ struct MemoryFigures {
 
 fn measure_memory() -> MemoryFigures {
     let (ours, store) = bytes_for(
-        || tollgate_store(SystemClock::new(), headroom(MILLION)),
+        || ViaStore(backend(MILLION).build(&[spec()]).expect("valid")),
         MILLION,
     );
     // A check of an existing key allocates nothing.
     let before = ALLOCATIONS.load(Ordering::Relaxed);
-    for i in 0..MILLION {
-        store.check(ip(i, MILLION));
+    for k in 0..MILLION as u64 {
+        store.check(ip(k));
     }
     let allocations_per_million_checks = ALLOCATIONS.load(Ordering::Relaxed) - before;
     drop(store);
@@ -280,8 +361,18 @@ fn measure_memory() -> MemoryFigures {
     drop(limiter);
 
     // Twice the bound in distinct keys: ours stays at the bound, governor's keeps growing.
-    let (ours_over, store) = bytes_for(|| tollgate_store(SystemClock::new(), MILLION), 2 * MILLION);
-    let ours_len = store.len();
+    let (ours_over, store) = bytes_for(
+        || {
+            ViaStore(
+                MemoryBackend::new()
+                    .max_keys(MILLION)
+                    .build(&[spec()])
+                    .expect("valid"),
+            )
+        },
+        2 * MILLION,
+    );
+    let ours_len = store.0.len();
     drop(store);
     let (theirs_over, limiter) = bytes_for(governor_limiter, 2 * MILLION);
     let theirs_len = limiter.len();
@@ -299,73 +390,183 @@ fn measure_memory() -> MemoryFigures {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Summary.
+// Report.
 
-/// Criterion's median estimate for a benchmark, in ns per iteration (the median, because on a
-/// shared machine preempted samples inflate the mean). `dir` is its directory under
-/// `target/criterion` (criterion turns the `/` of a group name into `_`).
-fn mean_ns(dir: &str) -> Option<f64> {
-    let path = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("../criterion")
-        .join(dir)
-        .join("new/estimates.json");
-    let text = std::fs::read_to_string(path).ok()?;
-    let json: serde_json::Value = serde_json::from_str(&text).ok()?;
-    json["median"]["point_estimate"].as_f64()
-}
+/// The cases: (label, keys, threads).
+const CASES: [(&str, usize, usize); 5] = [
+    ("1 (hot)", 1, 1),
+    ("1 000", 1_000, 1),
+    ("1 000 000", MILLION, 1),
+    ("1 000", 1_000, 2),
+    ("1 000 000", MILLION, 2),
+];
 
-fn print_summary(memory: &MemoryFigures) {
-    println!("\n=== ns per check (criterion median; 2 threads: wall time / checks of both) ===");
-    println!(
-        "{:<5} {:>3} | {:>8} {:>8} {:>6} | {:>8} {:>8} {:>6} | {:>8}",
-        "keys", "thr", "t_quanta", "governor", "ratio", "t_coarse", "gov_upk", "ratio", "t_system"
+fn report(results: &[Vec<f64>], memory: &MemoryFigures, load: &str) {
+    let mut section = Section::new(
+        "memory",
+        "In-memory store against governor",
+        "cargo bench --bench memory",
+        "One check through `Store::check` on `MemoryBackend::new()` (default clock and shards; \
+         for 1 000 000 keys the key bound is raised to 1 050 000 so every key stays held, as in \
+         governor's unbounded map) against governor's `DefaultKeyedRateLimiter` (its default \
+         clock), 1 000 per hour on both sides. Keys are IPv4 addresses in pseudo-random order \
+         (`splitmix64(counter) % N`); with 2 threads each thread has its own half of the keys \
+         and the figure is wall time / checks of both threads. Every variant is built and filled \
+         first, then each of 7 rounds times every variant once (1.5 million checks) in a \
+         rotating order; figures are the medians.",
     );
-    for (label, _) in SIZES {
+    let mut columns = vec!["keys", "threads"];
+    columns.extend(VARIANTS);
+    columns.push("governor / tollgate");
+    let mut table = Table::new("ns per check (median of 7 alternating rounds)", &columns);
+    let gov = 0;
+    let ours = 1;
+    for (&(label, _, threads), figures) in CASES.iter().zip(results) {
+        let mut row = vec![label.to_string(), threads.to_string()];
+        row.extend(figures.iter().map(|ns| format!("{ns:.1}")));
+        let ratio = figures[gov] / figures[ours];
+        row.push(format!("{ratio:.2}x"));
+        table.row(&row);
+        section.ratio(
+            "Store::check vs governor keyed (ns per check)",
+            &format!("{label} keys, {threads} thread(s)"),
+            ratio,
+            1.0,
+        );
+    }
+    section.table(table);
+
+    let mut scaling = Table::new(
+        "2-thread throughput over 1-thread (1-thread ns / 2-thread ns; 2.0 is perfect)",
+        &["keys", "tollgate", "governor"],
+    );
+    for (one, two) in [(1, 3), (2, 4)] {
+        let (label, _, _) = CASES[one];
+        let ours_up = results[one][ours] / results[two][ours];
+        let gov_up = results[one][gov] / results[two][gov];
+        scaling.row(&[
+            label.to_string(),
+            format!("{ours_up:.2}x"),
+            format!("{gov_up:.2}x"),
+        ]);
+        section.ratio(
+            "2 threads / 1 thread throughput (tollgate)",
+            &format!("{label} keys"),
+            ours_up,
+            1.5,
+        );
+    }
+    section.table(scaling);
+
+    let mut mem = Table::new("Memory", &["figure", "tollgate", "governor"]);
+    mem.row(&[
+        "heap bytes per key at 1 000 000 keys".to_string(),
+        format!("{:.1}", memory.ours_per_key),
+        format!("{:.1}", memory.theirs_per_key),
+    ]);
+    mem.row(&[
+        "2 000 000 distinct keys, tollgate bound 1 000 000: keys held".to_string(),
+        memory.ours_len.to_string(),
+        memory.theirs_len.to_string(),
+    ]);
+    mem.row(&[
+        "... heap MB".to_string(),
+        format!("{:.1}", memory.ours_over as f64 / 1e6),
+        format!("{:.1}", memory.theirs_over as f64 / 1e6),
+    ]);
+    mem.row(&[
+        "allocations in 1 000 000 checks of held keys".to_string(),
+        memory.allocations_per_million_checks.to_string(),
+        "-".to_string(),
+    ]);
+    section.table(mem);
+    section.ratio(
+        "heap bytes per key at 1 000 000 keys (governor / tollgate)",
+        "1 000 000 keys",
+        memory.theirs_per_key / memory.ours_per_key,
+        1.0,
+    );
+
+    let mut plot = Plot::new(
+        "memory.svg",
+        "ns per check against key count (Store::check vs governor keyed)",
+        "keys",
+        "ns per check",
+    )
+    .log_x();
+    for (name, col) in [("tollgate", ours), ("governor", gov)] {
         for threads in [1, 2] {
-            let [q, g, c, u, s] = VARIANTS
-                .map(|v| mean_ns(&format!("check_{label}/{v}/{threads}")).unwrap_or(f64::NAN));
-            println!(
-                "{label:<5} {threads:>3} | {q:>8.1} {g:>8.1} {:>5.2}x | {c:>8.1} {u:>8.1} {:>5.2}x | {s:>8.1}",
-                g / q,
-                u / c
-            );
+            let points: Vec<(f64, f64)> = CASES
+                .iter()
+                .zip(results)
+                .filter(|((_, _, t), _)| *t == threads)
+                .map(|(&(_, keys, _), r)| (keys as f64, r[col]))
+                .collect();
+            plot.series(&format!("{name}, {threads} thread(s)"), points);
         }
     }
-    println!(
-        "(ratio: governor ns / tollgate ns on the same kind of clock; above 1, tollgate is faster)"
+    section.plot(plot);
+    section.note(
+        "Secondary columns: `check_one` is the direct API (no `Decisions`); the clock columns \
+         run `Store::check` on a store with that clock instead of the default.",
     );
-    println!("\n2-thread speed-up (1-thread ns / 2-thread ns; above 1, 2 threads are faster):");
-    for (label, _) in SIZES {
-        let line: Vec<String> = VARIANTS
-            .map(|v| {
-                let one = mean_ns(&format!("check_{label}/{v}/1"));
-                let two = mean_ns(&format!("check_{label}/{v}/2"));
-                let up = one.zip(two).map_or(f64::NAN, |(one, two)| one / two);
-                format!("{v} {up:.2}x")
-            })
-            .into();
-        println!("{label:<5} {}", line.join("  "));
+    section.note(
+        "2-thread rows: N keys split into two distinct halves, one per thread, so the hot \
+         (1 key) case has no 2-thread row.",
+    );
+    section.note(
+        "`tollgate bound 100 000`: `MemoryBackend::new()` exactly (bound 100 000 keys per limit). \
+         At 1 000 000 keys it holds 100 000 and decides the others with the overflow bucket \
+         (one state shared by every key that finds its shard full of spenders): a small, \
+         cache-resident working set, so fast, but not the same work as holding every key.",
+    );
+    section.note(format!(
+        "Load average when the run started (1, 5, 15 min): {load}. Two threads on 2 cores need \
+         both cores free: with other work running, the 2-thread rows measure the contention.",
+    ));
+    section.write();
+}
+
+/// The machine's load average (`/proc/loadavg`, first three fields).
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(", "))
+        .unwrap_or_else(|_| "unknown".to_string())
+}
+
+fn print(results: &[Vec<f64>], memory: &MemoryFigures) {
+    println!("\n=== ns per check (median of {ROUNDS} alternating rounds) ===");
+    print!("{:<10} {:>3}", "keys", "thr");
+    for v in VARIANTS {
+        print!(" | {v:>20}");
     }
-    let clocks =
-        ["system", "quanta", "coarse"].map(|c| mean_ns(&format!("clock_{c}")).unwrap_or(f64::NAN));
+    println!(" | gov/tollgate");
+    for (&(label, _, threads), r) in CASES.iter().zip(results) {
+        print!("{label:<10} {threads:>3}");
+        for ns in r {
+            print!(" | {ns:>20.1}");
+        }
+        println!(" | {:>11.2}x", r[0] / r[1]);
+    }
+    println!("\n2-thread speed-up (1-thread ns / 2-thread ns):");
+    for (one, two) in [(1, 3), (2, 4)] {
+        println!(
+            "{:<10} tollgate {:.2}x  governor {:.2}x",
+            CASES[one].0,
+            results[one][1] / results[two][1],
+            results[one][0] / results[two][0]
+        );
+    }
     println!(
-        "\nclock read: SystemClock {:.1} ns, QuantaClock {:.1} ns, CoarseClock {:.1} ns",
-        clocks[0], clocks[1], clocks[2]
+        "\nheap bytes per key at 1,000,000 keys: tollgate {:.1}, governor {:.1}",
+        memory.ours_per_key, memory.theirs_per_key
     );
-    println!("\n=== heap bytes per key at 1,000,000 keys ===");
     println!(
-        "tollgate {:.1}   governor {:.1}   governor/ours {:.2}x",
-        memory.ours_per_key,
-        memory.theirs_per_key,
-        memory.theirs_per_key / memory.ours_per_key
-    );
-    println!(
-        "allocations in 1,000,000 checks of existing keys (tollgate): {}",
+        "allocations in 1,000,000 checks of held keys (tollgate): {}",
         memory.allocations_per_million_checks
     );
-    println!("\n=== 2,000,000 distinct keys, tollgate bound 1,000,000 ===");
     println!(
-        "tollgate: {} keys, {:.1} MB   governor: {} keys, {:.1} MB (unbounded)",
+        "2,000,000 distinct keys, tollgate bound 1,000,000: tollgate {} keys, {:.1} MB; governor {} keys, {:.1} MB",
         memory.ours_len,
         memory.ours_over as f64 / 1e6,
         memory.theirs_len,
@@ -373,18 +574,16 @@ fn print_summary(memory: &MemoryFigures) {
     );
 }
 
-/// `memory --spin VARIANT KEYS CHECKS`: prefills, then runs CHECKS checks on one thread and
-/// exits, for `perf stat -e task-clock` on a machine too busy for wall-clock figures (subtract a
-/// run with CHECKS = 0). VARIANT: one of [`VARIANTS`] or tollgate_manual (time never moves).
+/// `memory --spin VARIANT KEYS CHECKS`: prefills, then runs CHECKS checks on one thread in the
+/// bench's key order and exits (for callgrind or `perf stat`; subtract a run with 0 checks).
 fn spin(args: &[String]) {
     let variant = args[0].as_str();
-    let n: usize = args[1].parse().expect("KEYS");
+    let keys: usize = args[1].parse().expect("KEYS");
     let checks: u64 = args[2].parse().expect("CHECKS");
-    let limiter = build(variant, n);
-    prefill(&*limiter, n);
-    let per_thread = checks as usize;
-    for i in 0..per_thread {
-        black_box(limiter.check(ip(i, n)));
+    let limiter = build(variant, keys);
+    prefill(&*limiter, keys);
+    for c in 0..checks {
+        black_box(limiter.check(ip(key_of(c, 0, 1, keys as u64))));
     }
 }
 
@@ -393,18 +592,34 @@ fn main() {
     if let Some(at) = args.iter().position(|a| a == "--spin") {
         return spin(&args[at + 1..]);
     }
-    // Profiling one benchmark (`--profile-time`) skips the memory figures.
-    let profiling = std::env::args().any(|a| a == "--profile-time");
-    let memory = (!profiling).then(measure_memory);
-    let mut c = Criterion::default()
-        .warm_up_time(Duration::from_millis(700))
-        .measurement_time(Duration::from_secs(2))
-        .sample_size(30)
-        .configure_from_args();
-    bench_clock(&mut c);
-    bench_checks(&mut c);
-    c.final_summary();
-    if let Some(memory) = memory {
-        print_summary(&memory);
+    // `cargo test --benches` runs benches once in test mode: a tiny smoke run.
+    if args.iter().any(|a| a == "--test") || cfg!(debug_assertions) {
+        let r = measure_small();
+        println!("smoke: {r:?}");
+        return;
     }
+    let load = load_average();
+    let memory = measure_memory();
+    let results: Vec<Vec<f64>> = CASES
+        .iter()
+        .map(|&(label, keys, threads)| {
+            let r = measure_case(keys, threads);
+            println!("{label} keys, {threads} thread(s): {r:.1?}");
+            r
+        })
+        .collect();
+    print(&results, &memory);
+    report(&results, &memory, &load);
+}
+
+/// A quick pass of every variant (test mode).
+fn measure_small() -> Vec<f64> {
+    VARIANTS
+        .iter()
+        .map(|v| {
+            let limiter = build(v, 100);
+            prefill(&*limiter, 100);
+            run(&*limiter, 100, 2, 1_000, 0)
+        })
+        .collect()
 }

@@ -111,7 +111,7 @@ fn unix_origin_micros(origin_elapsed: Duration) -> u64 {
     unix_now_micros().saturating_sub(duration_to_micros(origin_elapsed))
 }
 
-/// The default clock: [`std::time::Instant`], microseconds since the clock was created. Its
+/// The OS monotonic clock: [`std::time::Instant`], microseconds since the clock was created. Its
 /// [Unix offset](Clock::unix_offset_micros) is the wall-clock time it was created at.
 #[derive(Debug, Clone, Copy)]
 pub struct SystemClock {
@@ -233,14 +233,26 @@ impl Clock for ManualClock {
     }
 }
 
-/// A clock on the CPU's time-stamp counter, via [quanta](https://docs.rs/quanta) (the clock
-/// governor uses by default). Requires the `quanta` feature.
+/// The memory store's default clock ([`MemoryBackend::new`](crate::store::MemoryBackend::new)):
+/// [`QuantaClock`].
 ///
-/// On the 2-core virtual machines this crate is benchmarked on, the rest of an in-memory check
-/// takes about 22 ns of CPU time; reading [`SystemClock`] (a `clock_gettime` call) adds about
-/// 35 ns to it, this clock (one counter read, scaled) about 25 ns (see `benches/memory.rs`).
-/// quanta calibrates the counter against the OS monotonic clock once per process, and uses the
-/// OS clock instead when the CPU has no invariant counter.
+/// Reading the time is a large share of an in-memory check, so the default is the cheapest
+/// clock that is exact to the microsecond and needs no thread of its own: the CPU's counter
+/// (quanta), as governor's default. [`SystemClock`] (`Instant`) costs about twice as much per
+/// read on the machines of `benches/memory.rs`; [`CoarseClock`] is cheaper still, at a
+/// resolution of 1 ms and the price of a ticking thread.
+pub type DefaultClock = QuantaClock;
+
+/// A clock on the CPU's time-stamp counter, via [quanta](https://docs.rs/quanta) (the clock
+/// governor uses by default): the memory store's [`DefaultClock`].
+///
+/// One counter read, scaled: on the 2-core virtual machines this crate is benchmarked on, about
+/// half the cost of reading [`SystemClock`] (a `clock_gettime` call; see `benches/memory.rs`).
+/// quanta calibrates the counter against the OS monotonic clock once per process (the first
+/// clock created waits for it, usually 10 to 20 ms, at most 200 ms), and uses the OS monotonic
+/// clock instead when the CPU has no invariant counter, so the clock never goes backwards: a
+/// reading a hair behind the origin (another core's counter) counts as the origin. Always
+/// available (the `quanta` feature is kept for compatibility and changes nothing).
 ///
 /// ```
 /// use tollgate::clock::{Clock, QuantaClock};
@@ -249,7 +261,6 @@ impl Clock for ManualClock {
 /// let (a, b) = (clock.now_micros(), clock.now_micros());
 /// assert!(b >= a);
 /// ```
-#[cfg(feature = "quanta")]
 #[derive(Debug, Clone)]
 pub struct QuantaClock {
     clock: quanta::Clock,
@@ -257,7 +268,6 @@ pub struct QuantaClock {
     unix_origin: u64,
 }
 
-#[cfg(feature = "quanta")]
 impl QuantaClock {
     /// A clock whose origin is now.
     pub fn new() -> Self {
@@ -271,14 +281,12 @@ impl QuantaClock {
     }
 }
 
-#[cfg(feature = "quanta")]
 impl Default for QuantaClock {
     fn default() -> Self {
         Self::new()
     }
 }
 
-#[cfg(feature = "quanta")]
 impl Clock for QuantaClock {
     #[inline]
     fn now_micros(&self) -> u64 {
@@ -297,7 +305,7 @@ impl Clock for QuantaClock {
 ///
 /// Reading the time is otherwise the largest single cost of an in-memory check: on the 2-core
 /// virtual machines this crate is benchmarked on, [`SystemClock`] adds about 35 ns of CPU time
-/// to the 22 ns of the rest of the check, `QuantaClock` (feature `quanta`) about 25 ns, this
+/// to the 22 ns of the rest of the check, [`QuantaClock`] (the default) about 25 ns, this
 /// clock about 1 ns. The price is resolution: the time seen lags the true time by less than
 /// `resolution`.
 /// A lagging clock only refills later, so a limiter on it never admits more than on an exact
@@ -406,7 +414,7 @@ pub(crate) fn duration_to_micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
-#[cfg(all(test, feature = "quanta"))]
+#[cfg(test)]
 mod quanta_tests {
     use super::*;
 
@@ -446,6 +454,7 @@ mod unix_tests {
         let before = unix_now_micros();
         let clocks: Vec<Box<dyn Clock>> = vec![
             Box::new(SystemClock::new()),
+            Box::new(QuantaClock::new()),
             Box::new(Arc::new(SystemClock::new())),
             Box::new(CoarseClock::new()),
             Box::new(Frozen(5_000_000)),

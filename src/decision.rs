@@ -116,14 +116,30 @@ pub struct Decision {
 const NEVER: u64 = u64::MAX;
 
 /// `d` in whole microseconds, rounded up, saturating just below [`NEVER`].
+// u64 arithmetic (no u128): this runs for every decision on the hot path.
 #[inline]
 fn micros_ceil(d: Duration) -> u64 {
-    let us = d.as_micros() + u128::from(!d.subsec_nanos().is_multiple_of(1_000));
-    u64::try_from(us).unwrap_or(NEVER - 1).min(NEVER - 1)
+    let nanos = d.subsec_nanos();
+    let frac = u64::from(nanos.div_ceil(1_000));
+    d.as_secs()
+        .checked_mul(1_000_000)
+        .and_then(|us| us.checked_add(frac))
+        .map_or(NEVER - 1, |us| us.min(NEVER - 1))
 }
 
 impl Decision {
+    /// The allowed decision `Decisions` are filled with before anything is pushed.
+    pub(crate) const EMPTY: Decision = Decision {
+        limit: 0,
+        remaining: 0,
+        reset_us: 0,
+        retry_after_us: 0,
+        policy: PolicyName::DEFAULT,
+        plan: None,
+    };
+
     /// An allowed decision.
+    #[inline]
     pub fn allowed_with(limit: u64, remaining: u64, reset: Duration) -> Self {
         Self {
             limit,
@@ -136,6 +152,7 @@ impl Decision {
     }
 
     /// A rejected decision that would succeed after `retry_after` (clamped to at least 1 µs).
+    #[inline]
     pub fn rejected(limit: u64, remaining: u64, reset: Duration, retry_after: Duration) -> Self {
         Self {
             limit,
@@ -149,6 +166,7 @@ impl Decision {
 
     /// A rejected decision for a request whose cost exceeds the limit's capacity: waiting never
     /// helps, so there is no retry delay.
+    #[inline]
     pub fn impossible(limit: u64, remaining: u64, reset: Duration) -> Self {
         Self {
             limit,

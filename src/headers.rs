@@ -171,11 +171,9 @@ impl RateLimitHeaders {
         if !self.x_ratelimit {
             return;
         }
-        headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(decision.limit()));
-        headers.insert(
-            X_RATELIMIT_REMAINING,
-            HeaderValue::from(decision.remaining()),
-        );
+        headers.reserve(3);
+        headers.insert(X_RATELIMIT_LIMIT, number(decision.limit()));
+        headers.insert(X_RATELIMIT_REMAINING, number(decision.remaining()));
         let reset = match self.reset {
             ResetFormat::DeltaSeconds => ceil_secs(decision.reset()),
             ResetFormat::UnixSeconds => unix_reset_secs(SystemTime::now(), decision.reset()),
@@ -226,7 +224,7 @@ pub fn retry_after(decision: &Decision) -> Option<HeaderValue> {
 /// Sets `Retry-After` to `secs` (at least 1) unless the map already has one.
 pub(crate) fn set_retry_after_if_absent(headers: &mut HeaderMap, secs: u64) {
     if !headers.contains_key(RETRY_AFTER) {
-        headers.insert(RETRY_AFTER, HeaderValue::from(secs.max(1)));
+        headers.insert(RETRY_AFTER, number(secs.max(1)));
     }
 }
 
@@ -255,7 +253,10 @@ const SMALL_DIGITS_LEN: usize = 10 + 90 * 2 + 900 * 3 + 9000 * 4;
 
 /// "0123456789101112...9999": every number below [`SMALL`], so a header value for one is a
 /// static slice (no allocation, no reference count).
-static SMALL_DIGITS: [u8; SMALL_DIGITS_LEN] = small_digits();
+static SMALL_DIGITS: &str = match std::str::from_utf8(&small_digits()) {
+    Ok(digits) => digits,
+    Err(_) => panic!("decimal digits are ASCII"),
+};
 
 const fn small_digits() -> [u8; SMALL_DIGITS_LEN] {
     let mut out = [0u8; SMALL_DIGITS_LEN];
@@ -298,17 +299,47 @@ const fn small_offset(n: usize) -> usize {
     }
 }
 
-/// `n` as a header value; numbers below 10,000 come from a static table without allocating.
+/// `n` as a header value; numbers below 10,000 come from a static table without allocating,
+/// larger ones from a small per-thread cache of recent values (a limit's size, this second's
+/// Unix reset time: a clone is a reference count, not an allocation), else are formatted.
+#[inline]
 pub(crate) fn number(n: u64) -> HeaderValue {
     if let Ok(small) = usize::try_from(n) {
         if small < SMALL {
             let at = small_offset(small);
-            if let Ok(s) = std::str::from_utf8(&SMALL_DIGITS[at..at + digits_width(small)]) {
-                return HeaderValue::from_static(s);
+            if let Some(digits) = SMALL_DIGITS.get(at..at + digits_width(small)) {
+                return HeaderValue::from_static(digits);
             }
         }
     }
-    HeaderValue::from(n)
+    large_number(n)
+}
+
+/// Slots of the per-thread cache of large numbers (a power of two).
+const LARGE_SLOTS: usize = 8;
+
+/// [`number`] of `n >= SMALL`.
+fn large_number(n: u64) -> HeaderValue {
+    use std::cell::RefCell;
+    thread_local!(static RECENT: RefCell<[Option<(u64, HeaderValue)>; LARGE_SLOTS]> =
+        const { RefCell::new([const { None }; LARGE_SLOTS]) });
+    let slot = ((n ^ (n >> 7) ^ (n >> 17)) as usize) & (LARGE_SLOTS - 1);
+    let cached = RECENT.try_with(|recent| {
+        let mut recent = recent.try_borrow_mut().ok()?;
+        match &recent[slot] {
+            Some((at, value)) if *at == n => Some(value.clone()),
+            _ => {
+                // `Bytes` from a `Vec` is shared (reference counted) once cloned: do it here.
+                let value = HeaderValue::from(n);
+                recent[slot] = Some((n, value.clone()));
+                Some(value)
+            }
+        }
+    });
+    cached
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| HeaderValue::from(n))
 }
 
 /// Unix seconds at `now + reset`, rounded up.
@@ -490,6 +521,21 @@ mod tests {
         for n in (0..10_500).chain([u64::MAX, 1_700_000_000]) {
             assert_eq!(number(n), n.to_string().as_str(), "{n}");
         }
+    }
+
+    #[test]
+    fn large_numbers_come_back_right_from_the_cache_whatever_collides() {
+        // Many values per cache slot, each asked for several times in a row and interleaved:
+        // a cached value is only ever returned for its own number.
+        let values: Vec<u64> = (0..200u64).map(|i| 10_000 + i * 7_919).collect();
+        for _ in 0..3 {
+            for &n in &values {
+                assert_eq!(number(n), n.to_string().as_str(), "{n}");
+                assert_eq!(number(n), n.to_string().as_str(), "{n}");
+            }
+        }
+        let other = std::thread::spawn(|| number(1_700_000_001)).join().unwrap();
+        assert_eq!(other, "1700000001");
     }
 
     #[test]

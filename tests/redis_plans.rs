@@ -350,7 +350,7 @@ async fn several_limits_at_plans_stay_all_or_nothing() {
     for _ in 0..7 {
         seq.push(decide(&memory, &checks).await.unwrap());
     }
-    let last = seq[6];
+    let last = seq[6].clone();
     assert!(!last.allowed());
     assert_eq!(last.rejected().unwrap().policy().as_str(), "hourly");
     assert_eq!(last.as_slice()[0].limit(), 10, "the burst plan's capacity");

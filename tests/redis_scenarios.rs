@@ -410,7 +410,7 @@ async fn a_clients_limits_are_all_or_nothing_on_every_backend() {
     for _ in 0..4 {
         seq.push(decide(&memory, &checks).await.unwrap());
     }
-    let fourth = seq[3];
+    let fourth = seq[3].clone();
     assert!(!fourth.allowed());
     assert_eq!(fourth.rejected().unwrap().policy().as_str(), "daily");
     // The burst limit reports 2 left (3 charged), not 1: the rejected request charged nothing.

@@ -54,7 +54,7 @@ pin_project! {
         St: Store,
     {
         #[pin]
-        state: State<St::Future, S::Future, Waiting<S, ReqBody, St>, S::Response>,
+        state: State<St::Future, S::Future, Box<Waiting<S, ReqBody, St>>, S::Response>,
         outcome: Option<Outcome>,
         followup: Option<Followup<St>>,
     }
@@ -153,7 +153,7 @@ fn shaping_state<S, ReqBody, St>(
     inner: S,
     shared: Arc<Shared<St>>,
     followup: &Option<Followup<St>>,
-) -> State<St::Future, S::Future, Waiting<S, ReqBody, St>, S::Response>
+) -> State<St::Future, S::Future, Box<Waiting<S, ReqBody, St>>, S::Response>
 where
     S: Service<Request<ReqBody>>,
     St: Store,
@@ -161,12 +161,12 @@ where
     let delay = shaping_wait(followup).map_or(Duration::ZERO, |r| r.delay());
     State::Shaping {
         sleep: tokio::time::sleep(delay),
-        waiting: Some(Waiting {
+        waiting: Some(Box::new(Waiting {
             req,
             inner,
             shared,
             step: Step::Shaped,
-        }),
+        })),
     }
 }
 
@@ -176,7 +176,7 @@ fn waiting_state<S, ReqBody, St>(
     begin: Begin<ReqBody, St>,
     inner: S,
     shared: Arc<Shared<St>>,
-) -> State<St::Future, S::Future, Waiting<S, ReqBody, St>, S::Response>
+) -> State<St::Future, S::Future, Box<Waiting<S, ReqBody, St>>, S::Response>
 where
     S: Service<Request<ReqBody>>,
     St: Store,
@@ -185,12 +185,12 @@ where
         Begin::Resolve(lookup, req, lookups) => {
             return State::Resolving {
                 lookup: Some(lookup),
-                waiting: Some(Waiting {
+                waiting: Some(Box::new(Waiting {
                     req,
                     inner,
                     shared,
                     step: Step::Lookup(lookups),
-                }),
+                })),
             }
         }
         Begin::Pending(check, req, applied, snapshot, followup) => {
@@ -205,12 +205,12 @@ where
     };
     State::Checking {
         check,
-        waiting: Some(Waiting {
+        waiting: Some(Box::new(Waiting {
             req,
             inner,
             shared,
             step,
-        }),
+        })),
     }
 }
 
@@ -246,7 +246,7 @@ where
         loop {
             // What the pending step produced: the next `Begin`, to be turned into a state.
             let next: Begin<ReqBody, St>;
-            let waiting: Waiting<S, ReqBody, St>;
+            let waiting: Box<Waiting<S, ReqBody, St>>;
             match this.state.as_mut().project() {
                 StateProj::Resolving { lookup, waiting: w } => {
                     if let Some(f) = lookup.as_mut() {
@@ -259,7 +259,7 @@ where
                         inner,
                         shared,
                         step,
-                    } = waiting;
+                    } = *waiting;
                     let lookups = match step {
                         Step::Lookup(n) => n,
                         _ => u8::MAX,
@@ -276,18 +276,19 @@ where
                         inner,
                         shared,
                         step,
-                    } = waiting;
+                    } = *waiting;
                     next = match step {
                         Step::Check(applied, snapshot, mut followup) => {
+                            let mut req = req;
                             match finish(
                                 &shared,
                                 &snapshot,
-                                req,
+                                &mut req,
                                 &applied,
                                 result,
                                 followup.as_mut(),
                             ) {
-                                Finish::Proceed(req, outcome) => match followup {
+                                Finish::Proceed(outcome) => match followup {
                                     Some(f) if !f.shadow_is_empty() => {
                                         shadow_step(&shared, req, Some(outcome), f)
                                     }
@@ -336,7 +337,7 @@ where
                 StateProj::Shaping { sleep, waiting: w } => {
                     ready!(sleep.poll(cx));
                     let Waiting { req, mut inner, .. } =
-                        w.take().expect("ResponseFuture polled after completion");
+                        *w.take().expect("ResponseFuture polled after completion");
                     // The request's turn: its reservation is spent, not given back.
                     if let Some(r) = this.followup.as_mut().and_then(|f| f.reservation.take()) {
                         r.release();

@@ -220,8 +220,26 @@ impl OwnedCheck {
     }
 }
 
-/// Work after the enforcing check: shadow limits, and charges decided by the response.
-pub(crate) struct Followup<St> {
+/// Work after the enforcing check: shadow limits, and charges decided by the response. Boxed
+/// (it is rare, and allocates anyway), so the request's future stays small.
+pub(crate) struct Followup<St>(Box<FollowupData<St>>);
+
+impl<St> std::ops::Deref for Followup<St> {
+    type Target = FollowupData<St>;
+
+    fn deref(&self) -> &FollowupData<St> {
+        &self.0
+    }
+}
+
+impl<St> std::ops::DerefMut for Followup<St> {
+    fn deref_mut(&mut self) -> &mut FollowupData<St> {
+        &mut self.0
+    }
+}
+
+/// What a [`Followup`] holds.
+pub(crate) struct FollowupData<St> {
     snapshot: Arc<Snapshot<St>>,
     shadow: Vec<OwnedCheck>,
     by_outcome: Vec<OwnedCheck>,
@@ -350,7 +368,8 @@ impl<St: Store> Followup<St> {
 pub(crate) struct Outcome {
     headers: RateLimitHeaders,
     reported: Decision,
-    ietf: Option<(HeaderValue, HeaderValue)>,
+    /// Boxed: rare (opt-in), and allocating anyway; the future stays small without it.
+    ietf: Option<Box<(HeaderValue, HeaderValue)>>,
     /// How long the request waited for its turn (shaping).
     shaped: Option<ShapedDelay>,
 }
@@ -375,7 +394,9 @@ impl Outcome {
                         )
                     }))
                 };
-            policy.zip(ratelimit_field(decisions.as_slice().iter()))
+            policy
+                .zip(ratelimit_field(decisions.as_slice().iter()))
+                .map(Box::new)
         } else {
             None
         };
@@ -394,7 +415,8 @@ impl Outcome {
                 self.reported = *d;
             }
         }
-        if let Some((_, ratelimit)) = &mut self.ietf {
+        if let Some(pair) = &mut self.ietf {
+            let (_, ratelimit) = &mut **pair;
             if let Some(more) = ratelimit_field(shown.as_slice().iter()) {
                 let mut joined = ratelimit.as_bytes().to_vec();
                 joined.extend_from_slice(b", ");
@@ -430,7 +452,8 @@ impl Outcome {
             self.headers
                 .write_x_ratelimit(&self.reported, response.headers_mut());
         }
-        if let Some((policy, ratelimit)) = self.ietf {
+        if let Some(pair) = self.ietf {
+            let (policy, ratelimit) = *pair;
             let headers = response.headers_mut();
             headers.append(RATELIMIT_POLICY, policy);
             headers.append(RATELIMIT, ratelimit);
@@ -483,7 +506,7 @@ fn merge_extensions(
         None => {
             let Some(theirs) = theirs else {
                 if several {
-                    ext.insert(*decisions);
+                    ext.insert(decisions.clone());
                 }
                 return;
             };
@@ -529,8 +552,8 @@ pub(crate) enum Begin<ReqBody, St: Store> {
 
 /// The result of a store check.
 #[allow(clippy::large_enum_variant)]
-pub(crate) enum Finish<ReqBody> {
-    Proceed(Request<ReqBody>, Outcome),
+pub(crate) enum Finish {
+    Proceed(Outcome),
     Reject(Response<RejectionBody>),
 }
 
@@ -701,16 +724,18 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
                 },
                 plan: plan_name,
             };
-            let f = followup.get_or_insert_with(|| Followup {
-                snapshot: Arc::clone(snapshot),
-                shadow: Vec::new(),
-                by_outcome: Vec::new(),
-                reserved_at: None,
-                shadow_at: None,
-                near: shared.near_limit,
-                headers: shared.headers,
-                shaped: Vec::new(),
-                reservation: None,
+            let f = followup.get_or_insert_with(|| {
+                Followup(Box::new(FollowupData {
+                    snapshot: Arc::clone(snapshot),
+                    shadow: Vec::new(),
+                    by_outcome: Vec::new(),
+                    reserved_at: None,
+                    shadow_at: None,
+                    near: shared.near_limit,
+                    headers: shared.headers,
+                    shaped: Vec::new(),
+                    reservation: None,
+                }))
             });
             if limit.mode.is_shadow() {
                 // Decided on its own after the enforcing limits allowed: never refuses.
@@ -768,8 +793,16 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
     drop((keys, checks));
     match checked {
         Checked::Ready(result) => {
-            match finish(shared, snapshot, req, &applied, result, followup.as_mut()) {
-                Finish::Proceed(req, outcome) => match followup {
+            let mut req = req;
+            match finish(
+                shared,
+                snapshot,
+                &mut req,
+                &applied,
+                result,
+                followup.as_mut(),
+            ) {
+                Finish::Proceed(outcome) => match followup {
                     Some(f) if !f.shadow.is_empty() => shadow_step(shared, req, Some(outcome), f),
                     f => Begin::Proceed(req, Some(outcome), f),
                 },
@@ -817,11 +850,11 @@ pub(crate) fn shadow_done<St: Store>(
 pub(crate) fn finish<ReqBody, St: Store>(
     shared: &Arc<Shared<St>>,
     snapshot: &Snapshot<St>,
-    mut req: Request<ReqBody>,
+    req: &mut Request<ReqBody>,
     applied: &Applied,
     result: Result<Decisions, StoreError>,
     mut followup: Option<&mut Followup<St>>,
-) -> Finish<ReqBody> {
+) -> Finish {
     // shaping hook: the longest wait among the shaped limits, and which check it is.
     let mut shaped = (Duration::ZERO, 0);
     let result = result.and_then(|mut decisions| {
@@ -862,7 +895,7 @@ pub(crate) fn finish<ReqBody, St: Store>(
         Ok(decisions) => decisions,
         Err(error) => {
             let empty = Decisions::new();
-            let view = RequestView::new(&req);
+            let view = RequestView::new(req);
             if let Some(i) = applied.too_costly {
                 // Refused whatever the store says; without its numbers, report capacity only.
                 let i = usize::from(i);
@@ -933,7 +966,7 @@ pub(crate) fn finish<ReqBody, St: Store>(
                     &shared.waiting,
                     &*shared.rejection,
                     &f.snapshot,
-                    &mut req,
+                    req,
                     checks,
                     f.reserved_at,
                     shaped.0,
@@ -952,7 +985,7 @@ pub(crate) fn finish<ReqBody, St: Store>(
             }
             let several = snapshot.limits.len() > 1;
             merge_extensions(req.extensions_mut(), &decisions, &reported, several);
-            Finish::Proceed(req, outcome)
+            Finish::Proceed(outcome)
         }
         Some(i) => {
             let decision = decisions.as_slice()[i];
@@ -960,7 +993,7 @@ pub(crate) fn finish<ReqBody, St: Store>(
             let quota = applied.quota(snapshot, i);
             let plan = applied.plan(snapshot, i);
             let plan_name = plan.map_or("", |p| p.name.as_str());
-            let view = RequestView::new(&req);
+            let view = RequestView::new(req);
             let reason = if decision.is_impossible() {
                 tracing::debug!(policy = %limit.name, plan = plan_name, cost = applied.cost[i], capacity = quota.burst_size(), "request costs more than the limit holds");
                 RejectReason::CostExceedsCapacity {

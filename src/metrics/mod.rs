@@ -189,6 +189,7 @@ fn record_store_latency(store: StoreKind, elapsed: std::time::Duration) {
 /// Runs `check` (one in-memory store check), timing one call in [`MEMORY_SAMPLE`] per thread
 /// into `tollgate_store_seconds{store="memory"}`. The others cost a thread-local increment.
 #[cfg(feature = "metrics")]
+#[cfg_attr(not(test), allow(dead_code))]
 #[inline]
 pub(crate) fn time_memory_check<T>(check: impl FnOnce() -> T) -> T {
     use std::cell::Cell;
@@ -207,8 +208,55 @@ pub(crate) fn time_memory_check<T>(check: impl FnOnce() -> T) -> T {
     out
 }
 
+/// The start of one in-memory store check: `Some` (the time now) for the one call in
+/// [`MEMORY_SAMPLE`] per thread that is timed, `None` for the others (a thread-local
+/// increment). Give it back to [`memory_check_done`]. Unlike [`time_memory_check`], the check
+/// itself runs once, inline, in the caller (its large answer is built in place).
+#[cfg(feature = "metrics")]
+#[inline]
+pub(crate) fn memory_check_start() -> Option<std::time::Instant> {
+    use std::cell::Cell;
+    thread_local!(static CALLS: Cell<u32> = const { Cell::new(0) });
+    let n = CALLS.with(|c| {
+        let n = c.get();
+        c.set(n.wrapping_add(1));
+        n
+    });
+    if n.is_multiple_of(MEMORY_SAMPLE) {
+        memory_sample_start()
+    } else {
+        None
+    }
+}
+
+#[cfg(feature = "metrics")]
+#[cold]
+fn memory_sample_start() -> Option<std::time::Instant> {
+    Some(std::time::Instant::now())
+}
+
+/// Records the check begun with [`memory_check_start`], if it is timed.
+#[cfg(feature = "metrics")]
+#[inline]
+pub(crate) fn memory_check_done(start: Option<std::time::Instant>) {
+    if let Some(start) = start {
+        record_store_latency(StoreKind::Memory, start.elapsed());
+    }
+}
+
+/// Without the `metrics` feature: nothing to time.
+#[cfg(not(feature = "metrics"))]
+#[inline(always)]
+pub(crate) fn memory_check_start() {}
+
+/// Without the `metrics` feature: nothing to record.
+#[cfg(not(feature = "metrics"))]
+#[inline(always)]
+pub(crate) fn memory_check_done(_: ()) {}
+
 /// Without the `metrics` feature: just the check.
 #[cfg(not(feature = "metrics"))]
+#[cfg_attr(not(test), allow(dead_code))]
 #[inline(always)]
 pub(crate) fn time_memory_check<T>(check: impl FnOnce() -> T) -> T {
     check()

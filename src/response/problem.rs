@@ -1,6 +1,6 @@
 //! RFC 9457 `application/problem+json` bodies, written without serde.
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Response, StatusCode};
@@ -40,13 +40,28 @@ pub struct ProblemDetails {
 impl ProblemDetails {
     /// A problem of `problem_type` (a URI reference) with a short human-readable `title`.
     pub fn new(status: StatusCode, problem_type: &str, title: &str) -> Self {
-        let mut json = String::with_capacity(256);
+        Self::typed(status, format_args!("{problem_type}"), title)
+    }
+
+    /// [`new`](Self::new) with the type written from `problem_type` (no intermediate string).
+    pub(crate) fn typed(status: StatusCode, problem_type: fmt::Arguments<'_>, title: &str) -> Self {
+        // Room for the default rate-limited document without growing.
+        let mut json = String::with_capacity(512);
         json.push_str("{\"type\":");
-        push_json_string(&mut json, problem_type);
+        push_json_fmt(&mut json, problem_type);
         json.push_str(",\"title\":");
         push_json_string(&mut json, title);
-        let _ = write!(json, ",\"status\":{}", status.as_u16());
+        json.push_str(",\"status\":");
+        push_u64(&mut json, u64::from(status.as_u16()));
         Self { status, json }
+    }
+
+    /// Adds a string member written from `value` (no intermediate string).
+    #[must_use]
+    pub(crate) fn member_fmt(mut self, name: &str, value: fmt::Arguments<'_>) -> Self {
+        self.push_name(name);
+        push_json_fmt(&mut self.json, value);
+        self
     }
 
     /// Adds `detail`: an explanation specific to this occurrence.
@@ -67,7 +82,7 @@ impl ProblemDetails {
     #[must_use]
     pub fn member_u64(mut self, name: &str, value: u64) -> Self {
         self.push_name(name);
-        let _ = write!(self.json, "{value}");
+        push_u64(&mut self.json, value);
         self
     }
 
@@ -102,33 +117,83 @@ impl ProblemDetails {
     }
 }
 
+/// Appends `n` in decimal.
+fn push_u64(out: &mut String, mut n: u64) {
+    let mut buf = [0u8; 20];
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    // Only ASCII digits were written.
+    out.push_str(std::str::from_utf8(&buf[at..]).unwrap_or("0"));
+}
+
+/// Appends what `args` writes as one JSON string literal, escaped as [`push_json_string`] does.
+fn push_json_fmt(out: &mut String, args: fmt::Arguments<'_>) {
+    /// Escapes every piece written into the string it wraps.
+    struct Escaped<'a>(&'a mut String);
+
+    impl fmt::Write for Escaped<'_> {
+        fn write_str(&mut self, s: &str) -> fmt::Result {
+            push_json_chars(self.0, s);
+            Ok(())
+        }
+    }
+
+    out.push('"');
+    match args.as_str() {
+        Some(s) => push_json_chars(out, s),
+        None => {
+            let _ = fmt::write(&mut Escaped(out), args);
+        }
+    }
+    out.push('"');
+}
+
 /// Appends `s` as a JSON string literal (RFC 8259): quotes, backslashes and control characters
 /// escaped, everything else (including non-ASCII) copied as UTF-8.
 pub(crate) fn push_json_string(out: &mut String, s: &str) {
     out.push('"');
+    push_json_chars(out, s);
+    out.push('"');
+}
+
+/// The inside of [`push_json_string`]: `s` escaped, without the quotes.
+fn push_json_chars(out: &mut String, s: &str) {
+    // The common case, nothing to escape: one copy.
+    if !s.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
+        out.push_str(s);
+        return;
+    }
+    // Every byte to escape is ASCII, so splitting at them keeps UTF-8 sequences whole: copy the
+    // runs between them, one `push_str` each.
     let mut start = 0;
-    for (i, c) in s.char_indices() {
-        let escaped = match c {
-            '"' => "\\\"",
-            '\\' => "\\\\",
-            '\n' => "\\n",
-            '\r' => "\\r",
-            '\t' => "\\t",
-            '\u{08}' => "\\b",
-            '\u{0c}' => "\\f",
-            c if (c as u32) < 0x20 => "",
+    for (i, b) in s.bytes().enumerate() {
+        let escaped = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0x08 => "\\b",
+            0x0c => "\\f",
+            b if b < 0x20 => "",
             _ => continue,
         };
         out.push_str(&s[start..i]);
         if escaped.is_empty() {
-            let _ = write!(out, "\\u{:04x}", c as u32);
+            let _ = write!(out, "\\u{:04x}", b);
         } else {
             out.push_str(escaped);
         }
-        start = i + c.len_utf8();
+        start = i + 1;
     }
     out.push_str(&s[start..]);
-    out.push('"');
 }
 
 #[cfg(test)]

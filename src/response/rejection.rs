@@ -348,19 +348,31 @@ impl DefaultRejection {
                     .reset_at()
                     .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
                     .map_or(0, |d| d.as_secs());
-                let mut problem =
-                    ProblemDetails::new(status, &ty("rate-limited"), "Too Many Requests")
-                        .detail(&format!(
-                            "Rate limit \"{name}\" ({quota}) is exhausted; retry in {retry} s."
-                        ))
-                        .member_str("policy", name.as_str())
-                        .member_str("quota", &quota.to_string())
-                        .member_u64("limit", decision.limit())
-                        .member_u64("window", policy_window_secs(quota))
-                        .member_u64("remaining", decision.remaining())
-                        .member_u64("retry_after", retry)
-                        .member_str("reset", &rfc3339::format_utc(reset_at))
-                        .member_u64("reset_seconds", ceil_secs(decision.reset()));
+                // Written straight into the document (no intermediate strings): the same text
+                // as `format!`ing each member first.
+                let base = &self.type_base;
+                let mut problem = ProblemDetails::typed(
+                    status,
+                    format_args!("{base}rate-limited"),
+                    "Too Many Requests",
+                )
+                .member_fmt(
+                    "detail",
+                    format_args!(
+                        "Rate limit \"{name}\" ({quota}) is exhausted; retry in {retry} s."
+                    ),
+                )
+                .member_str("policy", name.as_str())
+                .member_fmt("quota", format_args!("{quota}"))
+                .member_u64("limit", decision.limit())
+                .member_u64("window", policy_window_secs(quota))
+                .member_u64("remaining", decision.remaining())
+                .member_u64("retry_after", retry)
+                .member_str(
+                    "reset",
+                    std::str::from_utf8(&rfc3339::utc_bytes(reset_at)).unwrap_or_default(),
+                )
+                .member_u64("reset_seconds", ceil_secs(decision.reset()));
                 if let Some(plan) = rejected.plan() {
                     problem = problem.member_str("plan", plan.as_str());
                 }
@@ -504,7 +516,7 @@ impl Rejection for DefaultRejection {
         if let Some(secs) = retry_after {
             response
                 .headers_mut()
-                .insert(RETRY_AFTER, HeaderValue::from(secs));
+                .insert(RETRY_AFTER, crate::headers::number(secs));
         }
         response
     }

@@ -19,15 +19,30 @@ pub(crate) fn unix_secs_ceil(now: SystemTime, wait: Duration) -> u64 {
 /// `secs` after the Unix epoch as an RFC 3339 UTC time with whole seconds, clamped to
 /// `9999-12-31T23:59:59Z`.
 pub(crate) fn format_utc(secs: u64) -> String {
+    String::from_utf8_lossy(&utc_bytes(secs)).into_owned()
+}
+
+/// [`format_utc`] into a buffer (ASCII), without allocating.
+pub(crate) fn utc_bytes(secs: u64) -> [u8; 20] {
     let secs = secs.min(MAX_SECS);
     let (days, rem) = (secs / 86_400, secs % 86_400);
     let (year, month, day) = civil_from_days(days);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
+    // Fixed-width digits into a buffer (this is on every rejection's path; `format!` costs
+    // several times more).
+    let mut out = *b"0000-00-00T00:00:00Z";
+    let mut put = |at: usize, width: usize, mut n: u64| {
+        for i in (at..at + width).rev() {
+            out[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+        }
+    };
+    put(0, 4, year);
+    put(5, 2, month);
+    put(8, 2, day);
+    put(11, 2, rem / 3600);
+    put(14, 2, rem / 60 % 60);
+    put(17, 2, rem % 60);
+    out
 }
 
 /// The proleptic Gregorian date `days` days after 1970-01-01 (Howard Hinnant's

@@ -2,7 +2,7 @@
 
 use super::store::MemoryStore;
 use super::table::AnyTable;
-use crate::clock::{Clock, SystemClock};
+use crate::clock::{Clock, DefaultClock};
 use crate::error::ConfigError;
 use crate::store::{Backend, LimitSpec, MAX_LIMITS};
 
@@ -35,7 +35,7 @@ const MIN_KEYS_PER_SHARD: usize = 4_096;
 /// assert_eq!(err.field(), "memory.max_keys");
 /// ```
 #[derive(Debug, Clone)]
-pub struct MemoryBackend<C = SystemClock> {
+pub struct MemoryBackend<C = DefaultClock> {
     max_keys: usize,
     shards: Option<usize>,
     clock: C,
@@ -50,12 +50,13 @@ impl MemoryBackend {
     pub const MAX_SHARDS: usize = 1 << 16;
 
     /// The default configuration: [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS) keys per limit,
-    /// shards from the available parallelism, [`SystemClock`].
+    /// shards from the available parallelism, the [`DefaultClock`] (the CPU's counter, via
+    /// quanta: see its docs for why).
     pub fn new() -> Self {
         Self {
             max_keys: Self::DEFAULT_MAX_KEYS,
             shards: None,
-            clock: SystemClock::new(),
+            clock: DefaultClock::new(),
         }
     }
 }
@@ -91,7 +92,8 @@ impl<C: Clock> MemoryBackend<C> {
         self
     }
 
-    /// Reads time from `clock` (default [`SystemClock`]). Use
+    /// Reads time from `clock` (default [`DefaultClock`]; [`SystemClock`](crate::clock::SystemClock)
+    /// reads `Instant`). Use
     /// [`ManualClock`](crate::clock::ManualClock) in tests, or
     /// [`TokioClock`](crate::clock::TokioClock) to follow tokio's paused time.
     ///
