@@ -203,6 +203,14 @@ impl LuaScript {
             );
         }
         code.push_str("  error('tollgate: unknown limit ' .. tostring(i))\nend\n\n");
+        // A batch reads every key with one MGET unless a limit is a sliding log (driver.lua).
+        let prefetch = !limits
+            .iter()
+            .any(|(k, _)| matches!(k, AlgorithmKind::SlidingLog));
+        let _ = writeln!(
+            code,
+            "-- Whether a batch reads its keys ahead with one MGET.\nlocal PREFETCH = {prefetch}\n"
+        );
         code.push_str(DRIVER);
         let sha = redis::Script::new(&code).get_hash().to_owned();
         Self { code, sha }
@@ -432,6 +440,22 @@ mod tests {
         let other =
             LuaScript::assemble(&[(AlgorithmKind::TokenBucket, ScriptParams { ttl_ms: 1, ..p })]);
         assert_ne!(other.sha(), tb.sha());
+    }
+
+    #[test]
+    fn batches_read_ahead_unless_a_limit_is_a_sliding_log() {
+        let p = |k| QuotaArg::of(&PlanQuota::new(k, Quota::per_minute(10)).unwrap()).params;
+        let code = |kinds: &[AlgorithmKind]| {
+            let limits: Vec<_> = kinds.iter().map(|&k| (k, p(k))).collect();
+            LuaScript::assemble(&limits).code().to_owned()
+        };
+        let buckets = code(&[AlgorithmKind::TokenBucket, AlgorithmKind::FixedWindow]);
+        assert!(buckets.contains("local PREFETCH = true\n"));
+        let with_log = code(&[AlgorithmKind::TokenBucket, AlgorithmKind::SlidingLog]);
+        assert!(with_log.contains("local PREFETCH = false\n"));
+        // Defined before the driver reads it.
+        let at = |c: &str, s: &str| c.find(s).unwrap();
+        assert!(at(&buckets, "local PREFETCH =") < at(&buckets, "if PREFETCH and"));
     }
 
     #[test]
