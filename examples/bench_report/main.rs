@@ -36,7 +36,8 @@ fn load(dir: &Path) -> Result<Vec<Section>, String> {
         if path.extension().and_then(|e| e.to_str()) != Some("json") {
             continue;
         }
-        let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         sections.push(Section::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?);
     }
     let rank = |s: &Section| {
@@ -78,6 +79,10 @@ fn main() {
     println!(
         "wrote BENCHMARKS.md from {} ({})",
         dir.display(),
-        if names.is_empty() { "no sections".to_owned() } else { names.join(", ") }
+        if names.is_empty() {
+            "no sections".to_owned()
+        } else {
+            names.join(", ")
+        }
     );
 }

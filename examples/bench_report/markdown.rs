@@ -129,8 +129,16 @@ pub fn document(sections: &[Section], plot_dir: &str) -> String {
     if rows.is_empty() {
         out.push_str("No section recorded a ratio.\n");
     } else {
-        let columns = ["Section", "Comparison", "Worst case", "Ratio", "Target", "", "Cases"]
-            .map(String::from);
+        let columns = [
+            "Section",
+            "Comparison",
+            "Worst case",
+            "Ratio",
+            "Target",
+            "",
+            "Cases",
+        ]
+        .map(String::from);
         out.push_str(&table(&columns, &rows));
     }
     let missing: Vec<&(&str, &str)> = EXPECTED
@@ -238,7 +246,10 @@ mod tests {
         assert!(met(&a) && met(&b));
         assert!(!met(&ratio("x", "y", 0.96, 0.97)));
         assert!(!met(&nan));
-        assert!(met(&ratio("x", "y", 0.97, 0.97)), "equal to the target meets it");
+        assert!(
+            met(&ratio("x", "y", 0.97, 0.97)),
+            "equal to the target meets it"
+        );
     }
 
     #[test]
@@ -295,7 +306,10 @@ mod tests {
         let s = Section::parse(json).unwrap();
         assert_eq!(s.plots[0].series[0].1, [(1.0, 2.0), (64.0, 3.5)]);
         assert!(s.plots[0].log_x);
-        assert!(s.ratios[0].ratio.is_nan(), "null (NaN in the bench) reads as NaN");
+        assert!(
+            s.ratios[0].ratio.is_nan(),
+            "null (NaN in the bench) reads as NaN"
+        );
         assert_eq!(s.tables[0].rows, [["1"]]);
         assert!(Section::parse(r#"{"name":"x"}"#).is_err());
         assert!(Section::parse("not json").is_err());

@@ -17,7 +17,9 @@ pub fn svg(plot: &Plot) -> Result<String, String> {
     }
     let (x_min, x_max) = xs
         .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
+            (a.min(x), b.max(x))
+        });
     let y_max = ys.iter().fold(0.0f64, |a, &y| a.max(y)) * 1.1;
     let y_max = if y_max > 0.0 { y_max } else { 1.0 };
     let mut out = String::new();
@@ -53,7 +55,9 @@ pub fn svg(plot: &Plot) -> Result<String, String> {
                     .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
                     .map_err(|e| e.to_string())?
                     .label(name)
-                    .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], c.stroke_width(2)));
+                    .legend(move |(x, y)| {
+                        PathElement::new([(x, y), (x + 20, y)], c.stroke_width(2))
+                    });
                 chart
                     .draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))
                     .map_err(|e| e.to_string())?;
@@ -82,7 +86,9 @@ pub fn svg(plot: &Plot) -> Result<String, String> {
                     .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
                     .map_err(|e| e.to_string())?
                     .label(name)
-                    .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], c.stroke_width(2)));
+                    .legend(move |(x, y)| {
+                        PathElement::new([(x, y), (x + 20, y)], c.stroke_width(2))
+                    });
                 chart
                     .draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))
                     .map_err(|e| e.to_string())?;
@@ -113,13 +119,22 @@ mod tests {
             y_label: "decisions/s".into(),
             log_x: true,
             series: vec![
-                ("batched".into(), vec![(1.0, 10.0), (64.0, 100.0), (256.0, 120.0)]),
+                (
+                    "batched".into(),
+                    vec![(1.0, 10.0), (64.0, 100.0), (256.0, 120.0)],
+                ),
                 ("ceiling".into(), vec![(1.0, 90.0), (256.0, 90.0)]),
             ],
         };
         let svg = svg(&plot).unwrap();
         assert!(svg.starts_with("<svg"));
-        for text in ["Decisions per second", "concurrency", "decisions/s", "batched", "ceiling"] {
+        for text in [
+            "Decisions per second",
+            "concurrency",
+            "decisions/s",
+            "batched",
+            "ceiling",
+        ] {
             assert!(svg.contains(text), "{text} is drawn");
         }
         let empty = Plot {
