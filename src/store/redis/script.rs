@@ -174,7 +174,8 @@ impl LuaScript {
         }
         code.push_str(
             "\n-- This store's limits by configuration index: the algorithm's load, decide, apply,\n\
-             -- refund and check (or false), then ttl_ms, p1, p2, p3.\n\
+             -- refund and check (or false), then ttl_ms (a string: it only goes to PX, and a\n\
+             -- number would be formatted with sprintf on every write), p1, p2, p3.\n\
              local function LIMIT(i)\n",
         );
         for (i, (k, p)) in limits.iter().enumerate() {
@@ -189,7 +190,7 @@ impl LuaScript {
             };
             let _ = writeln!(
                 code,
-                "  if i == {i} then return {a}_load, {a}_decide, {a}_apply, {a}_refund, {check}, {}, {}, {}, {} end",
+                "  if i == {i} then return {a}_load, {a}_decide, {a}_apply, {a}_refund, {check}, '{}', {}, {}, {} end",
                 p.ttl_ms, p.p[0], p.p[1], p.p[2]
             );
         }
@@ -433,7 +434,7 @@ mod tests {
         assert!(!tb.code().contains("local function gcra_decide("));
         assert!(tb
             .code()
-            .contains("if i == 0 then return tb_load, tb_decide, tb_apply, tb_refund, tb_check, 2000, 100000, 1, 2000000 end"));
+            .contains("if i == 0 then return tb_load, tb_decide, tb_apply, tb_refund, tb_check, '2000', 100000, 1, 2000000 end"));
         assert_eq!(tb.sha().len(), 40);
         let again = LuaScript::assemble(&[(AlgorithmKind::TokenBucket, p)]);
         assert_eq!(again.sha(), tb.sha(), "same configuration, same script");

@@ -33,13 +33,14 @@ local refund = ARGV[1] == 'r'
 local out, nout = {}, 0 -- packed pieces of the reply
 local server_now
 
--- "index:ttl:p1:p2:p3": the limit's index and the plan's ttl_ms and parameters.
+-- "index:ttl:p1:p2:p3": the limit's index and the plan's ttl_ms and parameters. The ttl stays
+-- the digits it came as (it only goes to PX, as in LIMIT), without leading zeros.
 local function plan_arg(s)
-  local i, ttl, a, b, c = string.match(s, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
-  if i == nil then
+  local i, ttl, a, b, c = string.match(s, '^(%d+):0*(%d+):(%d+):(%d+):(%d+)$')
+  if i == nil or ttl == '0' then
     error('tollgate: malformed limit argument ' .. s)
   end
-  return tonumber(i), { tonumber(ttl), tonumber(a), tonumber(b), tonumber(c) }
+  return tonumber(i), { ttl, tonumber(a), tonumber(b), tonumber(c) }
 end
 
 -- A check at `plan` (ttl_ms and parameters; nil: the limit's own, ttl, p1..p3) of a key whose
