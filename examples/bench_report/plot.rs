@@ -6,6 +6,15 @@ use super::model::Plot;
 
 const SIZE: (u32, u32) = (800, 480);
 
+/// A tick label: no decimals on a scale of hundreds or more, else as few as the scale needs.
+fn tick(v: f64, max: f64) -> String {
+    match max.abs() {
+        m if m >= 100.0 => format!("{v:.0}"),
+        m if m >= 10.0 => format!("{v:.1}"),
+        _ => format!("{v:.2}"),
+    }
+}
+
 /// The plot as an SVG document.
 pub fn svg(plot: &Plot) -> Result<String, String> {
     let points = || plot.series.iter().flat_map(|(_, p)| p.iter().copied());
@@ -47,6 +56,7 @@ pub fn svg(plot: &Plot) -> Result<String, String> {
                 .x_desc(&plot.x_label)
                 .y_desc(&plot.y_label)
                 .x_label_formatter(&|x| format!("{x:.0}"))
+                .y_label_formatter(&|y| tick(*y, y_max))
                 .draw()
                 .map_err(|e| e.to_string())?;
             for (i, (name, pts)) in plot.series.iter().enumerate() {
@@ -78,6 +88,8 @@ pub fn svg(plot: &Plot) -> Result<String, String> {
                 .configure_mesh()
                 .x_desc(&plot.x_label)
                 .y_desc(&plot.y_label)
+                .x_label_formatter(&|x| tick(*x, x_max - x_min))
+                .y_label_formatter(&|y| tick(*y, y_max))
                 .draw()
                 .map_err(|e| e.to_string())?;
             for (i, (name, pts)) in plot.series.iter().enumerate() {
@@ -109,6 +121,13 @@ pub fn svg(plot: &Plot) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ticks_drop_decimals_the_scale_does_not_need() {
+        assert_eq!(tick(100_000.0, 110_000.0), "100000");
+        assert_eq!(tick(2.0, 14.0), "2.0");
+        assert_eq!(tick(0.25, 1.5), "0.25");
+    }
 
     #[test]
     fn draws_titles_labels_and_series_as_svg_text() {
