@@ -10,9 +10,11 @@
 //!
 //! ```text
 //! cargo bench --features redis --bench redis
-//! BENCH_SECS=5 cargo bench --features redis --bench redis   # longer runs
+//! BENCH_SECS=5 BENCH_ROUNDS=5 cargo bench --features redis --bench redis   # longer runs
 //! ```
 
+#[path = "common/report.rs"]
+mod report;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -64,10 +66,14 @@ struct Result {
     redis_us: f64,
     /// This process's CPU per decision, µs.
     client_us: f64,
+    /// Time inside EVAL/EVALSHA per decision (INFO commandstats), µs.
+    script_us: f64,
+    /// Decisions per script call (batched store only; 1 otherwise).
+    mean_batch: f64,
 }
 
-/// (redis-server CPU s, own CPU s) so far.
-type Sampler = Arc<dyn Fn() -> (f64, f64) + Send + Sync>;
+/// (redis-server CPU s, own CPU s, µs inside scripts) so far.
+type Sampler = Arc<dyn Fn() -> (f64, f64, f64) + Send + Sync>;
 
 fn secs() -> Duration {
     let s = std::env::var("BENCH_SECS")
@@ -131,6 +137,8 @@ where
         p99: pct(0.99),
         redis_us: (cpu1.0 - cpu0.0) * 1e6 / n,
         client_us: (cpu1.1 - cpu0.1) * 1e6 / n,
+        script_us: (cpu1.2 - cpu0.2) / n,
+        mean_batch: 1.0,
     }
 }
 
@@ -289,8 +297,8 @@ fn cpu_of(info: &str) -> f64 {
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; `cargo test --benches` passes nothing we need.
-    if std::env::args().any(|a| a == "--list") {
+    // `cargo bench` passes `--bench`; `cargo test --benches` runs this with nothing to measure.
+    if !std::env::args().any(|a| a == "--bench") {
         return;
     }
     support::require("redis-benchmark");
@@ -319,16 +327,16 @@ fn main() {
     let sampler: Sampler = {
         let url = url.clone();
         Arc::new(move || {
-            let info: String = redis::cmd("INFO")
-                .arg("cpu")
-                .query(
-                    &mut redis::Client::open(url.as_str())
-                        .unwrap()
-                        .get_connection()
-                        .unwrap(),
-                )
+            let mut conn = redis::Client::open(url.as_str())
+                .unwrap()
+                .get_connection()
                 .unwrap();
-            (cpu_of(&info), own_cpu())
+            let cpu: String = redis::cmd("INFO").arg("cpu").query(&mut conn).unwrap();
+            let stats: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query(&mut conn)
+                .unwrap();
+            (cpu_of(&cpu), own_cpu(), script_usec(&stats))
         })
     };
     // For profiling one point: BENCH_ONLY=eval|direct|batched BENCH_C=64.
@@ -345,85 +353,303 @@ fn main() {
         println!("{only} at {c}: {}", show(r));
         return;
     }
-    let (p1, p1_cpu) = redis_benchmark(&server, &sha, 1);
-    let (p16, p16_cpu) = redis_benchmark(&server, &sha, 16);
-    println!("(b) redis-benchmark, EVALSHA of the seeds' token bucket, 50 connections:");
-    println!("      -P 1:  {p1:>8.0}/s (redis {p1_cpu:.2} µs CPU per request)");
+    let rounds: usize = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(3)
+        .max(1);
     println!(
-        "      -P 16: {p16:>8.0}/s (redis {p16_cpu:.2} µs CPU per request): the pipelined ceiling"
-    );
-    println!(
-        "client runtime: {}",
+        "client runtime: {}; {rounds} rounds, each: the -P 16 ceiling, then every variant at every concurrency",
         if current {
             "tokio current_thread"
         } else {
             "tokio multi_thread, 2 workers"
         }
     );
-    let mut at_64 = None;
-    for c in CONCURRENCY {
-        let eval = rt.block_on(bench_eval(&sampler, &url, c));
-        let (direct, _) = rt.block_on(bench_store(&sampler, &url, false, c));
-        let (batched, mean) = rt.block_on(bench_store(&sampler, &url, true, c));
-        println!("concurrency {c}:");
-        println!("  (a) per-request EVAL  {}", show(eval));
-        println!("  store, unbatched      {}", show(direct));
+    let (p1, p1_cpu) = redis_benchmark(&server, &sha, 1);
+    println!("(b) redis-benchmark -P 1:  {p1:>8.0}/s (redis {p1_cpu:.2} µs CPU per request)");
+    let mut ceilings = Vec::new();
+    // points[round][(concurrency index, variant)]
+    let mut points: Vec<Vec<(usize, Variant, Result)>> = Vec::new();
+    for round in 0..rounds {
+        let (p16, p16_cpu) = redis_benchmark(&server, &sha, 16);
         println!(
-            "  store, batched        {}  mean batch {mean:.1}",
-            show(batched)
+            "round {}: (b) redis-benchmark -P 16: {p16:>8.0}/s (redis {p16_cpu:.2} µs CPU per request): the pipelined ceiling",
+            round + 1
         );
-        if c == 64 {
-            at_64 = Some((direct, batched));
+        ceilings.push((p16, p16_cpu));
+        let mut this = Vec::new();
+        for (ci, &c) in CONCURRENCY.iter().enumerate() {
+            let eval = rt.block_on(bench_eval(&sampler, &url, c));
+            let (direct, _) = rt.block_on(bench_store(&sampler, &url, false, c));
+            let (mut batched, mean) = rt.block_on(bench_store(&sampler, &url, true, c));
+            batched.mean_batch = mean;
+            println!("  concurrency {c}:");
+            println!("    (a) per-request EVAL  {}", show(eval));
+            println!("    store, unbatched      {}", show(direct));
+            println!(
+                "    store, batched        {}  mean batch {mean:.1}",
+                show(batched)
+            );
+            this.push((ci, Variant::Eval, eval));
+            this.push((ci, Variant::Unbatched, direct));
+            this.push((ci, Variant::Batched, batched));
         }
+        points.push(this);
     }
-    if let Some((direct, batched)) = at_64 {
-        println!(
-            "at concurrency 64: unbatched {:.2}x, batched {:.2}x the -P 16 ceiling; batched p50 {:.2?}, p99 {:.2?}",
-            direct.per_sec / p16,
-            batched.per_sec / p16,
-            batched.p50,
-            batched.p99
-        );
-    }
-    // The headline ratio, robust to a busy machine: alternate the ceiling and the batched store
-    // at concurrency 64 and keep the best of each.
-    let rounds: usize = std::env::var("BENCH_ROUNDS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(3);
-    let (mut best_ceiling, mut best_batched, mut best_direct) = (
-        p16,
-        at_64.map_or(0.0, |a| a.1.per_sec),
-        at_64.map_or(0.0, |a| a.0.per_sec),
+    let ceiling = median(ceilings.iter().map(|c| c.0).collect());
+    let ceiling_cpu = median(ceilings.iter().map(|c| c.1).collect());
+    // The median of each figure over the rounds.
+    let med = |ci: usize, v: Variant, f: &dyn Fn(&Result) -> f64| {
+        median(
+            points
+                .iter()
+                .flat_map(|round| round.iter())
+                .filter(|(c, var, _)| *c == ci && *var == v)
+                .map(|(_, _, r)| f(r))
+                .collect(),
+        )
+    };
+    let ci64 = CONCURRENCY.iter().position(|&c| c == 64).unwrap();
+    let ci256 = CONCURRENCY.iter().position(|&c| c == 256).unwrap();
+    let batched_rate = |ci| med(ci, Variant::Batched, &|r| r.per_sec);
+    let p99_64 = med(ci64, Variant::Batched, &|r| r.p99.as_secs_f64() * 1e3);
+    let cpu_64 = med(ci64, Variant::Batched, &|r| r.redis_us);
+    println!(
+        "medians of {rounds} rounds: ceiling {ceiling:.0}/s; batched {:.2}x at 64, {:.2}x at 256; batched at 64: p99 {p99_64:.2} ms, redis CPU {cpu_64:.2} µs per decision",
+        batched_rate(ci64) / ceiling,
+        batched_rate(ci256) / ceiling,
     );
-    let mut best_p99 = at_64.map(|a| a.1);
-    for _ in 1..rounds {
-        best_ceiling = best_ceiling.max(redis_benchmark(&server, &sha, 16).0);
-        let (b, _) = rt.block_on(bench_store(&sampler, &url, true, 64));
-        if b.per_sec > best_batched {
-            best_batched = b.per_sec;
-            best_p99 = Some(b);
+    write_section(&Figures {
+        rounds,
+        p1,
+        p1_cpu,
+        ceiling,
+        ceiling_cpu,
+        med: &med,
+    });
+}
+
+/// Which way a point sent its decisions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    Eval,
+    Unbatched,
+    Batched,
+}
+
+impl Variant {
+    const ALL: [Variant; 3] = [Variant::Batched, Variant::Unbatched, Variant::Eval];
+
+    fn label(self) -> &'static str {
+        match self {
+            Variant::Eval => "(a) per-request EVAL of the seeds' script",
+            Variant::Unbatched => "RedisStore, batching(false)",
+            Variant::Batched => "RedisStore, default (batched)",
         }
-        best_direct = best_direct.max(
-            rt.block_on(bench_store(&sampler, &url, false, 64))
-                .0
-                .per_sec,
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+type Median<'a> = &'a dyn Fn(usize, Variant, &dyn Fn(&Result) -> f64) -> f64;
+
+struct Figures<'a> {
+    rounds: usize,
+    p1: f64,
+    p1_cpu: f64,
+    ceiling: f64,
+    ceiling_cpu: f64,
+    med: Median<'a>,
+}
+
+/// The `redis` section of BENCHMARKS.md (target/bench-report/redis.json).
+fn write_section(f: &Figures<'_>) {
+    let med = f.med;
+    let method = format!(
+        "One `redis-server` ({}) started by the bench on a free loopback port, no persistence. \
+         {KEYS} keys drawn at random, a token bucket of 1 000/s with a burst of 100 000 (never \
+         refusing), {:?} per point after a 0.5 s warm-up, from a tokio runtime with 2 worker \
+         threads; each of 1, 64 and 256 tasks sends one decision at a time through \
+         `Store::check` (a `RedisStore` with its default configuration, and with \
+         `batching(false)`), or (a) as a per-request `EVAL` of the seeds' token-bucket script over \
+         one multiplexed connection. The ceiling is (b) `redis-benchmark -c 50 -P 16` running that \
+         script by `EVALSHA` on the same server: what one Redis does when the client costs \
+         nothing. {} rounds, each the ceiling then every variant at every concurrency; figures \
+         are medians over the rounds. Redis CPU per decision is the server's `used_cpu_user + \
+         used_cpu_sys` (INFO cpu) over the point, divided by the decisions; script time is \
+         `INFO commandstats` usec of EVAL/EVALSHA per decision.",
+        redis_version(),
+        secs(),
+        f.rounds
+    );
+    let mut section = report::Section::new(
+        "redis",
+        "Redis store: decisions per second against one redis-server",
+        "cargo bench --features redis --bench redis",
+        &method,
+    );
+    let mut table = report::Table::new(
+        format!("Medians of {} rounds", f.rounds),
+        &[
+            "concurrency",
+            "client",
+            "decisions/s",
+            "vs ceiling",
+            "p50",
+            "p99",
+            "Redis CPU µs/decision",
+            "in-script µs/decision (wall)",
+            "client CPU µs/decision",
+            "mean batch",
+        ],
+    );
+    for (ci, c) in CONCURRENCY.iter().enumerate() {
+        for v in Variant::ALL {
+            let rate = med(ci, v, &|r| r.per_sec);
+            table.row(&[
+                c.to_string(),
+                v.label().to_string(),
+                format!("{rate:.0}"),
+                format!("{:.2}x", rate / f.ceiling),
+                format!("{:.0} µs", med(ci, v, &|r| r.p50.as_secs_f64() * 1e6)),
+                format!("{:.0} µs", med(ci, v, &|r| r.p99.as_secs_f64() * 1e6)),
+                format!("{:.2}", med(ci, v, &|r| r.redis_us)),
+                format!("{:.2}", med(ci, v, &|r| r.script_us)),
+                format!("{:.2}", med(ci, v, &|r| r.client_us)),
+                if v == Variant::Batched {
+                    format!("{:.1}", med(ci, v, &|r| r.mean_batch))
+                } else {
+                    "1".to_string()
+                },
+            ]);
+        }
+    }
+    section.table(table);
+    let mut ceiling = report::Table::new(
+        "redis-benchmark, EVALSHA of the seeds' script, 50 connections",
+        &["pipeline", "requests/s", "Redis CPU µs/request"],
+    );
+    ceiling.row(&[
+        "-P 1".to_string(),
+        format!("{:.0}", f.p1),
+        format!("{:.2}", f.p1_cpu),
+    ]);
+    ceiling.row(&[
+        format!("-P 16 (the ceiling, median of {})", f.rounds),
+        format!("{:.0}", f.ceiling),
+        format!("{:.2}", f.ceiling_cpu),
+    ]);
+    section.table(ceiling);
+    let xs: Vec<f64> = CONCURRENCY.iter().map(|&c| c as f64).collect();
+    let mut rate = report::Plot::new(
+        "redis.svg",
+        "Decisions per second against one redis-server",
+        "concurrent callers",
+        "decisions per second",
+    )
+    .log_x();
+    let mut p99 = report::Plot::new(
+        "redis-p99.svg",
+        "p99 latency of a decision",
+        "concurrent callers",
+        "p99 latency (ms)",
+    )
+    .log_x();
+    for v in Variant::ALL {
+        let series = |g: &dyn Fn(&Result) -> f64| -> Vec<(f64, f64)> {
+            xs.iter()
+                .enumerate()
+                .map(|(ci, &x)| (x, med(ci, v, g)))
+                .collect()
+        };
+        rate.series(v.label(), series(&|r| r.per_sec));
+        p99.series(v.label(), series(&|r| r.p99.as_secs_f64() * 1e3));
+    }
+    rate.series(
+        "(b) redis-benchmark -P 16 ceiling",
+        xs.iter().map(|&x| (x, f.ceiling)).collect(),
+    );
+    section.plot(rate).plot(p99);
+    let ci = |c: usize| CONCURRENCY.iter().position(|&x| x == c).unwrap();
+    let batched = |c: usize| med(ci(c), Variant::Batched, &|r| r.per_sec);
+    let what = "RedisStore (default) / the -P 16 ceiling, decisions/s";
+    section.ratio(what, "concurrency 64", batched(64) / f.ceiling, 1.0);
+    section.ratio(what, "concurrency 256", batched(256) / f.ceiling, 1.5);
+    // The same comparison in Redis's own CPU, the resource that bounds both when Redis is the
+    // bottleneck (one thread): capacity = 1 / CPU per decision. Other load on the machine moves
+    // wall-clock rates far more than it moves CPU per decision.
+    let what = "Redis-bound capacity: ceiling's Redis CPU per request / RedisStore's per decision";
+    for (c, target) in [(64, 1.0), (256, 1.5)] {
+        let cpu = med(ci(c), Variant::Batched, &|r| r.redis_us);
+        section.ratio(
+            what,
+            &format!("concurrency {c}"),
+            f.ceiling_cpu / cpu,
+            target,
         );
     }
-    if let Some(b) = best_p99 {
-        println!(
-            "best of {rounds} alternating rounds at concurrency 64: ceiling {best_ceiling:.0}/s; store unbatched {best_direct:.0}/s ({:.2}x), batched {best_batched:.0}/s ({:.2}x), batched p50 {:.2?} p99 {:.2?}",
-            best_direct / best_ceiling,
-            best_batched / best_ceiling,
-            b.p50,
-            b.p99
-        );
-    }
+    let cpu = med(ci(64), Variant::Batched, &|r| r.redis_us);
+    section.ratio(
+        "Redis CPU budget 3 µs / Redis CPU per decision",
+        &format!("concurrency 64 ({cpu:.2} µs)"),
+        3.0 / cpu,
+        1.0,
+    );
+    let p99_64 = med(ci(64), Variant::Batched, &|r| r.p99.as_secs_f64() * 1e3);
+    section.ratio(
+        "p99 budget 2 ms / p99 of a decision",
+        &format!("concurrency 64 ({p99_64:.2} ms)"),
+        2.0 / p99_64,
+        1.0,
+    );
+    section.note(
+        "Redis CPU includes the server's network work (reading commands, writing replies): \
+         batching divides it by the batch; the script column is the time inside EVAL/EVALSHA.",
+    );
+    section.note(
+        "A Redis Cluster store does not batch (a script's keys must share one hash slot), so \
+         each decision is one EVALSHA on its key's node; its per-node figures are those of the \
+         unbatched rows.",
+    );
+    section.write();
+}
+
+fn redis_version() -> String {
+    let out = Command::new("redis-server").arg("--version").output();
+    out.ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("v=").map(|v| format!("Redis {v}")))
+        })
+        .unwrap_or_else(|| "Redis".to_string())
+}
+
+/// usec spent in EVAL and EVALSHA so far (INFO commandstats).
+fn script_usec(stats: &str) -> f64 {
+    stats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split(',')
+                .find_map(|kv| kv.split_once("usec="))
+                .filter(|(k, _)| !k.ends_with('_'))
+                .and_then(|(_, v)| v.parse::<f64>().ok())
+        })
+        .sum()
 }
 
 fn show(r: Result) -> String {
     format!(
-        "{:>8.0}/s  p50 {:>8.2?}  p99 {:>8.2?}  cpu: redis {:>5.2}, client {:>5.2}",
-        r.per_sec, r.p50, r.p99, r.redis_us, r.client_us
+        "{:>8.0}/s  p50 {:>8.2?}  p99 {:>8.2?}  cpu: redis {:>5.2} (script {:>5.2}), client {:>5.2}",
+        r.per_sec, r.p50, r.p99, r.redis_us, r.script_us, r.client_us
     )
 }

@@ -174,7 +174,8 @@ impl LuaScript {
         }
         code.push_str(
             "\n-- This store's limits by configuration index: the algorithm's load, decide, apply,\n\
-             -- refund and check (or false), then ttl_ms, p1, p2, p3.\n\
+             -- refund and check (or false), then ttl_ms (a string: it only goes to PX, and a\n\
+             -- number would be formatted with sprintf on every write), p1, p2, p3.\n\
              local function LIMIT(i)\n",
         );
         for (i, (k, p)) in limits.iter().enumerate() {
@@ -189,7 +190,7 @@ impl LuaScript {
             };
             let _ = writeln!(
                 code,
-                "  if i == {i} then return {a}_load, {a}_decide, {a}_apply, {a}_refund, {check}, {}, {}, {}, {} end",
+                "  if i == {i} then return {a}_load, {a}_decide, {a}_apply, {a}_refund, {check}, '{}', {}, {}, {} end",
                 p.ttl_ms, p.p[0], p.p[1], p.p[2]
             );
         }
@@ -203,6 +204,14 @@ impl LuaScript {
             );
         }
         code.push_str("  error('tollgate: unknown limit ' .. tostring(i))\nend\n\n");
+        // A batch reads every key with one MGET unless a limit is a sliding log (driver.lua).
+        let prefetch = !limits
+            .iter()
+            .any(|(k, _)| matches!(k, AlgorithmKind::SlidingLog));
+        let _ = writeln!(
+            code,
+            "-- Whether a batch reads its keys ahead with one MGET.\nlocal PREFETCH = {prefetch}\n"
+        );
         code.push_str(DRIVER);
         let sha = redis::Script::new(&code).get_hash().to_owned();
         Self { code, sha }
@@ -425,13 +434,29 @@ mod tests {
         assert!(!tb.code().contains("local function gcra_decide("));
         assert!(tb
             .code()
-            .contains("if i == 0 then return tb_load, tb_decide, tb_apply, tb_refund, tb_check, 2000, 100000, 1, 2000000 end"));
+            .contains("if i == 0 then return tb_load, tb_decide, tb_apply, tb_refund, tb_check, '2000', 100000, 1, 2000000 end"));
         assert_eq!(tb.sha().len(), 40);
         let again = LuaScript::assemble(&[(AlgorithmKind::TokenBucket, p)]);
         assert_eq!(again.sha(), tb.sha(), "same configuration, same script");
         let other =
             LuaScript::assemble(&[(AlgorithmKind::TokenBucket, ScriptParams { ttl_ms: 1, ..p })]);
         assert_ne!(other.sha(), tb.sha());
+    }
+
+    #[test]
+    fn batches_read_ahead_unless_a_limit_is_a_sliding_log() {
+        let p = |k| QuotaArg::of(&PlanQuota::new(k, Quota::per_minute(10)).unwrap()).params;
+        let code = |kinds: &[AlgorithmKind]| {
+            let limits: Vec<_> = kinds.iter().map(|&k| (k, p(k))).collect();
+            LuaScript::assemble(&limits).code().to_owned()
+        };
+        let buckets = code(&[AlgorithmKind::TokenBucket, AlgorithmKind::FixedWindow]);
+        assert!(buckets.contains("local PREFETCH = true\n"));
+        let with_log = code(&[AlgorithmKind::TokenBucket, AlgorithmKind::SlidingLog]);
+        assert!(with_log.contains("local PREFETCH = false\n"));
+        // Defined before the driver reads it.
+        let at = |c: &str, s: &str| c.find(s).unwrap();
+        assert!(at(&buckets, "local PREFETCH =") < at(&buckets, "if PREFETCH and"));
     }
 
     #[test]

@@ -33,13 +33,14 @@ local refund = ARGV[1] == 'r'
 local out, nout = {}, 0 -- packed pieces of the reply
 local server_now
 
--- "index:ttl:p1:p2:p3": the limit's index and the plan's ttl_ms and parameters.
+-- "index:ttl:p1:p2:p3": the limit's index and the plan's ttl_ms and parameters. The ttl stays
+-- the digits it came as (it only goes to PX, as in LIMIT), without leading zeros.
 local function plan_arg(s)
-  local i, ttl, a, b, c = string.match(s, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
-  if i == nil then
+  local i, ttl, a, b, c = string.match(s, '^(%d+):0*(%d+):(%d+):(%d+):(%d+)$')
+  if i == nil or ttl == '0' then
     error('tollgate: malformed limit argument ' .. s)
   end
-  return tonumber(i), { tonumber(ttl), tonumber(a), tonumber(b), tonumber(c) }
+  return tonumber(i), { ttl, tonumber(a), tonumber(b), tonumber(c) }
 end
 
 -- A check at `plan` (ttl_ms and parameters; nil: the limit's own, ttl, p1..p3) of a key whose
@@ -123,6 +124,18 @@ if ARGV[1] == 'b' then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   out[1] = struct.pack('<i8', now)
+  -- One MGET instead of a GET per decision when every limit keeps its state in one short string
+  -- (PREFETCH: no sliding log, whose log is read in pieces). A redis.call costs more than the
+  -- read itself; see read_state for how each value is taken.
+  if PREFETCH and #KEYS > 1 then
+    local values = redis.call('MGET', unpack(KEYS))
+    for i = 1, #KEYS do
+      local v = values[i]
+      if v then
+        PREFETCHED[KEYS[i]] = v
+      end
+    end
+  end
   for i = 1, #KEYS do
     local arg, lim, cost, plan = ARGV[i + 1], 0, 1, nil
     if arg ~= '1' then

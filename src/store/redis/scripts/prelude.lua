@@ -46,13 +46,23 @@ end
 local MARK = ''
 local MARK_LEN = 24
 
+-- Values the driver read ahead with one MGET for a batch (key -> string; missing keys and keys
+-- of another type are left out and read below). Each is taken once: a key that appears again in
+-- the batch is read with GET, after the write the first decision made.
+local PREFETCHED = {}
+
 -- The value at `key` if it is a string of `len` bytes (or `len` + MARK_LEN: marked), or any
 -- positive multiple of 16 when `len` is 0; false if the key is missing; nil, after deleting the
 -- key, if it holds anything else.
 local function read_state(key, len)
-  local v = redis.pcall('GET', key)
-  if v == false then
-    return false
+  local v = PREFETCHED[key]
+  if v then
+    PREFETCHED[key] = nil
+  else
+    v = redis.pcall('GET', key)
+    if v == false then
+      return false
+    end
   end
   if type(v) == 'string' and (#v == len or (len == 0 and #v > 0 and #v % 16 == 0)
     or (len > 0 and #v == len + MARK_LEN)) then

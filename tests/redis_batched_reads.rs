@@ -1,0 +1,85 @@
+//! A batch reads its keys ahead (one MGET, `scripts/driver.lua`): a key that appears several times
+//! in one batch is decided against the writes of the decisions before it, and a corrupted or
+//! wrong-type key is still detected, reset and counted once, for every algorithm.
+#![cfg(feature = "redis")]
+
+mod common;
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{one, prefix, spec};
+use tollgate::algorithm::AlgorithmKind;
+use tollgate::key::Key;
+use tollgate::store::redis::RedisBackend;
+use tollgate::store::Backend;
+use tollgate::Quota;
+
+const CLIENTS: usize = 12;
+const REPEATS: usize = 3;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_and_corrupted_keys_in_one_batch_decide_as_one_at_a_time() {
+    let server = support::RedisServer::start();
+    for kind in AlgorithmKind::ALL {
+        // Two per minute: of three requests from one client in one batch, exactly two pass.
+        let store = Arc::new(
+            RedisBackend::new(server.url())
+                .prefix(prefix("batched-reads"))
+                .max_in_flight(1)
+                .timeout(Duration::from_secs(10))
+                .build(&[spec("b", Quota::per_minute(2), kind)])
+                .expect("a store"),
+        );
+        // Connected before the server is paused.
+        one(&*store, "warm-up", 1).await.expect("decided");
+        let key = |c: usize| {
+            store
+                .redis_key(0, &Key::string(format!("client-{c}")))
+                .unwrap()
+        };
+        let _: redis::Value = server.cmd(&["HSET", &key(0), "tokens", "5"]);
+        let _: redis::Value = server.cmd(&["SET", &key(1), "garbage"]);
+        let _: redis::Value = server.cmd(&["SET", &key(2), &"\u{7f}".repeat(16)]);
+        let corrupt_before = store.stats().corrupt_resets();
+        let batches_before = store.stats().batches();
+        // Everything queues while the server is stopped, then goes in (at most) two batches:
+        // the first request alone, the rest together.
+        server.pause();
+        let mut tasks = Vec::new();
+        for r in 0..REPEATS {
+            for c in 0..CLIENTS {
+                let store = store.clone();
+                tasks.push(tokio::spawn(async move {
+                    let d = one(&*store, &format!("client-{c}"), 1).await;
+                    (c, r, d)
+                }));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        server.resume();
+        let mut allowed = [0usize; CLIENTS];
+        for t in tasks {
+            let (c, _, d) = t.await.unwrap();
+            let d = d.unwrap_or_else(|e| panic!("{kind}: client {c}: {e}"));
+            allowed[c] += usize::from(d.allowed());
+        }
+        let batches = store.stats().batches() - batches_before;
+        assert!(
+            batches <= 3,
+            "{kind}: {} requests went in {batches} batches, so the batch path was not taken",
+            CLIENTS * REPEATS
+        );
+        assert_eq!(
+            allowed, [2; CLIENTS],
+            "{kind}: each client passes twice of three"
+        );
+        assert_eq!(
+            store.stats().corrupt_resets() - corrupt_before,
+            3,
+            "{kind}: each corrupted key is reset once, however often it appears"
+        );
+        assert_eq!(store.stats().errors(), 0, "{kind}");
+    }
+}
