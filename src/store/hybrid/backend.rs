@@ -11,9 +11,9 @@ use crate::error::ConfigError;
 use crate::store::redis::RedisBackend;
 use crate::store::{Backend, LimitSpec};
 
-/// The default [`HybridBackend::max_lease`]: one instance holds at most a fifth of a key's
+/// The default [`HybridBackend::max_lease`]: one instance holds at most a quarter of a key's
 /// capacity.
-pub const DEFAULT_MAX_LEASE: f64 = 0.2;
+pub const DEFAULT_MAX_LEASE: f64 = 0.25;
 /// The default [`HybridBackend::max_keys`].
 pub const DEFAULT_MAX_KEYS: usize = 100_000;
 /// The largest accepted [`HybridBackend::max_keys`].

@@ -25,6 +25,8 @@ pub(crate) struct LeasePlan {
     pub(crate) window: Option<u64>,
     /// Units the quota refills in one `ttl`, at least 1.
     pub(crate) refill_in_ttl: u64,
+    /// Buckets: µs the quota takes to refill one unit (period / count, rounded up).
+    pub(crate) unit_micros: Option<u64>,
 }
 
 impl LeasePlan {
@@ -51,6 +53,7 @@ impl LeasePlan {
             AlgorithmKind::FixedWindow | AlgorithmKind::SlidingWindow
         )
         .then_some(period);
+        let unit_micros = window.is_none().then(|| period.div_ceil(count));
         Self {
             leasable,
             limit,
@@ -58,7 +61,17 @@ impl LeasePlan {
             ttl,
             window,
             refill_in_ttl,
+            unit_micros,
         }
+    }
+
+    /// Buckets: how long after a lease that left `remaining` units in Redis the key certainly
+    /// cannot hold `wait` units (others only take; refunds aside), so asking earlier is
+    /// pointless; `None` for windows.
+    pub(crate) fn dry_for(&self, remaining: u64, wait: u64) -> Option<u64> {
+        let unit = self.unit_micros?;
+        let missing = wait.checked_sub(remaining).filter(|m| *m > 0)?;
+        Some(missing.saturating_mul(unit).min(self.ttl))
     }
 
     /// The lease to ask for when `demand` units were asked for over the last lease lifetime and
@@ -68,15 +81,12 @@ impl LeasePlan {
         demand.clamp(cost, self.max_units.max(cost))
     }
 
-    /// The fewest units worth a lease. A key Redis refused last time waits (locally) until half
-    /// its lease fits, at most what refills in one lease lifetime, so a hot key refused on N
-    /// instances costs Redis about N calls per lease lifetime; otherwise the cost.
-    pub(crate) fn min(&self, want: u64, cost: u64, refused_before: bool) -> u64 {
-        if refused_before {
-            (want / 2).min(self.refill_in_ttl).max(cost)
-        } else {
-            cost
-        }
+    /// How many units a refused key waits for (locally) before it asks again: half the lease it
+    /// wants, at most what refills in one lease lifetime, at least its cost. A hot key refused
+    /// on N instances so costs Redis about N calls per lease lifetime, and a key freed elsewhere
+    /// is noticed at most one lease lifetime late.
+    pub(crate) fn wait(&self, want: u64, cost: u64) -> u64 {
+        (want / 2).min(self.refill_in_ttl).max(cost)
     }
 
     /// How long (µs) a lease taken at Redis time `now` may be used: `ttl`, and for windows no
@@ -109,9 +119,17 @@ impl Demand {
         self.current = self.current.saturating_add(cost);
     }
 
-    /// Units asked for over about one lifetime.
-    pub(crate) fn estimate(&self) -> u64 {
-        self.current.max(self.previous)
+    /// Units asked for over about one lifetime (`ttl` µs) at `now`: the previous lifetime's, or
+    /// the current one's so far extrapolated to a whole lifetime (from at least a tenth of it),
+    /// whichever is larger. A key seen once is cold: its one request.
+    pub(crate) fn estimate(&self, now: u64, ttl: u64) -> u64 {
+        if self.previous == 0 && self.current <= 1 {
+            return self.current;
+        }
+        let elapsed = now.saturating_sub(self.start).max(ttl / 10).max(1);
+        let rate = (u128::from(self.current) * u128::from(ttl) / u128::from(elapsed))
+            .min(u128::from(u64::MAX)) as u64;
+        rate.max(self.previous)
     }
 }
 
@@ -138,8 +156,23 @@ mod tests {
         assert_eq!(p.want(1, 1), 1, "a cold key asks for its cost");
         assert_eq!(p.want(500, 1), 20);
         assert_eq!(p.want(3, 5), 5);
-        assert_eq!(p.min(20, 1, false), 1);
-        assert_eq!(p.min(20, 1, true), 10);
+        assert_eq!(p.wait(20, 1), 10);
+        assert_eq!(p.wait(1, 1), 1, "a cold key waits for its cost");
+        assert_eq!(p.wait(20, 15), 15);
+    }
+
+    #[test]
+    fn a_bucket_left_dry_is_not_asked_again_before_it_can_hold_the_wait() {
+        let p = plan(
+            AlgorithmKind::TokenBucket,
+            Quota::per_second(10).burst(100),
+            0.25,
+        );
+        assert_eq!(p.dry_for(0, 10), Some(1_000_000));
+        assert_eq!(p.dry_for(4, 10), Some(600_000));
+        assert_eq!(p.dry_for(10, 10), None);
+        let w = plan(AlgorithmKind::FixedWindow, Quota::per_second(100), 0.5);
+        assert_eq!(w.dry_for(0, 10), None, "windows: not estimated");
     }
 
     #[test]
@@ -168,14 +201,26 @@ mod tests {
 
     #[test]
     fn demand_follows_the_last_two_lifetimes() {
+        let ttl = 1_000_000;
         let mut d = Demand::default();
-        for i in 0..50 {
-            d.record(i * 1_000, 1_000_000, 1);
+        d.record(0, ttl, 1);
+        assert_eq!(d.estimate(0, ttl), 1, "a key seen once is cold");
+        for i in 1..50 {
+            d.record(i * 1_000, ttl, 1);
         }
-        assert_eq!(d.estimate(), 50);
-        d.record(1_500_000, 1_000_000, 1);
-        assert_eq!(d.estimate(), 50, "the previous lifetime still counts");
-        d.record(5_000_000, 1_000_000, 1);
-        assert_eq!(d.estimate(), 1, "an idle key goes cold");
+        assert_eq!(
+            d.estimate(49_000, ttl),
+            500,
+            "50 in the first 100 ms: 500 per lifetime"
+        );
+        assert_eq!(d.estimate(500_000, ttl), 100, "50 in half a lifetime");
+        d.record(1_500_000, ttl, 1);
+        assert_eq!(
+            d.estimate(1_500_000, ttl),
+            50,
+            "the previous lifetime still counts"
+        );
+        d.record(5_000_000, ttl, 1);
+        assert_eq!(d.estimate(5_000_000, ttl), 1, "an idle key goes cold");
     }
 }

@@ -12,7 +12,7 @@ use super::stats::HybridStats;
 use super::table::Table;
 use crate::clock::Clock;
 use crate::decision::Decision;
-use crate::error::{ConfigError, StoreError};
+use crate::error::{ConfigError, StoreError, StoreErrorKind};
 use crate::key::Key;
 use crate::store::redis::{LeaseRequest, LeaseScript, RedisStore};
 use crate::store::{Checked, Decisions, FailurePolicy, LimitCheck, LimitSpec, Store, MAX_LIMITS};
@@ -22,6 +22,11 @@ type BoxFuture = Pin<Box<dyn Future<Output = Result<Decisions, StoreError>> + Se
 /// How many times a check waits for a lease (its own or another request's) before it is checked
 /// plainly: leases granted meanwhile may all go to other requests.
 const ROUNDS: usize = 32;
+
+/// How long a lease call may take before it counts as failed. Requests wait for it only as long
+/// as the Redis store's timeout (then their failure policy decides); the call itself goes on, so
+/// the units Redis leased are not lost to a slow round trip.
+const LEASE_DEADLINE: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// A local tier in front of a [`RedisStore`]; built by [`HybridBackend`](super::HybridBackend),
 /// see the [module docs](super).
@@ -103,7 +108,9 @@ impl Future for HybridFuture {
     }
 }
 
-fn pending(f: impl Future<Output = Result<Decisions, StoreError>> + Send + 'static) -> Checked<HybridFuture> {
+fn pending(
+    f: impl Future<Output = Result<Decisions, StoreError>> + Send + 'static,
+) -> Checked<HybridFuture> {
     Checked::Pending(HybridFuture { inner: Box::pin(f) })
 }
 
@@ -190,12 +197,8 @@ impl Store for HybridStore {
             }
             return Checked::Ready(Ok(out));
         }
-        let sub: Vec<LimitCheck<'static>> = owned(
-            &rest
-                .iter()
-                .map(|&i| checks[i].clone())
-                .collect::<Vec<_>>(),
-        );
+        let sub: Vec<LimitCheck<'static>> =
+            owned(&rest.iter().map(|&i| checks[i].clone()).collect::<Vec<_>>());
         let redis = inner.redis.clone();
         pending(async move {
             let got = match redis.refund(&sub, reserved_at) {
@@ -210,7 +213,7 @@ impl Store for HybridStore {
             for d in &all[..n] {
                 out.push(d.ok_or_else(|| {
                     StoreError::new(
-                        crate::error::StoreErrorKind::InvalidResponse,
+                        StoreErrorKind::InvalidResponse,
                         "a refund left a limit unreported",
                     )
                 })?);
@@ -289,7 +292,7 @@ impl Inner {
                 self.release(checks, &taken, now);
                 return Local::Plain;
             }
-            if e.refused(now) {
+            if e.refuses(now, c.cost) {
                 got[i] = Some(e.rejected(now, plan.limit));
                 refused = Some(i);
                 break;
@@ -358,7 +361,10 @@ impl Inner {
 
     /// The slow path: lease what is missing (or wait for the lease another request asked for),
     /// then decide locally; the failure policies when Redis cannot answer.
-    async fn decide(self: Arc<Self>, checks: Vec<LimitCheck<'static>>) -> Result<Decisions, StoreError> {
+    async fn decide(
+        self: Arc<Self>,
+        checks: Vec<LimitCheck<'static>>,
+    ) -> Result<Decisions, StoreError> {
         for _ in 0..ROUNDS {
             let now = self.clock.now_micros();
             for c in &checks {
@@ -396,21 +402,21 @@ impl Inner {
             if e.plain {
                 return Err(FetchError::Plain);
             }
-            if e.can_take(now, c.cost) || e.refused(now) {
+            if e.can_take(now, c.cost) || e.refuses(now, c.cost) {
                 return Ok(());
             }
             if let Some(n) = &e.fetching {
                 Step::Wait(n.clone())
             } else {
-                let want = plan.want(e.demand.estimate(), c.cost);
-                let min = plan.min(want, c.cost, e.refused_before);
+                let want = plan.want(e.demand.estimate(now, plan.ttl), c.cost);
+                let wait = plan.wait(want, c.cost);
                 let give = e.units;
                 let given_at = e.leased_at;
                 e.units = 0;
                 let owed = std::mem::take(&mut e.owed);
                 let notify = Arc::new(Notify::new());
                 e.fetching = Some(notify.clone());
-                Step::Ask(notify, (want, min, give, given_at, owed))
+                Step::Ask(notify, (want, wait, give, given_at, owed))
             }
         };
         let (notify, req_parts) = match step {
@@ -427,78 +433,45 @@ impl Inner {
                         .is_some_and(|f| Arc::ptr_eq(f, &n))
                 });
                 if still {
-                    notified.await;
+                    let timeout = self.redis.wait_timeout();
+                    if tokio::time::timeout(timeout, notified).await.is_err() {
+                        return Err(FetchError::Store(StoreError::new(
+                            StoreErrorKind::Timeout,
+                            format!("redis did not answer within {timeout:?}"),
+                        )));
+                    }
                 }
                 return Ok(());
             }
         };
-        let guard = FetchGuard {
-            inner: self,
+        let (want, wait, give, given_at, owed) = req_parts;
+        let job = LeaseJob {
+            inner: self.clone(),
             limit: c.limit,
-            key: &c.key,
+            key: c.key.clone(),
+            cost: c.cost,
             notify,
+            parts: (want, wait, give, given_at, owed),
+            sent: now,
         };
-        let (want, min, give, given_at, owed) = req_parts;
-        let Some(script) = &self.script else {
-            return Err(FetchError::Plain);
-        };
-        let reply = self
-            .redis
-            .lease(
-                script,
-                LeaseRequest {
-                    limit: c.limit,
-                    key: &c.key,
-                    want,
-                    min,
-                    give,
-                    given_at,
-                    owed,
-                },
-            )
-            .await;
-        let Some(mut slot) = self.table.lock(c.limit, &c.key, now) else {
-            return Err(FetchError::Plain);
-        };
-        let e = slot.entry();
-        let result = match reply {
-            Ok(Some(r)) => {
-                self.stats.add_lease(r.granted);
-                let d = r.decision;
-                e.reset_at = now.saturating_add(d.reset().as_micros() as u64);
-                if r.granted > 0 {
-                    e.units = r.granted;
-                    e.leased_at = r.now;
-                    e.expires = now.saturating_add(plan.lifetime(r.now));
-                    e.shared_remaining = d.remaining();
-                    e.refused_until = 0;
-                    e.refused_before = false;
-                    Ok(())
-                } else if d.is_impossible() {
-                    // The cost exceeds the capacity: the plain check says so.
-                    Err(FetchError::Plain)
-                } else {
-                    let retry = d.retry_after().unwrap_or_default().as_micros() as u64;
-                    e.refused_until = now.saturating_add(retry.max(1));
-                    e.refused_remaining = d.remaining();
-                    e.shared_remaining = d.remaining();
-                    e.refused_before = true;
-                    Ok(())
-                }
-            }
-            Ok(None) => {
-                e.plain = true;
-                Err(FetchError::Plain)
-            }
-            Err(err) => {
-                self.stats.add_failure();
-                e.owed = e.owed.saturating_add(owed).min(plan.limit);
-                Err(FetchError::Store(err))
-            }
-        };
-        drop(slot);
-        drop(guard);
-        result
+        let timeout = self.redis.wait_timeout();
+        // The call runs on its own, so a request that stops waiting (its timeout, or dropped)
+        // never loses the units Redis leased: they land in the entry when the reply comes.
+        if tokio::runtime::Handle::try_current().is_err() {
+            return job.run().await;
+        }
+        let task = tokio::spawn(job.run());
+        match tokio::time::timeout(timeout, task).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(FetchError::Store(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "the lease call stopped",
+            ))),
+            Err(_) => Err(FetchError::Store(StoreError::new(
+                StoreErrorKind::Timeout,
+                format!("redis did not answer within {timeout:?}"),
+            ))),
+        }
     }
 
     /// Decides by the failure policies (Redis could not be reached); what they admit for leasing
@@ -525,6 +498,106 @@ impl Inner {
     }
 }
 
+/// One lease call and what it does with the answer.
+struct LeaseJob {
+    inner: Arc<Inner>,
+    limit: usize,
+    key: Key<'static>,
+    cost: u64,
+    notify: Arc<Notify>,
+    parts: (u64, u64, u64, u64, u64),
+    /// Local time the lease was asked at: its lifetime counts from then.
+    sent: u64,
+}
+
+impl LeaseJob {
+    async fn run(self) -> Result<(), FetchError> {
+        let inner = &self.inner;
+        let guard = FetchGuard {
+            inner,
+            limit: self.limit,
+            key: &self.key,
+            notify: self.notify.clone(),
+        };
+        let (want, wait, give, given_at, owed) = self.parts;
+        let plan = inner.plans[self.limit];
+        let now = self.sent;
+        let Some(script) = &inner.script else {
+            return Err(FetchError::Plain);
+        };
+        let reply = inner
+            .redis
+            .lease(
+                script,
+                LeaseRequest {
+                    limit: self.limit,
+                    key: &self.key,
+                    want,
+                    min: self.cost,
+                    wait,
+                    give,
+                    given_at,
+                    owed,
+                },
+                LEASE_DEADLINE,
+            )
+            .await;
+        let Some(mut slot) = inner
+            .table
+            .lock(self.limit, &self.key, inner.clock.now_micros())
+        else {
+            return Err(FetchError::Plain);
+        };
+        let e = slot.entry();
+        let result = match reply {
+            Ok(Some(r)) => {
+                inner.stats.add_lease(r.granted);
+                let d = r.decision;
+                e.reset_at = now.saturating_add(d.reset().as_micros() as u64);
+                if r.granted > 0 {
+                    // Units still held (a lease granted while this one was on the wire) are
+                    // given back with the next lease, measured from the older time.
+                    if e.units > 0 {
+                        e.units = e.units.saturating_add(r.granted);
+                        e.leased_at = e.leased_at.min(r.now);
+                    } else {
+                        e.units = r.granted;
+                        e.leased_at = r.now;
+                    }
+                    e.expires = now.saturating_add(plan.lifetime(r.now));
+                    e.shared_remaining = d.remaining();
+                    e.refused_until = 0;
+                    e.dry_until = plan
+                        .dry_for(d.remaining(), wait)
+                        .map_or(0, |dry| now.saturating_add(dry));
+                    Ok(())
+                } else if d.is_impossible() {
+                    // The cost exceeds the capacity: the plain check says so.
+                    Err(FetchError::Plain)
+                } else {
+                    let retry = d.retry_after().unwrap_or_default().as_micros() as u64;
+                    e.refused_until = now.saturating_add(retry.max(1));
+                    e.refused_remaining = d.remaining();
+                    e.shared_remaining = d.remaining();
+                    Ok(())
+                }
+            }
+            Ok(None) => {
+                e.plain = true;
+                Err(FetchError::Plain)
+            }
+            Err(err) => {
+                inner.stats.add_failure();
+                e.owed = e.owed.saturating_add(owed).min(plan.limit);
+                Err(FetchError::Store(err))
+            }
+        };
+        drop(slot);
+        drop(guard);
+        result
+    }
+}
+
 /// Clears a key's `fetching` mark and wakes the requests waiting for it, also when the fetching
 /// request is dropped mid-call.
 struct FetchGuard<'a> {
@@ -539,7 +612,10 @@ impl Drop for FetchGuard<'_> {
         let now = self.inner.clock.now_micros();
         if let Some(mut slot) = self.inner.table.lock(self.limit, self.key, now) {
             let e = slot.entry();
-            if e.fetching.as_ref().is_some_and(|f| Arc::ptr_eq(f, &self.notify)) {
+            if e.fetching
+                .as_ref()
+                .is_some_and(|f| Arc::ptr_eq(f, &self.notify))
+            {
                 e.fetching = None;
             }
         }

@@ -32,10 +32,11 @@ pub(crate) struct Entry {
     pub(crate) reset_at: u64,
     /// Refused locally until then (a Redis refusal's retry-after).
     pub(crate) refused_until: u64,
+    /// Once the lease is spent, refused locally until then: the lease left Redis with fewer
+    /// units than the next lease would wait for, and they cannot have refilled before.
+    pub(crate) dry_until: u64,
     /// Redis's remaining at the refusal.
     pub(crate) refused_remaining: u64,
-    /// The last lease was refused: the next one waits for a larger minimum.
-    pub(crate) refused_before: bool,
     /// A lease call is on the wire; others wait for it.
     pub(crate) fetching: Option<Arc<Notify>>,
     /// Units admitted by the failure policy while Redis could not be reached, charged with
@@ -60,6 +61,23 @@ impl Entry {
         now < self.refused_until
     }
 
+    /// Whether a request of `cost` at `now` is refused without asking Redis: Redis refused the
+    /// key, or the lease cannot pay for it and Redis was left dry.
+    #[inline]
+    pub(crate) fn refuses(&self, now: u64, cost: u64) -> bool {
+        self.refused(now) || (now < self.dry_until && !self.can_take(now, cost))
+    }
+
+    /// Until when a request refused by [`refuses`](Self::refuses) is refused.
+    #[inline]
+    fn refused_until_at(&self, now: u64) -> u64 {
+        if self.refused(now) {
+            self.refused_until
+        } else {
+            self.dry_until
+        }
+    }
+
     /// The decision for a request admitted from the lease (after taking its units): Redis's
     /// remaining at the lease plus what this instance still holds.
     pub(crate) fn allowed(&self, now: u64, limit: u64) -> Decision {
@@ -72,7 +90,7 @@ impl Entry {
 
     /// As [`allowed`](Self::allowed), for a limit that allowed in a request another limit refused.
     pub(crate) fn standing(&self, now: u64, limit: u64) -> Decision {
-        if self.refused(now) {
+        if self.refused(now) || (now < self.dry_until && self.units == 0) {
             return self.rejected(now, limit);
         }
         if now < self.expires {
@@ -88,11 +106,16 @@ impl Entry {
 
     /// The decision for a request refused from the memory of a refusal.
     pub(crate) fn rejected(&self, now: u64, limit: u64) -> Decision {
+        let remaining = if self.refused(now) {
+            self.refused_remaining
+        } else {
+            self.shared_remaining
+        };
         Decision::rejected(
             limit,
-            self.refused_remaining.min(limit),
+            remaining.min(limit),
             Duration::from_micros(self.reset_at.saturating_sub(now)),
-            Duration::from_micros(self.refused_until.saturating_sub(now).max(1)),
+            Duration::from_micros(self.refused_until_at(now).saturating_sub(now).max(1)),
         )
     }
 
@@ -101,6 +124,7 @@ impl Entry {
         self.fetching.is_none()
             && (self.units == 0 || now >= self.expires)
             && now >= self.refused_until
+            && now >= self.dry_until
             && self.owed == 0
     }
 }
@@ -131,7 +155,9 @@ pub(crate) struct Slot<'t> {
 impl Slot<'_> {
     /// The entry (present: [`Table::lock`] made sure).
     pub(crate) fn entry(&mut self) -> &mut Entry {
-        self.guard.get_mut(&self.key).expect("locked slots hold their entry")
+        self.guard
+            .get_mut(&self.key)
+            .expect("locked slots hold their entry")
     }
 }
 

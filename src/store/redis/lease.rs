@@ -35,8 +35,10 @@ pub(crate) struct LeaseRequest<'k, 'a> {
     pub(crate) key: &'k Key<'a>,
     /// The most units to lease.
     pub(crate) want: u64,
-    /// The fewest worth leasing.
+    /// The fewest worth leasing (the request's cost).
     pub(crate) min: u64,
+    /// On a refusal, how many units to wait for (at least `min`).
+    pub(crate) wait: u64,
     /// Unused units of an earlier lease, given back first.
     pub(crate) give: u64,
     /// When (Redis time, µs) the units given back were leased.
@@ -78,6 +80,17 @@ impl RedisStore {
         Some(script)
     }
 
+    /// How long a check waits for Redis: the timeout, or the connect timeout until Redis has
+    /// answered once.
+    pub(crate) fn wait_timeout(&self) -> Duration {
+        let inner = &self.inner;
+        if inner.connected.load(Ordering::Relaxed) {
+            inner.timeout
+        } else {
+            inner.timeout.max(inner.connect_timeout)
+        }
+    }
+
     /// The name of limit `limit`.
     pub(crate) fn name_of(&self, limit: usize) -> Option<crate::decision::PolicyName> {
         self.inner.limits.get(limit).map(|l| l.name)
@@ -89,17 +102,19 @@ impl RedisStore {
     }
 
     /// Leases units of one key: `Ok(None)` when the key is written at a plan's quota (check it
-    /// plainly). Goes through the node's circuit breaker (open: fails at once) and the timeout,
-    /// and counts failures as a check does.
+    /// plainly). Goes through the node's circuit breaker (open: fails at once), fails after
+    /// `deadline` (or the store's timeout, if longer), and counts failures as a check does.
     pub(crate) async fn lease(
         &self,
         script: &LeaseScript,
         req: LeaseRequest<'_, '_>,
+        deadline: Duration,
     ) -> Result<Option<LeaseReply>, StoreError> {
         let inner = &self.inner;
-        let info = inner.limits.get(req.limit).ok_or_else(|| {
-            StoreError::new(StoreErrorKind::Other, "lease for an unknown limit")
-        })?;
+        let info = inner
+            .limits
+            .get(req.limit)
+            .ok_or_else(|| StoreError::new(StoreErrorKind::Other, "lease for an unknown limit"))?;
         let enc = inner
             .keys
             .encode(info.short, &info.name_enc, req.key, &mut Vec::new());
@@ -117,11 +132,7 @@ impl RedisStore {
             ));
         }
         let now = inner.clock.as_ref().map(|c| unix_micros(&**c));
-        let timeout = if inner.connected.load(Ordering::Relaxed) {
-            inner.timeout
-        } else {
-            inner.timeout.max(inner.connect_timeout)
-        };
+        let timeout = self.wait_timeout().max(deadline);
         let result = match inner.handle() {
             Err(e) => Err(e),
             Ok(handle) => {
@@ -195,7 +206,11 @@ async fn send(
             .arg(key)
             .arg(req.limit)
             .arg(req.want)
-            .arg(req.min)
+            .arg(if req.wait > req.min {
+                format!("{}:{}", req.min, req.wait)
+            } else {
+                req.min.to_string()
+            })
             .arg(req.give)
             .arg(req.given_at)
             .arg(req.owed);

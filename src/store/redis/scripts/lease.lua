@@ -4,8 +4,10 @@
 -- KEYS[1]  the limit's state key (the same key a plain check of this store uses).
 -- ARGV[1]  the limit's index in the store's configuration.
 -- ARGV[2]  want: the most units to lease.
--- ARGV[3]  min: the fewest units worth leasing (the cost of the request that asks); fewer
---          available grants nothing and reports when `min` will fit.
+-- ARGV[3]  min: the fewest units worth leasing (the cost of the request that asks), and how
+--          many a refusal waits for: "min" or "min:wait". When fewer than `min` are available
+--          nothing is granted and the reply says when `wait` (at least `min`) will fit, so a hot
+--          key refused on many instances does not poll Redis unit by unit.
 -- ARGV[4]  give: units of an earlier lease given back (not used), charged at ARGV[5] (µs); they
 --          are refunded by the algorithm's refund (never leaving the key fuller than a key that
 --          never saw the lease) before anything is leased.
@@ -15,13 +17,19 @@
 --
 -- Leasing `n` units is a check of cost `n` at one instant: `decide(now, 0)` says how many fit,
 -- `apply` charges them. Returns one string of little-endian 64-bit integers: now, granted,
--- remaining (after the grant), reset (µs), retry (µs until `min` fits; -1 when `min` exceeds the
+-- remaining (after the grant), reset (µs), retry (µs until `wait` fits; -1 when `min` exceeds the
 -- capacity; 0 when granted), corrupt (1 when the key held something unreadable and was reset).
 -- A key written at a plan's quota (marked) is not leased: granted = -2, and the caller checks
 -- it plainly.
 local lim = tonumber(ARGV[1])
 local want = tonumber(ARGV[2])
-local min = tonumber(ARGV[3])
+local min, wait = string.match(ARGV[3], '^(%d+):?(%d*)$')
+min = tonumber(min)
+if wait == '' then
+  wait = min
+else
+  wait = tonumber(wait)
+end
 local give = tonumber(ARGV[4])
 local given_at = tonumber(ARGV[5])
 local owed = tonumber(ARGV[6])
@@ -65,6 +73,12 @@ if grant >= min and grant > 0 then
   end
 end
 local _, remaining, reset, retry = decide(now, min, p1, p2, p3, s1, s2, s3)
+if retry ~= -1 and wait > min then
+  local _, _, _, later = decide(now, wait, p1, p2, p3, s1, s2, s3)
+  if later ~= -1 and later > retry then
+    retry = later
+  end
+end
 if retry == 0 then
   retry = 1
 end
