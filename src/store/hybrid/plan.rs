@@ -65,11 +65,14 @@ impl LeasePlan {
         }
     }
 
-    /// Buckets: how long after a lease that left `remaining` units in Redis the key certainly
-    /// cannot hold `wait` units (others only take; refunds aside), so asking earlier is
-    /// pointless; `None` for windows.
-    pub(crate) fn dry_for(&self, remaining: u64, wait: u64) -> Option<u64> {
+    /// Buckets: after a lease that left fewer than `cost` units in Redis, how long until it can
+    /// hold `wait` units (others only take; refunds aside): asking earlier is pointless. `None`
+    /// when the lease left enough for a request, and for windows.
+    pub(crate) fn dry_for(&self, remaining: u64, cost: u64, wait: u64) -> Option<u64> {
         let unit = self.unit_micros?;
+        if remaining >= cost {
+            return None;
+        }
         let missing = wait.checked_sub(remaining).filter(|m| *m > 0)?;
         Some(missing.saturating_mul(unit).min(self.ttl))
     }
@@ -168,11 +171,11 @@ mod tests {
             Quota::per_second(10).burst(100),
             0.25,
         );
-        assert_eq!(p.dry_for(0, 10), Some(1_000_000));
-        assert_eq!(p.dry_for(4, 10), Some(600_000));
-        assert_eq!(p.dry_for(10, 10), None);
+        assert_eq!(p.dry_for(0, 1, 10), Some(1_000_000));
+        assert_eq!(p.dry_for(2, 3, 10), Some(800_000));
+        assert_eq!(p.dry_for(4, 1, 10), None, "what is left is leased");
         let w = plan(AlgorithmKind::FixedWindow, Quota::per_second(100), 0.5);
-        assert_eq!(w.dry_for(0, 10), None, "windows: not estimated");
+        assert_eq!(w.dry_for(0, 1, 10), None, "windows: not estimated");
     }
 
     #[test]

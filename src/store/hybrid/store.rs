@@ -568,7 +568,7 @@ impl LeaseJob {
                     e.shared_remaining = d.remaining();
                     e.refused_until = 0;
                     e.dry_until = plan
-                        .dry_for(d.remaining(), wait)
+                        .dry_for(d.remaining(), self.cost, wait)
                         .map_or(0, |dry| now.saturating_add(dry));
                     Ok(())
                 } else if d.is_impossible() {
