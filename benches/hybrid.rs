@@ -108,8 +108,12 @@ async fn drive<S: Store + Clone>(
     let start = Instant::now();
     let mut tasks = Vec::new();
     for t in 0..concurrency {
-        let (store, stop, admitted, errors) =
-            (store.clone(), stop.clone(), admitted.clone(), errors.clone());
+        let (store, stop, admitted, errors) = (
+            store.clone(),
+            stop.clone(),
+            admitted.clone(),
+            errors.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             let mut lat = Vec::with_capacity(1 << 16);
             let mut x = (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -171,8 +175,26 @@ async fn drive<S: Store + Clone>(
 fn redis_benchmark(server: &support::RedisServer, sha: &str) -> f64 {
     let out = Command::new("redis-benchmark")
         .args(["-h", "127.0.0.1", "-p", &server.port().to_string()])
-        .args(["-c", "50", "-n", "300000", "-P", "16", "-r", &KEYS.to_string()])
-        .args(["--csv", "EVALSHA", sha, "1", "rl:__rand_int__", "100000", "1000", "1"])
+        .args([
+            "-c",
+            "50",
+            "-n",
+            "300000",
+            "-P",
+            "16",
+            "-r",
+            &KEYS.to_string(),
+        ])
+        .args([
+            "--csv",
+            "EVALSHA",
+            sha,
+            "1",
+            "rl:__rand_int__",
+            "100000",
+            "1000",
+            "1",
+        ])
         .output()
         .expect("run redis-benchmark (Debian package redis-tools / redis-server)");
     let text = String::from_utf8_lossy(&out.stdout);
@@ -239,9 +261,13 @@ fn main() {
             });
             plain.push(rt.block_on(drive(&server, store, c)));
             let store = rt.block_on(async {
-                HybridBackend::new(RedisBackend::new(url.clone()).prefix(prefix()).timeout(TIMEOUT))
-                    .build(&limits())
-                    .unwrap()
+                HybridBackend::new(
+                    RedisBackend::new(url.clone())
+                        .prefix(prefix())
+                        .timeout(TIMEOUT),
+                )
+                .build(&limits())
+                .unwrap()
             });
             let h = rt.block_on(drive(&server, store, c));
             over = over.max(h.admitted.saturating_sub(h.fair));
@@ -255,7 +281,9 @@ fn main() {
         plain_points.push((c, p));
         hybrid_points.push((c, h));
     }
-    println!("largest over-admission of any hybrid run: {over} (bound: 0 from each key's first request)");
+    println!(
+        "largest over-admission of any hybrid run: {over} (bound: 0 from each key's first request)"
+    );
 
     let mut section = report::Section::new(
         "hybrid",
@@ -300,11 +328,17 @@ fn main() {
     .log_x();
     plot.series(
         "plain Redis store",
-        plain_points.iter().map(|(c, p)| (*c as f64, p.per_sec)).collect(),
+        plain_points
+            .iter()
+            .map(|(c, p)| (*c as f64, p.per_sec))
+            .collect(),
     );
     plot.series(
         "hybrid store",
-        hybrid_points.iter().map(|(c, p)| (*c as f64, p.per_sec)).collect(),
+        hybrid_points
+            .iter()
+            .map(|(c, p)| (*c as f64, p.per_sec))
+            .collect(),
     );
     plot.series(
         "redis-benchmark -P 16 ceiling",

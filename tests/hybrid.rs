@@ -112,7 +112,9 @@ async fn eight_instances_never_admit_more_than_the_capacity_and_give_back_what_t
         clock.set_micros(3_600_000_000);
         let p = prefix("hybrid-8");
         let limits = [spec("shared", slow(kind), kind, closed())];
-        let stores: Vec<_> = (0..8).map(|_| hybrid(&server.url(), &p, &clock, &limits)).collect();
+        let stores: Vec<_> = (0..8)
+            .map(|_| hybrid(&server.url(), &p, &clock, &limits))
+            .collect();
         let (max_units, ttl) = stores[0].lease_bounds(0).unwrap_or((0, 0));
         let first = hammer(&stores, "hot", 40).await;
         let admitted: u64 = first.iter().sum();
@@ -143,7 +145,11 @@ async fn eight_instances_never_admit_more_than_the_capacity_and_give_back_what_t
             "{kind}: {total} admitted in all after the leases were given back"
         );
         if kind == AlgorithmKind::SlidingLog {
-            assert_eq!(stores[0].lease_bounds(0), None, "the sliding log never leases");
+            assert_eq!(
+                stores[0].lease_bounds(0),
+                None,
+                "the sliding log never leases"
+            );
             assert_eq!(stores[0].stats().local_allowed(), 0);
         } else {
             let local: u64 = stores.iter().map(|s| s.stats().local_allowed()).sum();
@@ -177,7 +183,10 @@ async fn cold_keys_check_plainly_and_a_hot_key_costs_a_few_calls() {
     for _ in 0..1_000 {
         admitted += u64::from(allow(&store, "hot").await);
     }
-    assert_eq!(admitted, CAPACITY, "one instance admits exactly the capacity");
+    assert_eq!(
+        admitted, CAPACITY,
+        "one instance admits exactly the capacity"
+    );
     let calls = script_calls(&server) - before;
     // Cold (1), then leases of at most 25 (4 or 5), then one refusal; the other ~900
     // refusals are remembered locally.
@@ -214,7 +223,10 @@ async fn a_refused_key_is_refused_locally_until_its_retry_after() {
     let retry = refusal.retry_after().unwrap();
     // The staleness bound: a refused key asks again at most one lease lifetime later.
     assert!(retry <= Duration::from_micros(ttl), "{retry:?}");
-    assert!(retry >= Duration::from_millis(100), "waits for more than one unit");
+    assert!(
+        retry >= Duration::from_millis(100),
+        "waits for more than one unit"
+    );
     assert_eq!(refusal.limit(), 100);
     assert_eq!(refusal.remaining(), 0);
 
@@ -236,7 +248,11 @@ async fn a_refused_key_is_refused_locally_until_its_retry_after() {
     clock.advance(Duration::from_millis(1));
     let d = decide(&store, &checks).await.unwrap().as_slice()[0];
     assert!(d.allowed(), "what refilled meanwhile is leased: {d:?}");
-    assert_eq!(script_calls(&server), before + 1, "one call per retry interval");
+    assert_eq!(
+        script_calls(&server),
+        before + 1,
+        "one call per retry interval"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -248,7 +264,9 @@ async fn four_instances_stay_within_the_bound_as_the_bucket_refills() {
     let quota = Quota::per_second(10).burst(100);
     let p = prefix("hybrid-refill");
     let limits = [spec("ip", quota, kind, closed())];
-    let stores: Vec<_> = (0..4).map(|_| hybrid(&server.url(), &p, &clock, &limits)).collect();
+    let stores: Vec<_> = (0..4)
+        .map(|_| hybrid(&server.url(), &p, &clock, &limits))
+        .collect();
     let (max_units, ttl) = stores[0].lease_bounds(0).unwrap();
     let before = script_calls(&server);
     let step = Duration::from_millis(10);
@@ -279,7 +297,10 @@ async fn four_instances_stay_within_the_bound_as_the_bucket_refills() {
     // lifetime (units leased up to a lifetime ago may be spent now).
     for w in per_step.windows(100) {
         let n: u64 = w.iter().sum();
-        assert!(n <= CAPACITY + 10 + 10 * ttl / 1_000_000, "{n} in one second");
+        assert!(
+            n <= CAPACITY + 10 + 10 * ttl / 1_000_000,
+            "{n} in one second"
+        );
     }
     let calls = script_calls(&server) - before;
     eprintln!(

@@ -33,7 +33,8 @@ impl Table {
     /// Appends a row (one cell per column).
     pub fn row<S: ToString>(&mut self, cells: &[S]) -> &mut Self {
         assert_eq!(cells.len(), self.columns.len(), "one cell per column");
-        self.rows.push(cells.iter().map(|c| c.to_string()).collect());
+        self.rows
+            .push(cells.iter().map(|c| c.to_string()).collect());
         self
     }
 
@@ -176,7 +177,9 @@ impl Section {
         let ratios: Vec<Value> = self
             .ratios
             .iter()
-            .map(|r| json!({ "what": r.what, "case": r.case, "ratio": r.ratio, "target": r.target }))
+            .map(
+                |r| json!({ "what": r.what, "case": r.case, "ratio": r.ratio, "target": r.target }),
+            )
             .collect();
         let value = json!({
             "name": self.name,
