@@ -139,7 +139,7 @@ async fn drive<S: Store + Clone>(
                         errors.fetch_add(1, Ordering::Relaxed);
                     }
                 }
-                if x % 64 == 0 {
+                if x.is_multiple_of(64) {
                     tokio::task::yield_now().await;
                 }
             }

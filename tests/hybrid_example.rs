@@ -68,7 +68,7 @@ fn start(bin: &PathBuf, port: u16, redis_url: &str) -> Instance {
     // Keep draining its output: a closed pipe would kill it at its next line.
     std::thread::spawn(move || {
         let mut sink = String::new();
-        while reader.read_line(&mut sink).map_or(false, |n| n > 0) {
+        while reader.read_line(&mut sink).is_ok_and(|n| n > 0) {
             sink.clear();
         }
     });
@@ -152,9 +152,10 @@ async fn four_example_processes_share_one_limit_with_few_redis_calls() {
         "4 processes, 1000 requests in {elapsed:?}: {admitted} admitted (+1 warm-up), {refused} refused, {calls} script calls (fair: at most {fair})"
     );
     assert_eq!(admitted + refused, 1_000);
+    let with_warm_up = admitted + 1;
     assert!(
-        admitted + 1 <= fair,
-        "over-admitted: {admitted} + 1 > {fair}"
+        with_warm_up <= fair,
+        "over-admitted: {with_warm_up} > {fair}"
     );
     // Under-admission: at most the 4 instances' leases (25 each) and a refusal's wait.
     assert!(admitted + 1 + 4 * 25 + 10 >= 100, "{admitted}");

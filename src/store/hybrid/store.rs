@@ -114,7 +114,9 @@ fn pending(
     Checked::Pending(HybridFuture { inner: Box::pin(f) })
 }
 
-/// What the local tier could do with a request.
+/// What the local tier could do with a request. (`Decided` is inline on purpose: it is the hot
+/// path, and boxing it would allocate per request.)
+#[allow(clippy::large_enum_variant)]
 enum Local {
     Decided(Decisions),
     /// Some limit needs a lease.
