@@ -169,13 +169,15 @@ async fn cold_keys_check_plainly_and_a_hot_key_costs_a_few_calls() {
         &clock,
         &[spec("shared", slow(kind), kind, closed())],
     );
+    // The first call may find the lease script not loaded yet (NOSCRIPT, then EVAL).
+    assert!(allow(&store, "warm-up").await);
     let before = script_calls(&server);
     for i in 0..200 {
         assert!(allow(&store, &format!("cold-{i}")).await);
     }
     let stats = store.stats();
-    assert_eq!(stats.leases(), 200, "one call per cold key");
-    assert_eq!(stats.leased_units(), 200, "a cold key leases its cost only");
+    assert_eq!(stats.leases(), 201, "one call per cold key");
+    assert_eq!(stats.leased_units(), 201, "a cold key leases its cost only");
     assert_eq!(script_calls(&server) - before, 200);
 
     let before = script_calls(&server);
@@ -484,4 +486,157 @@ fn the_knob_is_validated_with_the_field_and_the_fix() {
         .max_lease(1.0)
         .build(&limits)
         .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_the_layer_headers_count_down_and_refusals_say_when() {
+    use http::{Request, Response, StatusCode};
+    use tollgate::key::GlobalKey;
+    use tollgate::{Limit, RateLimitLayer};
+    use tower::{service_fn, ServiceBuilder, ServiceExt};
+
+    let server = support::RedisServer::start();
+    let clock = ManualClock::new();
+    let layer = RateLimitLayer::builder()
+        .limit(
+            Limit::new("global", Quota::per_day(1).burst(20))
+                .key(GlobalKey)
+                .on_store_error(closed()),
+        )
+        .backend(
+            HybridBackend::new(redis(&server.url(), &prefix("hybrid-layer"), &clock))
+                .clock(clock.clone()),
+        )
+        .build()
+        .unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(service_fn(|_: Request<()>| async {
+            Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+        }));
+    let mut last = u64::MAX;
+    let mut ok = 0;
+    for _ in 0..30 {
+        let res = svc.clone().oneshot(Request::new(())).await.unwrap();
+        let h = res.headers();
+        assert_eq!(h["x-ratelimit-limit"], "20");
+        let remaining: u64 = h["x-ratelimit-remaining"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        if res.status() == StatusCode::OK {
+            ok += 1;
+            assert!(
+                remaining < last,
+                "remaining counts down: {remaining} after {last}"
+            );
+            assert_eq!(remaining, 20 - ok, "one instance: exact");
+            last = remaining;
+        } else {
+            assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(remaining, 0);
+            assert!(h.contains_key("retry-after"));
+        }
+    }
+    assert_eq!(ok, 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_goes_back_into_the_lease_it_came_from() {
+    use tollgate::store::{Checked, Store};
+
+    let server = support::RedisServer::start();
+    let clock = ManualClock::new();
+    let kind = AlgorithmKind::TokenBucket;
+    let store = hybrid(
+        &server.url(),
+        &prefix("hybrid-refund"),
+        &clock,
+        &[spec("shared", Quota::per_day(1).burst(10), kind, closed())],
+    );
+    let checks = [LimitCheck::new(0, Key::string("k"), 1)];
+    let mut admitted = 0;
+    let mut refunded = 0;
+    for i in 0..40 {
+        let d = decide(&store, &checks).await.unwrap();
+        if d.allowed() {
+            admitted += 1;
+            // Every other admission is refunded (charge by outcome).
+            if i % 2 == 0 {
+                let at = d.decided_at().expect("a lease time to refund against");
+                let r = match store.refund(&checks, at) {
+                    Checked::Ready(r) => r,
+                    Checked::Pending(f) => f.await,
+                };
+                r.unwrap();
+                refunded += 1;
+            }
+        }
+    }
+    // The refunded units were admitted again; nothing was created.
+    assert!(
+        admitted - refunded <= 10,
+        "{admitted} admitted, {refunded} refunded"
+    );
+    assert!(
+        admitted - refunded >= 9,
+        "{admitted} admitted, {refunded} refunded"
+    );
+    assert!(refunded >= 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_redis_is_decided_by_the_local_share_and_resumes_without_a_burst() {
+    let server = support::RedisServer::start();
+    let clock = ManualClock::new();
+    let kind = AlgorithmKind::TokenBucket;
+    let limits = [spec(
+        "shared",
+        Quota::per_day(1).burst(40),
+        kind,
+        FailurePolicy::Local { share: 0.5 },
+    )];
+    let store = HybridBackend::new(
+        RedisBackend::new(server.url())
+            .prefix(prefix("hybrid-pause"))
+            .clock(clock.clone())
+            .timeout(Duration::from_millis(50))
+            .breaker_threshold(2)
+            .probe_interval(Duration::from_millis(20)),
+    )
+    .clock(clock.clone())
+    .build(&limits)
+    .unwrap();
+    let (_, ttl) = store.lease_bounds(0).unwrap();
+    assert!(allow(&store, "k").await, "a cold key: one plain lease");
+    clock.advance(Duration::from_micros(ttl + 1));
+    server.pause();
+    let mut during = 0;
+    for _ in 0..40 {
+        during += u64::from(allow(&store, "k").await);
+    }
+    // The local share holds half the capacity: 20.
+    assert!(during <= 20, "{during} admitted while Redis was paused");
+    assert!(during >= 19, "the local share decided: {during}");
+    server.resume();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while store.redis().stats().breaker_open() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    clock.advance(Duration::from_micros(ttl + 1));
+    let leases = store.stats().leases();
+    let mut after = 0;
+    for _ in 0..100 {
+        after += u64::from(allow(&store, "k").await);
+    }
+    // Redis kept its state (1 spent) and is charged the share's admissions: what is left is at
+    // most 40 - 1 - 20. The leases sent while Redis was paused ran when it resumed, after
+    // their callers had given up: their units stay spent (under-admission, never more).
+    assert!(
+        1 + during + after <= 40,
+        "1 + {during} + {after} admitted: more than the capacity"
+    );
+    assert!(store.stats().leases() > leases, "Redis decides again");
+    eprintln!("paused: {during} admitted by the local share, {after} after resuming");
 }
