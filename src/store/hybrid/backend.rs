@@ -122,6 +122,9 @@ impl Backend for HybridBackend {
         self.validate()?;
         let redis = self.redis.build(limits)?;
         let script = redis.lease_script();
+        if script.is_none() {
+            tracing::warn!("the Redis store's script has an unexpected layout; the hybrid store checks every request in Redis");
+        }
         Ok(HybridStore::from_inner(Inner {
             plans: limits
                 .iter()

@@ -298,3 +298,32 @@ fn parse(inner: &Arc<Inner>, limit: usize, r: &[i64]) -> Result<Option<LeaseRepl
         decision,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::algorithm::AlgorithmKind;
+    use crate::store::redis::RedisBackend;
+    use crate::store::{Backend, FailurePolicy, LimitSpec};
+    use crate::{PolicyName, Quota};
+
+    #[test]
+    fn every_store_script_has_a_lease_variant() {
+        // The lease script replaces the check driver at the end of the store's script; if the
+        // script's layout changes, the hybrid store would check everything plainly.
+        let limits: Vec<LimitSpec> = AlgorithmKind::ALL
+            .into_iter()
+            .enumerate()
+            .map(|(i, k)| {
+                LimitSpec::new(PolicyName::new(format!("l{i}")), Quota::per_minute(60), k)
+                    .on_store_error(FailurePolicy::Open)
+            })
+            .collect();
+        let store = RedisBackend::new("redis://127.0.0.1:1")
+            .build(&limits)
+            .unwrap();
+        let script = store.lease_script().expect("a lease script");
+        assert!(script.code.ends_with(super::LEASE));
+        assert!(!script.code.contains("local refund = ARGV[1] == 'r'"));
+        assert_eq!(script.sha.len(), 40);
+    }
+}
