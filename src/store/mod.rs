@@ -14,6 +14,8 @@ use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::quota::Quota;
 
+#[cfg(feature = "redis")]
+pub mod hybrid;
 pub mod memory;
 mod plan_quota;
 #[cfg(feature = "redis")]

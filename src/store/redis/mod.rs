@@ -214,6 +214,8 @@ mod store;
 pub use stats::RedisStats;
 pub use store::{RedisFuture, RedisStore};
 
+pub(crate) use store::lease::{LeaseRequest, LeaseScript};
+
 use conn::Target;
 use script::LuaScript;
 

@@ -25,6 +25,10 @@ use crate::store::{
     Checked, Decisions, FailurePolicy, LimitCheck, LimitSpec, PlanQuota, Store, MAX_LIMITS,
 };
 
+// Leases for the hybrid store: a child module, so it uses the connection handling below as is.
+#[path = "lease.rs"]
+pub(crate) mod lease;
+
 type BoxFuture = Pin<Box<dyn Future<Output = Result<Decisions, StoreError>> + Send + 'static>>;
 
 /// Limits decided by Redis, shared by every clone of a [`RedisStore`]. Built by

@@ -1,0 +1,91 @@
+-- tollgate: the lease driver of the hybrid store (src/store/hybrid). Replaces driver.lua after
+-- the prelude, the algorithms and LIMIT, so a lease runs exactly the functions a check runs.
+--
+-- KEYS[1]  the limit's state key (the same key a plain check of this store uses).
+-- ARGV[1]  the limit's index in the store's configuration.
+-- ARGV[2]  want: the most units to lease.
+-- ARGV[3]  min: the fewest units worth leasing (the cost of the request that asks), and how
+--          many a refusal waits for: "min" or "min:wait". When fewer than `min` are available
+--          nothing is granted and the reply says when `wait` (at least `min`) will fit, so a hot
+--          key refused on many instances does not poll Redis unit by unit.
+-- ARGV[4]  give: units of an earlier lease given back (not used), charged at ARGV[5] (µs); they
+--          are refunded by the algorithm's refund (never leaving the key fuller than a key that
+--          never saw the lease) before anything is leased.
+-- ARGV[6]  owed: units admitted locally while Redis could not be reached; charged first (as far
+--          as they fit), so a recovering instance does not find a refilled budget.
+-- ARGV[7]  '' for the server's TIME, else the time in µs (a store with an explicit clock).
+--
+-- Leasing `n` units is a check of cost `n` at one instant: `decide(now, 0)` says how many fit,
+-- `apply` charges them. Returns one string of little-endian 64-bit integers: now, granted,
+-- remaining (after the grant), reset (µs), retry (µs until `wait` fits; -1 when `min` exceeds the
+-- capacity; 0 when granted), corrupt (1 when the key held something unreadable and was reset).
+-- A key written at a plan's quota (marked) is not leased: granted = -2, and the caller checks
+-- it plainly.
+local lim = tonumber(ARGV[1])
+local want = tonumber(ARGV[2])
+local min, wait = string.match(ARGV[3], '^(%d+):?(%d*)$')
+min = tonumber(min)
+if wait == '' then
+  wait = min
+else
+  wait = tonumber(wait)
+end
+local give = tonumber(ARGV[4])
+local given_at = tonumber(ARGV[5])
+local owed = tonumber(ARGV[6])
+local now
+if ARGV[7] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[7])
+end
+local key = KEYS[1]
+local load, decide, apply, give_back, _, ttl, p1, p2, p3 = LIMIT(lim)
+local corrupt, s1, s2, s3, o1 = load(key)
+if o1 then
+  return struct.pack('<i8i8i8i8i8i8', now, -2, 0, 0, 0, 0)
+end
+if give > 0 then
+  s1, s2, s3 = give_back(key, ttl, given_at, now, give, p1, p2, p3, s1, s2, s3)
+end
+if owed > 0 then
+  local _, avail = decide(now, 0, p1, p2, p3, s1, s2, s3)
+  if owed > avail then
+    owed = avail
+  end
+  if owed > 0 then
+    apply(key, ttl, now, owed, p1, p2, p3, s1, s2, s3)
+    local _
+    _, s1, s2, s3 = load(key)
+  end
+end
+local _, avail = decide(now, 0, p1, p2, p3, s1, s2, s3)
+local grant = want
+if grant > avail then
+  grant = avail
+end
+if grant >= min and grant > 0 then
+  local ok, remaining, reset = decide(now, grant, p1, p2, p3, s1, s2, s3)
+  if ok then
+    apply(key, ttl, now, grant, p1, p2, p3, s1, s2, s3)
+    return struct.pack('<i8i8i8i8i8i8', now, grant, remaining, reset, 0, corrupt and 1 or 0)
+  end
+end
+local _, remaining, reset, retry = decide(now, min, p1, p2, p3, s1, s2, s3)
+if retry ~= -1 and wait > min then
+  local _, _, _, later = decide(now, wait, p1, p2, p3, s1, s2, s3)
+  if later ~= -1 and later > retry then
+    retry = later
+  end
+end
+if retry == 0 then
+  retry = 1
+end
+if reset > MAX_EXACT then
+  reset = MAX_EXACT
+end
+if retry > MAX_EXACT then
+  retry = MAX_EXACT
+end
+return struct.pack('<i8i8i8i8i8i8', now, 0, remaining, reset, retry, corrupt and 1 or 0)
