@@ -445,6 +445,10 @@ pub(crate) fn reserve<St: Store, ReqBody>(
     decisions: &Decisions,
 ) -> Result<Reservation, Response<RejectionBody>> {
     let (decision, quota) = shaped;
+    // The reservation's place in the schedule is its turn, `delay` after the decision: a
+    // request dropped before its turn gives back its whole place, however long it waited
+    // (refunded at the decision time, a wait longer than one interval would read as refilled).
+    let at = at.map(|at| at.saturating_add(u64::try_from(delay.as_micros()).unwrap_or(u64::MAX)));
     let Some(slot) = waiting.enter() else {
         give_back(snapshot, &checks, at);
         tracing::debug!(policy = %decision.policy(), delay_ms = delay.as_millis() as u64, "too many requests waiting in this layer; shaped request refused");
