@@ -437,3 +437,33 @@ async fn a_request_dropped_after_waiting_a_while_still_gives_its_place_back() {
     }
     assert_eq!(delays, [None, Some(100), Some(300), Some(150)]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_request_refused_by_the_layer_bound_is_not_charged_to_the_other_limits() {
+    let layer = RateLimitLayer::builder()
+        .backend(MemoryBackend::new().clock(TokioClock::new()))
+        .limit(smooth().shape(Duration::from_secs(1)))
+        .limit(
+            Limit::new("hourly", Quota::per_hour(3))
+                .algorithm(AlgorithmKind::Gcra)
+                .key(GlobalKey),
+        )
+        .max_waiting(1)
+        .build()
+        .unwrap();
+    let svc = service(layer, Seen::default());
+    assert_eq!(
+        svc.clone().oneshot(req("a1")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let waiting = tokio::spawn(svc.clone().oneshot(req("a2"))); // the one place
+    tokio::task::yield_now().await;
+    // a3 would wait, but no place is free: refused, so it must not spend the hourly quota.
+    let refused = svc.clone().oneshot(req("a3")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(waiting.await.unwrap().unwrap().status(), StatusCode::OK);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Two of the three served so far: the third fits.
+    let third = svc.clone().oneshot(req("a4")).await.unwrap();
+    assert_eq!(third.status(), StatusCode::OK, "{:?}", third.headers());
+}
