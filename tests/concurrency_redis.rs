@@ -238,3 +238,26 @@ fn redis_slots_refuse_a_queue_and_a_tiny_lease() {
         .unwrap_err();
     assert_eq!(err.field(), "lease");
 }
+
+#[tokio::test]
+async fn a_request_dropped_while_its_lease_is_taken_gives_the_lease_back() {
+    let server = RedisServer::start();
+    let svc = instance(&server, 1, Duration::from_secs(30));
+    let zcard = || server.cmd::<i64>(&["ZCARD", &set_key("t")]);
+    // Warm: the connection is up and the script loaded.
+    let res = svc.clone().oneshot(req("t")).await.unwrap();
+    res.into_body().collect().await.unwrap();
+    eventually("the warm-up slot is given back", || zcard() == 0).await;
+    // Redis stops answering with the acquire script sent; the request's client gives up.
+    server.pause();
+    let dropped = tokio::time::timeout(Duration::from_millis(200), svc.clone().oneshot(req("t")));
+    assert!(
+        dropped.await.is_err(),
+        "the call was still waiting for Redis"
+    );
+    // Redis resumes and runs the script: the lease it takes belongs to nobody.
+    server.resume();
+    eventually("the orphaned lease is given back", || zcard() == 0).await;
+    let res = svc.clone().oneshot(req("t")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+}

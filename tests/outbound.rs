@@ -691,3 +691,33 @@ async fn a_closure_key_shares_one_schedule_across_hosts() {
         "keyed by the closure only"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn no_retry_whose_slot_is_past_the_deadline() {
+    // One call a second: after the refusal at 0 s the next slot is 1 s away, past the 500 ms
+    // deadline, though the backoff (at most 50 ms) is not. The refusal is returned at once
+    // rather than sent again after the deadline.
+    let (addr, seen) = scripted(|n| match n {
+        0 => status(429, &[]),
+        _ => status(200, &[]),
+    })
+    .await;
+    let layer = OutboundLayer::builder()
+        .quota(Quota::per_second(1).burst(1))
+        .backoff(Backoff::exponential(Duration::from_millis(50)))
+        .retry_deadline(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let mut client = ServiceBuilder::new().layer(layer).service(http());
+    let started = Instant::now();
+    let (s, info) = drain(send(&mut client, get(addr)).await).await;
+    assert_eq!(seen.count(), 1, "no attempt after the deadline");
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(info.unwrap().attempts(), 1);
+    assert!(started.elapsed() < Duration::from_millis(500));
+    // Its slot was given back: the next call goes at 1 s, not 2 s.
+    let (s, _) = drain(send(&mut client, get(addr)).await).await;
+    assert_eq!(s, StatusCode::OK);
+    let gap = seen.times()[1] - seen.times()[0];
+    assert!(gap < Duration::from_millis(1_100), "{gap:?}");
+}

@@ -398,3 +398,72 @@ async fn a_request_that_costs_nothing_never_waits() {
     assert_eq!(start.elapsed(), Duration::ZERO);
     assert!(res.extensions().get::<ShapedDelay>().is_none());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_request_dropped_after_waiting_a_while_still_gives_its_place_back() {
+    let seen = Seen::default();
+    let mut svc = service(
+        layer(smooth().shape(Duration::from_secs(1)), 100),
+        seen.clone(),
+    );
+    let mut call = |id: &str| {
+        let f = svc.call(req(id));
+        tokio::spawn(f)
+    };
+    let first = call("a1");
+    let second = call("a2"); // waits 100 ms
+    let third = call("a3"); // waits 200 ms
+    let fourth = call("a4"); // waits 300 ms
+                             // Its client gives up 150 ms into its 200 ms wait: its place (200 ms) is still ahead.
+    tokio::time::sleep(150 * MS).await;
+    third.abort();
+    let _ = third.await;
+    // As when dropped at once: the next request is not pushed behind the lost place
+    // (slot 400 ms, a wait of 250 ms) but takes the time it freed (a wait of 150 ms).
+    let mut call = |id: &str| {
+        let f = svc.call(req(id));
+        tokio::spawn(f)
+    };
+    let fifth = call("a5");
+    let mut delays = Vec::new();
+    for c in [first, second, fourth, fifth] {
+        let res = c.await.unwrap().unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        delays.push(
+            res.extensions()
+                .get::<ShapedDelay>()
+                .map(|d| d.get().as_millis()),
+        );
+    }
+    assert_eq!(delays, [None, Some(100), Some(300), Some(150)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_refused_by_the_layer_bound_is_not_charged_to_the_other_limits() {
+    let layer = RateLimitLayer::builder()
+        .backend(MemoryBackend::new().clock(TokioClock::new()))
+        .limit(smooth().shape(Duration::from_secs(1)))
+        .limit(
+            Limit::new("hourly", Quota::per_hour(3))
+                .algorithm(AlgorithmKind::Gcra)
+                .key(GlobalKey),
+        )
+        .max_waiting(1)
+        .build()
+        .unwrap();
+    let svc = service(layer, Seen::default());
+    assert_eq!(
+        svc.clone().oneshot(req("a1")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let waiting = tokio::spawn(svc.clone().oneshot(req("a2"))); // the one place
+    tokio::task::yield_now().await;
+    // a3 would wait, but no place is free: refused, so it must not spend the hourly quota.
+    let refused = svc.clone().oneshot(req("a3")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(waiting.await.unwrap().unwrap().status(), StatusCode::OK);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Two of the three served so far: the third fits.
+    let third = svc.clone().oneshot(req("a4")).await.unwrap();
+    assert_eq!(third.status(), StatusCode::OK, "{:?}", third.headers());
+}

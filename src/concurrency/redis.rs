@@ -236,24 +236,31 @@ impl RedisTable {
         Box::pin(async move {
             table.start();
             let mut conn = table.conn().await?;
+            // From the moment the script is sent, Redis may take the lease whatever becomes of
+            // this call: dropped while it waits (the client left) or failed (a reply that timed
+            // out), the lease is given back, by a ZREM sent after the script on the same
+            // connection (a no-op when the script took nothing).
+            let mut sent = RedisLease {
+                table: Some(Arc::clone(&table)),
+                key: redis_key,
+                id,
+            };
             let (got, in_flight): (u8, u32) = table
                 .acquire
-                .key(&redis_key[..])
+                .key(&sent.key[..])
                 .arg(table.max_in_flight)
                 .arg(table.lease_us)
-                .arg(&id)
+                .arg(&sent.id)
                 .invoke_async(&mut conn)
                 .await
                 .map_err(|e| store_error(&e))?;
             if got == 0 {
+                // Nothing taken: nothing to give back.
+                sent.table = None;
                 return Ok(Err(in_flight));
             }
-            table.live.lock().insert(id.clone(), redis_key.clone());
-            Ok(Ok(Slot::Redis(RedisLease {
-                table: Some(table),
-                key: redis_key,
-                id,
-            })))
+            table.live.lock().insert(sent.id.clone(), sent.key.clone());
+            Ok(Ok(Slot::Redis(sent)))
         })
     }
 }

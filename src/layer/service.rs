@@ -250,6 +250,9 @@ pub(crate) struct FollowupData<St> {
     headers: RateLimitHeaders,
     /// Shaping: the checks of the shaped limits, and what a waiting request reserved.
     shaped: Vec<OwnedCheck>,
+    /// Shaping: the request's other enforcing checks (kept in a layer with a shaped limit), given
+    /// back with the shaped ones when the request never gets its turn.
+    unshaped: Vec<OwnedCheck>,
     pub(crate) reservation: Option<Reservation>,
 }
 
@@ -605,6 +608,8 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
     let mut keys: [Option<Key<'_>>; N] = std::array::from_fn(|_| None);
     let mut applied = Applied::new();
     let mut followup: Option<Followup<St>> = None;
+    // shaping hook: a request refused or dropped before its turn gives every charge back.
+    let shaping = snapshot.limits.iter().any(|l| l.shape.is_some());
     let mut n = 0;
     for (i, limit) in snapshot.limits.iter().enumerate() {
         if let Some(when) = &limit.when {
@@ -709,7 +714,7 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
         };
         let plan_name = limit.plans.get(usize::from(plan)).map(|p| p.name);
         let shaped = limit.shape.is_some() && plan == NO_PLAN;
-        if limit.mode.is_shadow() || limit.charge.by_outcome() || shaped {
+        if limit.mode.is_shadow() || limit.charge.by_outcome() || shaping {
             let owned = || OwnedCheck {
                 limit: i,
                 key: key.clone().into_owned(),
@@ -734,6 +739,7 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
                     near: shared.near_limit,
                     headers: shared.headers,
                     shaped: Vec::new(),
+                    unshaped: Vec::new(),
                     reservation: None,
                 }))
             });
@@ -744,6 +750,8 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
             }
             if shaped {
                 f.shaped.push(owned());
+            } else if shaping {
+                f.unshaped.push(owned());
             }
             if limit.charge.by_outcome() {
                 f.by_outcome.push(owned());
@@ -961,7 +969,7 @@ pub(crate) fn finish<ReqBody, St: Store>(
                 let j = shaped.1;
                 let decision = decisions.as_slice()[j];
                 let quota = applied.quota(snapshot, j);
-                let checks = mem::take(&mut f.shaped);
+                let checks = (mem::take(&mut f.shaped), mem::take(&mut f.unshaped));
                 match shaping::reserve(
                     &shared.waiting,
                     &*shared.rejection,

@@ -358,7 +358,7 @@ impl Drop for WaitSlot {
 /// What a waiting request reserved: given back unless [`release`](Self::release)d, so a
 /// request dropped while it waits frees its place in the schedule for the next one.
 pub(crate) struct Reservation {
-    /// Gives the reservation back (the store's refund of the shaped checks).
+    /// Gives the reservation back (the store's refund of the request's checks).
     give_back: Option<Box<dyn FnOnce() + Send>>,
     delay: Duration,
     _slot: WaitSlot,
@@ -438,15 +438,22 @@ pub(crate) fn reserve<St: Store, ReqBody>(
     rejection: &dyn crate::response::Rejection,
     snapshot: &Arc<Snapshot<St>>,
     req: &mut Request<ReqBody>,
-    checks: Vec<OwnedCheck>,
+    checks: (Vec<OwnedCheck>, Vec<OwnedCheck>),
     at: Option<u64>,
     delay: Duration,
     shaped: (&Decision, &Quota),
     decisions: &Decisions,
 ) -> Result<Reservation, Response<RejectionBody>> {
     let (decision, quota) = shaped;
+    // The reservation's place in the schedule is its turn, `delay` after the decision: a
+    // request dropped before its turn gives back its whole place, however long it waited
+    // (refunded at the decision time, a wait longer than one interval would read as refilled).
+    // The other limits were charged at the decision: given back from then.
+    let turn = at.map(|at| at.saturating_add(u64::try_from(delay.as_micros()).unwrap_or(u64::MAX)));
+    let (shaped_checks, others) = checks;
     let Some(slot) = waiting.enter() else {
-        give_back(snapshot, &checks, at);
+        give_back(snapshot, &shaped_checks, turn);
+        give_back(snapshot, &others, at);
         tracing::debug!(policy = %decision.policy(), delay_ms = delay.as_millis() as u64, "too many requests waiting in this layer; shaped request refused");
         let refused = Decision::rejected(decision.limit(), 0, decision.reset(), delay)
             .with_policy(decision.policy());
@@ -470,7 +477,10 @@ pub(crate) fn reserve<St: Store, ReqBody>(
     req.extensions_mut().insert(ShapedDelay(delay));
     let snapshot = Arc::clone(snapshot);
     Ok(Reservation {
-        give_back: Some(Box::new(move || give_back(&snapshot, &checks, at))),
+        give_back: Some(Box::new(move || {
+            give_back(&snapshot, &shaped_checks, turn);
+            give_back(&snapshot, &others, at);
+        })),
         delay,
         _slot: slot,
     })

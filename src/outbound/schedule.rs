@@ -157,8 +157,22 @@ impl Schedule {
     /// Waits for `key`'s next slot and returns it, reserved. Cancellation-safe: dropped while
     /// waiting, the slot is given back.
     pub(crate) async fn acquire(self: &Arc<Self>, key: &str) -> Reservation {
+        match self.acquire_within(key, 0, u64::MAX).await {
+            Some(reservation) => reservation,
+            None => unreachable!("every slot is before the end of time"),
+        }
+    }
+
+    /// [`acquire`](Self::acquire) for a slot from clock time `not_before` on (a retry's
+    /// backoff), or `None`, with nothing reserved, when the slot would be after `deadline`.
+    pub(crate) async fn acquire_within(
+        self: &Arc<Self>,
+        key: &str,
+        not_before: u64,
+        deadline: u64,
+    ) -> Option<Reservation> {
         loop {
-            match self.admit(key) {
+            match self.admit(key, not_before) {
                 Admit::Probe(wake) => {
                     let notified = wake.notified();
                     tokio::pin!(notified);
@@ -168,6 +182,9 @@ impl Schedule {
                     }
                 }
                 Admit::Slot(reservation) => {
+                    if reservation.at > deadline {
+                        return None;
+                    }
                     let wait = reservation.at.saturating_sub(self.now());
                     if wait > 0 {
                         tokio::time::sleep(Duration::from_micros(wait)).await;
@@ -177,13 +194,13 @@ impl Schedule {
                         drop(reservation);
                         continue;
                     }
-                    return reservation;
+                    return Some(reservation);
                 }
             }
         }
     }
 
-    fn admit(self: &Arc<Self>, key: &str) -> Admit {
+    fn admit(self: &Arc<Self>, key: &str, not_before: u64) -> Admit {
         let now = self.now();
         let mut map = self.upstreams.lock();
         if !map.contains_key(key) && map.len() >= self.config.max_upstreams {
@@ -203,7 +220,7 @@ impl Schedule {
             up.probing = true;
             probe = true;
         }
-        let mut t = now.max(up.paused_until);
+        let mut t = now.max(up.paused_until).max(not_before);
         let configured_at = self.config.configured.as_ref().map(|gcra| {
             t = reserve(gcra, &mut up.configured, t);
             t
@@ -243,6 +260,7 @@ impl Schedule {
     }
 
     /// How much longer `key` is paused.
+    #[cfg(test)]
     pub(crate) fn pause_left(&self, key: &str) -> Duration {
         Duration::from_micros(self.paused_until(key).saturating_sub(self.now()))
     }
@@ -358,7 +376,7 @@ mod tests {
     }
 
     fn slot(s: &Arc<Schedule>, key: &str) -> Reservation {
-        match s.admit(key) {
+        match s.admit(key, 0) {
             Admit::Slot(r) => r,
             Admit::Probe(_) => panic!("probe"),
         }
@@ -415,7 +433,7 @@ mod tests {
         let s = schedule(None, &clock);
         let mut probe = slot(&s, "a");
         assert!(probe.probe);
-        assert!(matches!(s.admit("a"), Admit::Probe(_)));
+        assert!(matches!(s.admit("a", 0), Admit::Probe(_)));
         probe.commit();
         s.observe("a", &UpstreamSignal::default());
         drop(probe);

@@ -144,9 +144,23 @@ where
         started.saturating_add(u64::try_from(retry.deadline.as_micros()).unwrap_or(u64::MAX));
     let mut waited = Duration::ZERO;
     let mut attempt = 1u32;
+    // The refusal a retry is for, kept until the retry has its slot within the deadline (or
+    // returned when it has none), and the earliest the retry may go (its backoff).
+    let mut refusal: Option<Response<ResBody>> = None;
+    let mut not_before = 0;
     loop {
         let before = schedule.now();
-        let mut slot = schedule.acquire(&key).await;
+        let mut slot = match refusal.take() {
+            None => schedule.acquire(&key).await,
+            Some(refused) => match schedule.acquire_within(&key, not_before, deadline).await {
+                Some(slot) => slot,
+                None => {
+                    waited += Duration::from_micros(schedule.now().saturating_sub(before));
+                    tracing::debug!(upstream = %key, attempt = attempt - 1, "outbound: refused, no time left to retry");
+                    return Ok(with_info(refused, attempt - 1, waited));
+                }
+            },
+        };
         waited += Duration::from_micros(schedule.now().saturating_sub(before));
         let next = if attempt < retry.max_attempts {
             replay.replay(&req)
@@ -157,31 +171,21 @@ where
             std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
         }
         slot.commit();
-        let mut res = inner.call(req).await?;
+        let res = inner.call(req).await?;
         let signal = UpstreamSignal::from_headers(res.status(), res.headers(), schedule.unix_now());
         schedule.observe(&key, &signal);
         drop(slot);
         let retry_with = match next {
             Some(next) if signal.refused() => next,
-            _ => {
-                res.extensions_mut().insert(OutboundInfo {
-                    attempts: attempt,
-                    waited,
-                });
-                return Ok(res);
-            }
+            _ => return Ok(with_info(res, attempt, waited)),
         };
+        // Full jitter; a pause the upstream asked for, and the quota's next slot, may make the
+        // retry later still: `acquire_within` waits for whichever is latest, and gives up at
+        // once when that is past the deadline.
         let backoff = schedule.jitter.up_to(retry.backoff.ceiling(attempt));
-        let earliest = backoff.max(schedule.pause_left(&key));
-        let now = schedule.now();
-        if now.saturating_add(u64::try_from(earliest.as_micros()).unwrap_or(u64::MAX)) > deadline {
-            tracing::debug!(upstream = %key, attempt, "outbound: refused, no time left to retry");
-            res.extensions_mut().insert(OutboundInfo {
-                attempts: attempt,
-                waited,
-            });
-            return Ok(res);
-        }
+        not_before = schedule
+            .now()
+            .saturating_add(u64::try_from(backoff.as_micros()).unwrap_or(u64::MAX));
         tracing::debug!(
             upstream = %key,
             attempt,
@@ -189,12 +193,15 @@ where
             backoff_ms = backoff.as_millis() as u64,
             "outbound: refused, retrying"
         );
-        drop(res);
-        if !backoff.is_zero() {
-            tokio::time::sleep(backoff).await;
-            waited += backoff;
-        }
+        refusal = Some(res);
         req = retry_with;
         attempt += 1;
     }
+}
+
+/// `res` with what the layer did for it.
+fn with_info<B>(mut res: Response<B>, attempts: u32, waited: Duration) -> Response<B> {
+    res.extensions_mut()
+        .insert(OutboundInfo { attempts, waited });
+    res
 }
