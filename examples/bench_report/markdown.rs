@@ -10,7 +10,7 @@ use super::model::{Ratio, Section, Table};
 /// The sections a full run writes, in report order, and the command that runs each.
 pub const EXPECTED: [(&str, &str); 5] = [
     ("memory", "cargo bench --bench memory"),
-    ("service", "cargo bench --bench service"),
+    ("layer", "cargo bench --bench service"),
     ("http", "cargo bench --bench http"),
     ("redis", "cargo bench --features redis --bench redis"),
     ("hybrid", "cargo bench --features redis --bench hybrid"),
