@@ -138,6 +138,7 @@ impl NearLimit {
 
     /// Whether `decision` leaves less than this share of its limit.
     #[inline]
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     pub(crate) fn is_near(self, decision: &Decision) -> bool {
         u128::from(decision.remaining()) * 1_000_000
             < u128::from(self.ppm) * u128::from(decision.limit())
