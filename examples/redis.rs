@@ -20,14 +20,17 @@
 //!   decide with a local in-memory limiter holding half the quota.
 //! - `PORT` (default `3000`).
 
+#[path = "common/fail_mode.rs"]
+mod fail_mode;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::routing::get;
 use axum::Router;
+use fail_mode::failure_policy;
 use tollgate::key::PeerIp;
 use tollgate::store::redis::RedisBackend;
-use tollgate::store::FailurePolicy;
 use tollgate::{Limit, Quota, RateLimitLayer};
 
 #[tokio::main]
@@ -87,18 +90,4 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     )
     .await?;
     Ok(())
-}
-
-/// `FAIL_MODE`: `open`, `closed` (the default) or `local`.
-fn failure_policy() -> Result<(String, FailurePolicy), String> {
-    let mode = std::env::var("FAIL_MODE").unwrap_or_else(|_| "closed".into());
-    let policy = match mode.to_ascii_lowercase().as_str() {
-        "open" => FailurePolicy::Open,
-        "closed" => FailurePolicy::Closed {
-            retry_after: Duration::from_secs(1),
-        },
-        "local" => FailurePolicy::Local { share: 0.5 },
-        other => return Err(format!("FAIL_MODE={other:?}: use open, closed or local")),
-    };
-    Ok((mode, policy))
 }
