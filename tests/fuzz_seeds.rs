@@ -212,3 +212,41 @@ fn sliding_window_counts_above_the_limit_agree_on_redis() {
         "redis {redis:?}, memory {rust:?}"
     );
 }
+
+/// Regression (found by the `redis_state` fuzz target): a GCRA state stored at
+/// `tat = 2^53 - 1` µs, centuries ahead, made `(tat - now) × per + sub` pass 2^53, so Lua's
+/// doubles rounded it and Redis reported `reset` 1 µs off the Rust algorithm's. Both now cap
+/// `before` at 2^53 - 1 and compute it exactly below that.
+#[cfg(feature = "redis")]
+#[test]
+fn gcra_far_ahead_state_agrees_on_redis() {
+    use std::time::Duration;
+    use tollgate::algorithm::{Algorithm, AlgorithmKind, Gcra, GcraState};
+    use tollgate::quota::MAX_EXACT;
+    use tollgate::Quota;
+
+    let server = support::RedisServer::start();
+    let mut harness = redis_state::Harness::new(&server.url(), "known-gcra");
+    let quotas = [
+        Quota::per(Duration::from_millis(1500), 7).burst(3),
+        Quota::per_second(5).burst(10),
+        Quota::per_day(1_000_000),
+    ];
+    for quota in quotas {
+        let gcra = Gcra::new(quota).unwrap();
+        for (tat, sub) in [(MAX_EXACT - 1, 0), (MAX_EXACT - 1, 6), (MAX_EXACT / 2, 1)] {
+            for now in [1, 1_000_000, MAX_EXACT / 4] {
+                for cost in [0, 1, quota.burst_size(), quota.burst_size() + 1] {
+                    let rust = gcra.decide(&GcraState { tat, sub }, now, cost);
+                    let redis =
+                        harness.decide_stored(AlgorithmKind::Gcra, quota, &[tat, sub], now, cost);
+                    let case = format!("{quota} tat={tat} sub={sub} now={now} cost={cost}");
+                    assert_eq!(redis.allowed(), rust.allowed(), "{case}");
+                    assert_eq!(redis.remaining(), rust.remaining(), "{case}");
+                    assert_eq!(redis.reset(), rust.reset(), "{case}: reset");
+                    assert_eq!(redis.retry_after(), rust.retry_after(), "{case}: retry");
+                }
+            }
+        }
+    }
+}

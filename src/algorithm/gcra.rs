@@ -5,7 +5,7 @@ use std::time::Duration;
 use super::Algorithm;
 use crate::decision::Decision;
 use crate::error::ConfigError;
-use crate::quota::Quota;
+use crate::quota::{Quota, MAX_EXACT};
 
 /// GCRA: the same admissions as a [`TokenBucket`](super::TokenBucket) of capacity `burst`
 /// refilling `count / period`, stored as the *theoretical arrival time* (TAT): the moment at
@@ -26,7 +26,7 @@ use crate::quota::Quota;
 /// key, full. At `now`, for a request of `cost`:
 ///
 /// ```text
-/// before   = (tat - now) × per + sub    if tat >= now, else 0      steps until full
+/// before   = min((tat - now) × per + sub, 2^53 - 1)   if tat >= now, else 0   steps until full
 /// need     = cost × unit
 /// allowed  = cost == 0  or  before <= cap - need
 /// after    = before + need                 (if allowed, else before)
@@ -48,6 +48,11 @@ use crate::quota::Quota;
 /// `now + idle timeout` or a fraction below `per`, both below 2^53 for every quota `new`
 /// accepts (it refuses a refill longer than 2^52 µs, 142 years) while the clock reads below
 /// 2^52 µs, so the Redis script mirrors this with plain Lua numbers.
+///
+/// `before` is at most `cap` for every state the algorithm writes (more only after the clock
+/// stepped back); the `2^53 - 1` ceiling only bounds state it cannot have written (a TAT
+/// centuries ahead, left by something else at the Redis key), so the Lua script, whose numbers
+/// are doubles, computes the same `reset` and `retry_after` to the microsecond.
 ///
 /// A `now` earlier than a previous request is measured against the TAT as it stands: it never
 /// earns anything (it is, if anything, stricter than "no time elapsed"), and a cost of 0 is
@@ -167,7 +172,11 @@ impl Gcra {
     #[inline]
     fn before(&self, state: &GcraState, now: u64) -> u64 {
         match state.tat.checked_sub(now) {
-            Some(ahead) => ahead.saturating_mul(self.per).saturating_add(state.sub),
+            // Saturating, then capped: exact below the cap, as the Lua mirror is.
+            Some(ahead) => ahead
+                .saturating_mul(self.per)
+                .saturating_add(state.sub)
+                .min(MAX_EXACT - 1),
             None => 0,
         }
     }

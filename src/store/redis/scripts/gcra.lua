@@ -7,12 +7,20 @@
 
 local gcra_load = load2
 
--- Steps until the bucket is full at `now`.
+-- Steps until the bucket is full at `now`, at most 2^53 - 1 (only state the algorithm cannot have
+-- written reaches it): `ahead * per + sub` is compared against the ceiling without computing it,
+-- so the value is exact, as in Rust.
+local GCRA_BEFORE_MAX = MAX_EXACT - 1
+
 local function gcra_before(now, per, tat, sub)
   if tat < now then
     return 0
   end
-  return (tat - now) * per + sub
+  local ahead = tat - now
+  if ahead > idiv(GCRA_BEFORE_MAX - sub, per) then
+    return GCRA_BEFORE_MAX
+  end
+  return ahead * per + sub
 end
 
 local function gcra_remaining(after, unit, cap)
