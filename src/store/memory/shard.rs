@@ -1,13 +1,21 @@
-//! One shard of a table: a bounded slab of per-key states in exact least-recently-used order,
-//! indexed by key fingerprint.
+//! One shard of a table: a bounded slab of per-key states with second-chance ("clock")
+//! recency, indexed by key fingerprint.
 //!
 //! Layout, chosen so that a key costs a few tens of bytes however long it is:
 //!
-//! - `entries: Vec<Entry<S>>` is a dense slab. An entry is the key's 64-bit fingerprint, two
-//!   `u32` links of an intrusive doubly linked LRU list and the algorithm state (for the token
-//!   bucket: 8 + 4 + 4 + 16 = 32 bytes). Slots are never freed: a slot is reused in place when its
-//!   key is as good as fresh (see [`Shard::vacancy`]), so the slab never exceeds the shard's
-//!   capacity.
+//! - `entries: Vec<Entry<S>>` is a dense slab. An entry is the key's 64-bit fingerprint, its
+//!   referenced bit and the algorithm state (for the token bucket: 8 + 16 + 1, padded to 32
+//!   bytes). Slots are never freed: a slot is reused in place when its key is as good as fresh
+//!   (see [`Shard::vacancy`]), so the slab never exceeds the shard's capacity.
+//!
+//! Recency is a second-chance clock, not a linked LRU list: a hit sets its entry's referenced
+//! bit, in the cache line the check reads and writes anyway, where moving a node to the head of
+//! a list writes its two neighbours too (two more cache misses per check once the keys outgrow
+//! the cache: measured at 1 000 000 keys). Looking for room, a hand sweeps the slab, clearing
+//! the bits it passes, and prefers a key whose bit was clear (not used since the hand last
+//! passed) among those as good as fresh. Which fresh key goes is only a matter of efficiency:
+//! a key as good as fresh decides exactly like a key never seen, so the order never changes a
+//! decision, only which idle key a new one replaces.
 //! - `index: HashTable<u32>` maps a fingerprint to its slot: 4 bytes plus one control byte per
 //!   bucket, at most 7/8 full, so 5.7 to 11.4 bytes per key.
 //! - `tags: Vec<u32>`, parallel to the slab, names the quota each state was written under (a
@@ -22,16 +30,12 @@ use std::fmt;
 
 use hashbrown::HashTable;
 
-/// The "no slot" link.
-const NIL: u32 = u32::MAX;
-
 /// The slab's first allocation, in entries.
 const MIN_ALLOC: usize = 8;
 
-/// How many of its least recently used keys a full shard examines, from the least recently used
-/// on, for one it may recycle (one whose state is as good as fresh). Bounded, so a shard full of
-/// keys that are still recovering costs a new key at most this many checks, never a walk of the
-/// whole shard.
+/// How many keys a full shard examines, from its clock hand on, for one it may recycle (one
+/// whose state is as good as fresh). Bounded, so a shard full of keys that are still recovering
+/// costs a new key at most this many checks, never a walk of the whole shard.
 pub(crate) const SCAN: usize = 8;
 
 /// Where a new key can go, found by [`Shard::vacancy`] and used by [`Shard::occupy`] under the
@@ -42,7 +46,7 @@ pub(crate) enum Vacancy {
     Grow,
     /// Recycle this slot, whose key is as good as fresh.
     Reuse(u32),
-    /// The shard is full and none of its [`SCAN`] least recently used keys may be forgotten.
+    /// The shard is full and none of the [`SCAN`] keys at its clock hand may be forgotten.
     Full,
 }
 
@@ -51,25 +55,23 @@ pub(crate) enum Vacancy {
 struct Entry<S> {
     /// The key's fingerprint (see the module docs of `store::memory`).
     fp: u64,
-    /// The next more recently used slot, or `NIL` at the head.
-    prev: u32,
-    /// The next less recently used slot, or `NIL` at the tail.
-    next: u32,
     /// The algorithm's per-key state.
     state: S,
+    /// Used since the clock hand last passed this slot.
+    referenced: bool,
 }
 
-/// A bounded map from fingerprint to state with exact LRU eviction.
+/// A bounded map from fingerprint to state with second-chance eviction of keys as good as
+/// fresh.
 pub(crate) struct Shard<S> {
     index: HashTable<u32>,
     entries: Vec<Entry<S>>,
     /// The tag of each entry's state, or empty while every tag is 0.
     tags: Vec<u32>,
-    /// Most recently used slot.
-    head: u32,
-    /// Least recently used slot: the next to be evicted.
-    tail: u32,
-    /// Most entries this shard holds (at least 1, less than `NIL`).
+    /// The clock hand: the next slot [`vacancy`](Self::vacancy) examines (below `entries.len()`,
+    /// or 0 while the shard is empty).
+    hand: u32,
+    /// Most entries this shard holds (at least 1, less than `u32::MAX`).
     cap: u32,
 }
 
@@ -85,13 +87,12 @@ impl<S> fmt::Debug for Shard<S> {
 impl<S: Default> Shard<S> {
     /// An empty shard holding at most `cap` keys (`1 <= cap < u32::MAX`). Allocates nothing.
     pub(crate) fn new(cap: u32) -> Self {
-        debug_assert!((1..NIL).contains(&cap));
+        debug_assert!((1..u32::MAX).contains(&cap));
         Self {
             index: HashTable::new(),
             entries: Vec::new(),
             tags: Vec::new(),
-            head: NIL,
-            tail: NIL,
+            hand: 0,
             cap,
         }
     }
@@ -111,7 +112,7 @@ impl<S: Default> Shard<S> {
             + self.entries.iter().map(|e| heap(&e.state)).sum::<usize>()
     }
 
-    /// The slot of `fp`, marked most recently used.
+    /// The slot of `fp`, marked referenced.
     // Always inlined: it is most of a check, and six tables' checks (one per algorithm) made
     // the compiler call it out of line (11 more instructions per check, measured).
     #[inline(always)]
@@ -120,7 +121,7 @@ impl<S: Default> Shard<S> {
         let slot = *self
             .index
             .find(fp, |&slot| entries[slot as usize].fp == fp)?;
-        self.touch(slot);
+        self.entries[slot as usize].referenced = true;
         Some(slot)
     }
 
@@ -158,39 +159,69 @@ impl<S: Default> Shard<S> {
     /// Where a new key can go without forgetting a key that has spent budget.
     ///
     /// A key whose state `recyclable` (given the state and its tag) says is as good as fresh is
-    /// forgotten first, freely: the
-    /// least recently used key when the shard has room (so idle keys are recycled before the
-    /// slab grows), or, when the shard is full, the least recently used such key among the
-    /// [`SCAN`] least recently used. Any other key has spent budget it has not yet regained, and
-    /// forgetting it would hand that budget back, so a full shard without a recyclable key
-    /// answers [`Vacancy::Full`].
-    pub(crate) fn vacancy(&self, recyclable: impl Fn(&S, u32) -> bool) -> Vacancy {
-        let full = self.entries.len() >= self.cap as usize;
-        if !full {
-            return match self.tail {
-                NIL => Vacancy::Grow,
-                tail if recyclable(&self.entries[tail as usize].state, self.tag(tail)) => {
-                    Vacancy::Reuse(tail)
-                }
-                _ => Vacancy::Grow,
+    /// forgotten first, freely. While the shard has room, the key at the clock hand is recycled
+    /// if it is as good as fresh (so idle keys are recycled before the slab grows); otherwise
+    /// the slab grows. When the shard is full, the hand examines up to [`SCAN`] keys, clearing
+    /// their referenced bits, and takes the first unreferenced one that is as good as fresh,
+    /// or else the first referenced one that is. Any other key has spent budget it has not yet
+    /// regained, and forgetting it would hand that budget back, so a full shard without a
+    /// recyclable key among those answers [`Vacancy::Full`].
+    pub(crate) fn vacancy(&mut self, recyclable: impl Fn(&S, u32) -> bool) -> Vacancy {
+        let len = self.entries.len();
+        if len < self.cap as usize {
+            if len == 0 {
+                return Vacancy::Grow;
+            }
+            let slot = self.hand;
+            let tag = self.tag(slot);
+            let entry = &mut self.entries[slot as usize];
+            entry.referenced = false;
+            let reuse = recyclable(&entry.state, tag);
+            self.advance_hand();
+            return if reuse {
+                Vacancy::Reuse(slot)
+            } else {
+                Vacancy::Grow
             };
         }
-        let mut slot = self.tail;
-        for _ in 0..SCAN {
-            if slot == NIL {
-                break;
+        let mut fallback = None;
+        for _ in 0..SCAN.min(len) {
+            let slot = self.hand;
+            self.advance_hand();
+            let tag = self.tag(slot);
+            let entry = &mut self.entries[slot as usize];
+            let referenced = std::mem::replace(&mut entry.referenced, false);
+            if recyclable(&entry.state, tag) {
+                if !referenced {
+                    return Vacancy::Reuse(slot);
+                }
+                fallback.get_or_insert(slot);
             }
-            let entry = &self.entries[slot as usize];
-            if recyclable(&entry.state, self.tag(slot)) {
-                return Vacancy::Reuse(slot);
-            }
-            slot = entry.prev;
         }
-        Vacancy::Full
+        match fallback {
+            Some(slot) => {
+                // On from the slot taken, not past the keys examined after it: those were
+                // looked at, not recycled, and the next sweep starts with them.
+                self.hand = slot;
+                self.advance_hand();
+                Vacancy::Reuse(slot)
+            }
+            None => Vacancy::Full,
+        }
     }
 
-    /// Inserts `fp` (which must not be present) with a fresh state at tag 0, as the most recently used
-    /// key, where `vacancy` (from [`vacancy`](Self::vacancy), under the same lock) says, and
+    /// Moves the clock hand to the next slot of the slab, wrapping.
+    #[inline]
+    fn advance_hand(&mut self) {
+        let next = self.hand as usize + 1;
+        self.hand = if next < self.entries.len() {
+            next as u32
+        } else {
+            0
+        };
+    }
+
+    /// Inserts `fp` (which must not be present) with a fresh state at tag 0, referenced, where `vacancy` (from [`vacancy`](Self::vacancy), under the same lock) says, and
     /// returns its slot; `None` for [`Vacancy::Full`].
     pub(crate) fn occupy(&mut self, fp: u64, vacancy: Vacancy) -> Option<u32> {
         let slot = match vacancy {
@@ -202,10 +233,10 @@ impl<S: Default> Shard<S> {
                 } else {
                     debug_assert!(false, "recycled slot missing from the index");
                 }
-                self.unlink(slot);
                 let entry = &mut self.entries[slot as usize];
                 entry.fp = fp;
                 entry.state = S::default();
+                entry.referenced = true;
                 if let Some(tag) = self.tags.get_mut(slot as usize) {
                     *tag = 0;
                 }
@@ -221,9 +252,8 @@ impl<S: Default> Shard<S> {
                 }
                 self.entries.push(Entry {
                     fp,
-                    prev: NIL,
-                    next: NIL,
                     state: S::default(),
+                    referenced: true,
                 });
                 if !self.tags.is_empty() {
                     if self.tags.len() == self.tags.capacity() {
@@ -238,7 +268,6 @@ impl<S: Default> Shard<S> {
             }
         };
         self.index_insert(fp, slot);
-        self.push_front(slot);
         Some(slot)
     }
 
@@ -277,64 +306,17 @@ impl<S: Default> Shard<S> {
         }
     }
 
-    /// Marks `slot` most recently used.
-    #[inline]
-    fn touch(&mut self, slot: u32) {
-        if self.head != slot {
-            self.unlink(slot);
-            self.push_front(slot);
-        }
-    }
-
-    /// Takes `slot` out of the LRU list.
-    #[inline]
-    fn unlink(&mut self, slot: u32) {
-        let Entry { prev, next, .. } = self.entries[slot as usize];
-        if prev == NIL {
-            self.head = next;
-        } else {
-            self.entries[prev as usize].next = next;
-        }
-        if next == NIL {
-            self.tail = prev;
-        } else {
-            self.entries[next as usize].prev = prev;
-        }
-    }
-
-    /// Puts an unlinked `slot` at the head of the LRU list.
-    #[inline]
-    fn push_front(&mut self, slot: u32) {
-        let old_head = self.head;
-        {
-            let entry = &mut self.entries[slot as usize];
-            entry.prev = NIL;
-            entry.next = old_head;
-        }
-        if old_head == NIL {
-            self.tail = slot;
-        } else {
-            self.entries[old_head as usize].prev = slot;
-        }
-        self.head = slot;
-    }
-
     /// The most keys this shard holds (tests only).
     #[cfg(test)]
     pub(crate) fn cap(&self) -> u32 {
         self.cap
     }
 
-    /// Fingerprints from most to least recently used (tests only).
+    /// Fingerprints in slab order, with their referenced bits, and the hand (tests only).
     #[cfg(test)]
-    fn lru_order(&self) -> Vec<u64> {
-        let mut out = Vec::new();
-        let mut slot = self.head;
-        while slot != NIL {
-            out.push(self.entries[slot as usize].fp);
-            slot = self.entries[slot as usize].next;
-        }
-        out
+    fn clock(&self) -> (Vec<(u64, bool)>, u32) {
+        let slots = self.entries.iter().map(|e| (e.fp, e.referenced)).collect();
+        (slots, self.hand)
     }
 }
 
@@ -376,30 +358,66 @@ mod tests {
         }
         assert_eq!(shard.vacancy(fresh), Vacancy::Full);
         assert_eq!(insert(&mut shard, 4, 4), None, "no room, nobody recovered");
-        assert_eq!(shard.lru_order(), [3, 2, 1]);
+        for fp in 1..=3 {
+            assert_eq!(get(&mut shard, fp), Some(fp), "key {fp} kept");
+        }
         assert_eq!(shard.len(), 3);
     }
 
     #[test]
-    fn recovered_keys_are_recycled_least_recently_used_first() {
+    fn recovered_keys_are_recycled_and_spenders_kept() {
         let mut shard = Shard::new(4);
         for fp in 1..=4 {
             insert(&mut shard, fp, fp);
         }
-        // 2 and 3 recover; 1 (least recently used) has not.
+        // 2 and 3 recover; 1 and 4 have not.
         for fp in [2, 3] {
             let slot = shard.lookup(fp).unwrap();
             *shard.state_mut(slot) = 0;
         }
-        // Order now (most recent first): 3, 2, 4, 1. 2 is the least recently used fresh key.
-        assert_eq!(shard.lru_order(), [3, 2, 4, 1]);
         insert(&mut shard, 5, 5).unwrap();
-        assert_eq!(get(&mut shard, 2), None, "2 was recycled");
-        assert_eq!(get(&mut shard, 1), Some(1), "1 was kept: it has spent");
         insert(&mut shard, 6, 6).unwrap();
-        assert_eq!(get(&mut shard, 3), None, "then 3");
-        assert_eq!(insert(&mut shard, 7, 7), None);
+        assert_eq!(get(&mut shard, 2), None, "2 was recycled");
+        assert_eq!(get(&mut shard, 3), None, "3 was recycled");
+        assert_eq!(insert(&mut shard, 7, 7), None, "nobody else has recovered");
         assert_eq!(shard.len(), 4);
+        for fp in [1, 4, 5, 6] {
+            assert!(get(&mut shard, fp).is_some(), "key {fp} kept: it has spent");
+        }
+    }
+
+    /// Sets the state of `fp` without a lookup, so its referenced bit stays as it is.
+    fn set_quietly(shard: &mut Shard<u64>, fp: u64, value: u64) {
+        let entries = &shard.entries;
+        let slot = *shard
+            .index
+            .find(fp, |&s| entries[s as usize].fp == fp)
+            .unwrap();
+        shard.entries[slot as usize].state = value;
+    }
+
+    #[test]
+    fn a_recently_used_fresh_key_gets_a_second_chance() {
+        let mut shard = Shard::new(3);
+        for fp in 1..=3 {
+            insert(&mut shard, fp, fp);
+        }
+        // All three have recovered; 1 and 2 were used since the hand last passed, 3 was not.
+        for (slot, entry) in shard.entries.iter_mut().enumerate() {
+            entry.state = 0;
+            entry.referenced = slot < 2;
+        }
+        shard.hand = 0;
+        insert(&mut shard, 4, 4).unwrap();
+        assert_eq!(
+            shard.clock(),
+            (vec![(1, false), (2, false), (4, true)], 0),
+            "3 made room; the hand cleared 1 and 2 on its way and went round"
+        );
+        // Now 2 is used again and 1 is not: 1 goes next.
+        assert_eq!(get(&mut shard, 2), Some(0));
+        insert(&mut shard, 5, 5).unwrap();
+        assert_eq!(shard.clock(), (vec![(5, true), (2, true), (4, true)], 1));
     }
 
     #[test]
@@ -409,11 +427,10 @@ mod tests {
         for fp in 0..u64::from(cap) {
             insert(&mut shard, fp, 1);
         }
-        // Only the most recently used key is fresh: beyond the scan, so not found.
-        let slot = shard.lookup(0).unwrap();
-        *shard.state_mut(slot) = 0;
-        let slot = shard.lookup(1).unwrap();
-        *shard.state_mut(slot) = 1;
+        // Only one key is fresh, just beyond the scan from the hand (keys are in slots 0, 1, ...).
+        let (_, hand) = shard.clock();
+        let beyond = (u64::from(hand) + SCAN as u64) % u64::from(cap);
+        set_quietly(&mut shard, beyond, 0);
         let calls = std::cell::Cell::new(0);
         let vacancy = shard.vacancy(|s, _| {
             calls.set(calls.get() + 1);
@@ -440,7 +457,7 @@ mod tests {
         for fp in 0..10 * u64::from(cap) {
             // Each key has recovered (state 0) by the time `cap` newer keys have arrived.
             if let Some(old) = fp.checked_sub(u64::from(cap)) {
-                // Without touching it: it stays the least recently used.
+                // Without a lookup: it stays unreferenced once the hand has passed it.
                 let entries = &shard.entries;
                 let slot = *shard
                     .index
@@ -456,12 +473,10 @@ mod tests {
             cap as usize,
             "slab growth is clamped to the cap"
         );
-        // The last `cap` keys are the ones kept, in reverse insertion order.
-        let kept: Vec<u64> = (9 * u64::from(cap)..10 * u64::from(cap))
-            .rev()
-            .map(|fp| fp.wrapping_mul(0x9E37_79B9_7F4A_7C15))
-            .collect();
-        assert_eq!(shard.lru_order(), kept);
+        // The last `cap` keys are the ones kept.
+        for fp in 9 * u64::from(cap)..10 * u64::from(cap) {
+            assert_eq!(get(&mut shard, mix(fp)), Some(fp + 1), "key {fp} kept");
+        }
     }
 
     #[test]
@@ -515,11 +530,11 @@ mod tests {
     }
 
     #[test]
-    fn single_entry_list_links_stay_consistent() {
+    fn a_single_slot_is_recycled_in_place() {
         let mut shard = Shard::new(1);
         for fp in 0..5 {
             insert(&mut shard, fp, 0);
-            assert_eq!(shard.lru_order(), [fp]);
+            assert_eq!(shard.clock(), (vec![(fp, true)], 0));
             assert_eq!(get(&mut shard, fp), Some(0));
         }
     }

@@ -686,7 +686,9 @@ mod tests {
         let spec = LimitSpec::new(name, quota, kind);
         let (store, clock) = store_with(&[spec], MemoryBackend::new().max_keys(2).shards(1));
         let mut states: Vec<A::State> = (0..3).map(|_| Default::default()).collect();
-        let mut held: Vec<u64> = Vec::new(); // keys in the store, least recently used first
+        // The store's one shard: its slots (key, referenced) and its clock hand.
+        let mut held: Vec<(u64, bool)> = Vec::new();
+        let mut hand = 0usize;
         let mut overflow_state = A::State::default();
         let mut x = 0x2545_F491_4F6C_DD1Du64;
         for step in 0..3_000 {
@@ -697,19 +699,20 @@ mod tests {
             let (key, cost) = ((x >> 20) % 3, (x >> 30) % 4);
             let now = clock.now_micros();
             let slot = key as usize;
-            // The store holds two keys. A third one takes the slot of the least recently used
-            // key that is as good as fresh; if neither is, it is decided by the overflow bucket.
+            // The store holds two keys. A third one takes the slot of a key that is as good as
+            // fresh; if neither is, it is decided by the overflow bucket.
             let fresh = |states: &[A::State], k: u64| {
                 algorithm.decide(&states[k as usize], now, 0)
                     == algorithm.decide(&A::State::default(), now, 0)
             };
-            let new_key = !held.contains(&key);
+            let new_key = !held.iter().any(|&(k, _)| k == key);
             if new_key {
                 states[slot] = Default::default();
             }
             let charged =
                 new_key && cost > 0 && algorithm.decide(&states[slot], now, cost).allowed();
-            let overflow = charged && held.len() == 2 && !held.iter().any(|&k| fresh(&states, k));
+            let overflow =
+                charged && held.len() == 2 && !held.iter().any(|&(k, _)| fresh(&states, k));
             let want = if overflow {
                 algorithm.check(&mut overflow_state, now, cost)
             } else {
@@ -721,23 +724,51 @@ mod tests {
                 got, want,
                 "{kind} step {step}: key {key} cost {cost} at {now}"
             );
-            // Mirror the store's bookkeeping: a known key becomes most recent; an unknown key
-            // is stored only if it was charged.
-            if let Some(i) = held.iter().position(|&k| k == key) {
-                held.remove(i);
-                held.push(key);
-            } else if charged && !overflow {
-                // The least recently used fresh key makes room when the store is full; when it
-                // is not, the least recently used key does if it is fresh (recycled early).
-                let victim = if held.len() == 2 {
-                    held.iter().position(|&k| fresh(&states, k))
-                } else {
-                    held.first().filter(|&&k| fresh(&states, k)).map(|_| 0)
+            // Mirror the store's bookkeeping (`Shard::vacancy`): a known key is referenced; an
+            // unknown key is stored only if it was charged, in the slot the clock hand finds.
+            if let Some(slot) = held.iter_mut().find(|(k, _)| *k == key) {
+                slot.1 = true;
+            } else if charged && held.len() < 2 {
+                // Room: the key at the hand is recycled if fresh, else the slab grows.
+                let reuse = !held.is_empty() && {
+                    let at = hand;
+                    held[at].1 = false;
+                    hand = (hand + 1) % held.len();
+                    let fresh_at = fresh(&states, held[at].0);
+                    if fresh_at {
+                        held[at] = (key, true);
+                    }
+                    fresh_at
                 };
-                if let Some(i) = victim {
-                    held.remove(i);
+                if !reuse {
+                    held.push((key, true));
                 }
-                held.push(key);
+            } else if charged {
+                // Full: the hand clears what it passes and takes the first unreferenced fresh
+                // key, else the first referenced fresh one (the hand then resumes after it).
+                let mut fallback = None;
+                let mut taken = None;
+                for _ in 0..2 {
+                    let at = hand;
+                    hand = (hand + 1) % 2;
+                    let referenced = std::mem::replace(&mut held[at].1, false);
+                    if fresh(&states, held[at].0) {
+                        if !referenced {
+                            taken = Some(at);
+                            break;
+                        }
+                        fallback.get_or_insert(at);
+                    }
+                }
+                if taken.is_none() {
+                    if let Some(at) = fallback {
+                        hand = (at + 1) % 2;
+                        taken = Some(at);
+                    }
+                }
+                if let Some(at) = taken {
+                    held[at] = (key, true);
+                }
             }
             assert_eq!(store.len(), held.len(), "{kind} step {step}");
         }
