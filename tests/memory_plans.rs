@@ -327,9 +327,13 @@ fn tables_checked_only_at_their_own_quota_keep_their_bytes_per_key() {
         assert!(ready(planned.check(&checks)).allowed());
     }
     assert_eq!(plain.memory_usage(), planned.memory_usage());
-    // One key at another quota: 4 bytes per slot of the slab, for this table only.
+    // A key at another quota: its tag lives in its slot, so no table grows for it.
     let checks = [LimitCheck::new(0, Key::int(0), 1).with_quota(&pro)];
     assert!(ready(planned.check(&checks)).allowed());
-    let extra = planned.memory_usage() - plain.memory_usage();
-    assert!((4_000..=4 * 1_024).contains(&extra), "{extra} bytes");
+    assert_eq!(plain.memory_usage(), planned.memory_usage());
+    assert_eq!(
+        ready(planned.check(&checks)).as_slice()[0].remaining(),
+        997,
+        "the key is held at the pro quota: 3 spent (1 at its own, then 2 at pro) of 1 000"
+    );
 }

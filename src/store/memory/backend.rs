@@ -69,7 +69,8 @@ impl Default for MemoryBackend {
 
 impl<C: Clock> MemoryBackend<C> {
     /// Keeps at most `n` keys per limit (a hard bound). Beyond it, a new key takes the place of
-    /// a least recently used key that has fully recovered its budget, never of one that has not;
+    /// an idle key that has fully recovered its budget (found by a second-chance clock that
+    /// prefers keys not used lately), never of one that has not;
     /// if there is none, new keys share the limit's overflow bucket (see "Bound and eviction" in
     /// the [module docs](super)). `0` is a [`ConfigError`] at build time.
     #[must_use]
@@ -82,10 +83,9 @@ impl<C: Clock> MemoryBackend<C> {
     /// [`MAX_SHARDS`](MemoryBackend::MAX_SHARDS) and at most the key bound (anything else is a
     /// [`ConfigError`] at build time).
     ///
-    /// Least-recently-used order is exact within a shard; keys are spread over shards by a
-    /// seeded hash. The default is four shards per available CPU, rounded up to a power of two,
-    /// and lowered so that each shard holds at least 4,096 keys (a bound under 8,192 keys gets a
-    /// single shard, so exact LRU over all keys).
+    /// Each shard has its own eviction clock; keys are spread over shards by a seeded hash. The
+    /// default is four shards per available CPU, rounded up to a power of two, and lowered so
+    /// that each shard holds at least 4,096 keys (a bound under 8,192 keys gets a single shard).
     #[must_use]
     pub fn shards(mut self, n: usize) -> Self {
         self.shards = Some(n);
@@ -140,11 +140,11 @@ impl<C: Clock> MemoryBackend<C> {
             }
             None => default_shards(max_keys),
         };
-        if max_keys.div_ceil(shards) >= u32::MAX as usize {
+        if max_keys.div_ceil(shards) >= 1 << 31 {
             return Err(ConfigError::new(
                 "memory.max_keys",
                 format!(
-                    "{max_keys} keys over {shards} shards exceeds 4,294,967,294 keys per shard; raise .shards() or lower .max_keys()"
+                    "{max_keys} keys over {shards} shards exceeds 2,147,483,647 keys per shard; raise .shards() or lower .max_keys()"
                 ),
             ));
         }

@@ -1,5 +1,5 @@
-//! The in-memory store: per-limit sharded tables with a hard key bound and LRU eviction that
-//! never forgets a key before it has regained what it spent.
+//! The in-memory store: per-limit sharded tables with a hard key bound and second-chance
+//! eviction that never forgets a key before it has regained what it spent.
 //!
 //! [`MemoryBackend`] is the configuration (key bound, shards, clock); the layer builder turns it
 //! into a [`MemoryStore`], which decides every check synchronously, without allocating or
@@ -93,8 +93,9 @@
 //! of 100,000, and the chance that any two of the 100,000 collide is about 3 × 10⁻¹⁰.
 //!
 //! **Bound and eviction.** Each table holds at most [`max_keys`](MemoryBackend::max_keys) keys,
-//! split exactly over its shards. A shard is a slab of entries linked in least-recently-used
-//! order (two `u32` links) and indexed by a `hashbrown` table of slot numbers. Shards fill
+//! split exactly over its shards. A shard is an open-addressing hash table holding each key's
+//! state in its slot (linear probing, at most 4/5 full), so a check of a held key reads one
+//! place in memory, and a clock of the keys in the order they arrived, for eviction. Shards fill
 //! unevenly, by about `1 / sqrt(keys per shard)`, so leave some headroom over the number of keys
 //! you expect to be active: a few percent at a million keys. (By default a bound under 8,192
 //! keys gets one shard; larger bounds get shards of at least 4,096 keys.)
@@ -102,9 +103,11 @@
 //! *Eviction never resets a budget.* Forgetting a key hands back whatever it had spent, so only
 //! a key whose state is as good as a fresh key's at that instant (it has been idle long enough to
 //! recover completely: [`Algorithm::idle_timeout_micros`](crate::algorithm::Algorithm::idle_timeout_micros)
-//! at most) is ever forgotten, and then freely: a new key takes the slot of the least recently
-//! used such key among the shard's 8 least recently used keys (and, while the shard still has
-//! room, of its least recently used key if that one has recovered, before the slab grows). A key
+//! at most) is ever forgotten, and then freely: a new key takes the slot of such a key among the
+//! 8 at the shard's clock hand, which walks the keys oldest first and prefers one not used since
+//! it last passed (a second chance: a hit sets a bit in the key's own slot, where an exact LRU
+//! list would also write two neighbouring entries); while the shard still has room, the key at
+//! the hand is recycled if it has recovered, before the table grows. A key
 //! that has spent budget is kept until it has regained it by itself, however many other keys
 //! arrive. When a new key is charged and its shard is full with no recovered key among those 8,
 //! it is decided by the limit's **overflow bucket**: one state of the limit's quota, shared by
@@ -122,8 +125,7 @@
 //! [`PlanQuota`](crate::store::PlanQuota) (the quota of the client's plan, or a per-key
 //! override), and is then decided at that quota; a quota of another algorithm than the limit's
 //! is a [`StoreError`](crate::StoreError) and charges nothing. Each key remembers which quota
-//! its state was written under (a 4-byte tag beside the state, allocated per shard only once
-//! some key is checked at a quota other than its limit's own), and a check at another quota
+//! its state was written under (a 4-byte tag in its slot), and a check at another quota
 //! first converts the state with [`Algorithm::rebase`](crate::algorithm::Algorithm::rebase):
 //! the key keeps what it spent, whichever way its plan moved. Eviction judges a key by the
 //! quota it was written under, so a key on a slow plan is never recycled early by its limit's
@@ -134,13 +136,13 @@
 //! clock and key hashing; new limits start fresh. [`Store::refund`](crate::store::Store::refund)
 //! gives a charge back at the check's quota.
 //!
-//! **Memory.** Per key: the 8-byte fingerprint, 8 bytes of links and the algorithm's state (16
-//! bytes for the token bucket, so 32), plus 5.7 to 12.9 bytes of index: 38 to 45 bytes per
-//! token-bucket key (44 measured at a million keys: see `benches/memory.rs`), about 4 MB for a
-//! full table at the default bound. The slab grows by doubling but never past the shard's share
-//! of the bound, and the index is rebuilt in place rather than doubled when evictions leave it
-//! tombstones. A table some of whose keys were checked at another quota than its limit's own
-//! holds 4 more bytes per key, in the shards concerned. A sliding log keeps its entries on the heap, outside the slab: at most 16 bytes
+//! **Memory.** Per key, a slot of the 8-byte fingerprint, the algorithm's state (16 bytes for
+//! the token bucket), the 4-byte quota tag and a 4-byte place in the clock (32 bytes for the
+//! token bucket), in a table at most 4/5 full, plus 4 bytes of clock order: 44 bytes per
+//! token-bucket key in a full table (46 measured at a million keys, whose shards are not all
+//! full: see `benches/memory.rs`), about 4.4 MB for a full table at the default bound. The
+//! table grows by doubling but never past its full length (`⌈share × 5/4⌉ + 1` slots), and
+//! removing a key shifts its probe run back, so churn leaves no tombstones. A sliding log keeps its entries on the heap, outside the table: at most 16 bytes
 //! × `count` per key (`count` is at most [`SlidingLog::MAX_COUNT`](crate::algorithm::SlidingLog::MAX_COUNT)),
 //! counted by [`MemoryStore::memory_usage`].
 //!
@@ -160,9 +162,8 @@
 //! [`MemoryStore::check_one`] costs: it builds its [`Decisions`](crate::store::Decisions) (120
 //! bytes, moved to the layer without a `memcpy` call) in place, and an unscoped IPv4 or integer
 //! key is fingerprinted as one 128-bit value. What remains, per check: the clock read, one hash,
-//! one lock, one index lookup, the move of the key to the head of its shard's LRU list (at a
-//! million keys, in random order, that move touches two more entries, about a fifth of the
-//! time of a check), and the algorithm.
+//! one lock, one probe of the table (usually its home slot: one cache line), the referenced
+//! bit, and the algorithm.
 
 mod backend;
 mod shard;

@@ -1,37 +1,38 @@
-//! One shard of a table: a bounded slab of per-key states with second-chance ("clock")
-//! recency, indexed by key fingerprint.
+//! One shard of a table: a bounded open-addressing hash table of per-key states, with
+//! second-chance ("clock") recency.
 //!
-//! Layout, chosen so that a key costs a few tens of bytes however long it is:
+//! Layout, chosen so that a check of a held key reads one place in memory, and a key costs a few
+//! tens of bytes however long it is:
 //!
-//! - `entries: Vec<Entry<S>>` is a dense slab. An entry is the key's 64-bit fingerprint, its
-//!   referenced bit and the algorithm state (for the token bucket: 8 + 16 + 1, padded to 32
-//!   bytes). Slots are never freed: a slot is reused in place when its key is as good as fresh
-//!   (see [`Shard::vacancy`]), so the slab never exceeds the shard's capacity.
+//! - `slots: Vec<Slot<S>>` is the table itself: each slot holds a key's 64-bit fingerprint (0
+//!   marks an empty slot; a fingerprint of 0 is stored as 1), the algorithm state, the tag of
+//!   the quota it was written under and its place in the clock with a referenced bit (for the
+//!   token bucket: 8 + 16 + 4 + 4 = 32 bytes). A key lives at its home slot (the fingerprint's low 32 bits scaled to
+//!   the table's length) or in the first empty slot after it (linear probing, wrapping), so a
+//!   lookup reads the home slot and usually nothing further: no index, no second array. A
+//!   lookup that finds no key stops at the first empty slot.
+//! - The table is never more than four fifths full: with `cap` keys it has `⌈cap × 5/4⌉ + 1`
+//!   slots (40 bytes per token-bucket key when full). It grows by doubling, clamped to that
+//!   length, so an insertion moves every key a logarithmic number of times in all, and nothing
+//!   allocates on a lookup or once the table has its full length.
+//! - `clock: Vec<u32>` lists the keys' slots in the order the clock hand visits them (4 bytes
+//!   per key): a new key takes the place of the key it replaces, or the end, so the hand meets
+//!   keys in the order they arrived, whatever their hashes. Only a search for room reads it.
+//! - Removing a key (to recycle its slot) shifts the keys after it back (backward-shift
+//!   deletion), so there are no tombstones and the table never degrades under churn.
 //!
-//! Recency is a second-chance clock, not a linked LRU list: a hit sets its entry's referenced
-//! bit, in the cache line the check reads and writes anyway, where moving a node to the head of
-//! a list writes its two neighbours too (two more cache misses per check once the keys outgrow
-//! the cache: measured at 1 000 000 keys). Looking for room, a hand sweeps the slab, clearing
-//! the bits it passes, and prefers a key whose bit was clear (not used since the hand last
-//! passed) among those as good as fresh. Which fresh key goes is only a matter of efficiency:
-//! a key as good as fresh decides exactly like a key never seen, so the order never changes a
-//! decision, only which idle key a new one replaces.
-//! - `index: HashTable<u32>` maps a fingerprint to its slot: 4 bytes plus one control byte per
-//!   bucket, at most 7/8 full, so 5.7 to 11.4 bytes per key.
-//! - `tags: Vec<u32>`, parallel to the slab, names the quota each state was written under (a
-//!   [`PlanQuota`](crate::store::PlanQuota)'s tag; 0 is the limit's own quota). It stays empty,
-//!   costing nothing per key, until a state is written under another quota; then it holds 4
-//!   bytes per key.
-//!
-//! Nothing here allocates on a lookup; an insertion allocates only when the slab or the index
-//! grows (doubling, clamped to the capacity), which happens a logarithmic number of times.
+//! Recency is a second-chance clock: a hit sets its slot's referenced bit, in the cache line the
+//! check reads and writes anyway (a linked LRU list would write the two neighbouring entries
+//! too). Looking for room, a hand sweeps the table, clearing the bits
+//! it passes, and prefers a key whose bit was clear (not used since the hand last passed) among
+//! those as good as fresh. Which fresh key goes is only a matter of efficiency: a key as good as
+//! fresh decides exactly like a key never seen, so the order never changes a decision, only
+//! which idle key a new one replaces.
 
 use std::fmt;
 
-use hashbrown::HashTable;
-
-/// The slab's first allocation, in entries.
-const MIN_ALLOC: usize = 8;
+/// The table's first length, in slots.
+const MIN_SLOTS: usize = 8;
 
 /// How many keys a full shard examines, from its clock hand on, for one it may recycle (one
 /// whose state is as good as fresh). Bounded, so a shard full of keys that are still recovering
@@ -42,7 +43,7 @@ pub(crate) const SCAN: usize = 8;
 /// same lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Vacancy {
-    /// The shard has room: append a slot.
+    /// The shard has room: add the key.
     Grow,
     /// Recycle this slot, whose key is as good as fresh.
     Reuse(u32),
@@ -50,48 +51,65 @@ pub(crate) enum Vacancy {
     Full,
 }
 
-/// One key's slot.
-#[derive(Debug)]
-struct Entry<S> {
-    /// The key's fingerprint (see the module docs of `store::memory`).
+/// One slot of the table.
+#[derive(Debug, Default)]
+struct Slot<S> {
+    /// The key's fingerprint (see the module docs of `store::memory`), never 0; 0: empty.
     fp: u64,
     /// The algorithm's per-key state.
     state: S,
-    /// Used since the clock hand last passed this slot.
-    referenced: bool,
+    /// The tag of the quota the state was written under (0: the limit's own).
+    tag: u32,
+    /// The key's index in the clock, and [`REFERENCED`] if it was used since the hand last
+    /// passed it.
+    place: u32,
 }
+
+/// The bit of [`Slot::place`] that says the key was used since the clock hand last passed.
+const REFERENCED: u32 = 1 << 31;
 
 /// A bounded map from fingerprint to state with second-chance eviction of keys as good as
 /// fresh.
 pub(crate) struct Shard<S> {
-    index: HashTable<u32>,
-    entries: Vec<Entry<S>>,
-    /// The tag of each entry's state, or empty while every tag is 0.
-    tags: Vec<u32>,
-    /// The clock hand: the next slot [`vacancy`](Self::vacancy) examines (below `entries.len()`,
-    /// or 0 while the shard is empty).
+    /// The table: empty until the first key, then at least [`MIN_SLOTS`] long.
+    slots: Vec<Slot<S>>,
+    /// The slot of every key held, in the clock's order.
+    clock: Vec<u32>,
+    /// The clock hand: the index in `clock` that [`vacancy`](Self::vacancy) examines next.
     hand: u32,
-    /// Most entries this shard holds (at least 1, less than `u32::MAX`).
+    /// Most keys this shard holds (at least 1, below 2^31).
     cap: u32,
 }
 
 impl<S> fmt::Debug for Shard<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Shard")
-            .field("len", &self.entries.len())
+            .field("len", &self.clock.len())
             .field("cap", &self.cap)
             .finish_non_exhaustive()
     }
 }
 
+/// The stored form of a fingerprint: never 0, which marks an empty slot.
+#[inline(always)]
+fn stored(fp: u64) -> u64 {
+    fp.max(1)
+}
+
+/// The home slot of `fp` in a table of `n` slots: its low 32 bits scaled to `n` (the shard was
+/// chosen by bits 32 and up, see `table::shard_of`).
+#[inline(always)]
+fn home(fp: u64, n: usize) -> usize {
+    (((fp & 0xFFFF_FFFF) * n as u64) >> 32) as usize
+}
+
 impl<S: Default> Shard<S> {
-    /// An empty shard holding at most `cap` keys (`1 <= cap < u32::MAX`). Allocates nothing.
+    /// An empty shard holding at most `cap` keys (`1 <= cap < 2^31`). Allocates nothing.
     pub(crate) fn new(cap: u32) -> Self {
-        debug_assert!((1..u32::MAX).contains(&cap));
+        debug_assert!((1..REFERENCED).contains(&cap));
         Self {
-            index: HashTable::new(),
-            entries: Vec::new(),
-            tags: Vec::new(),
+            slots: Vec::new(),
+            clock: Vec::new(),
             hand: 0,
             cap,
         }
@@ -100,175 +118,234 @@ impl<S: Default> Shard<S> {
     /// Number of keys held.
     #[inline]
     pub(crate) fn len(&self) -> usize {
-        self.entries.len()
+        self.clock.len()
     }
 
-    /// Heap bytes held by this shard (slab and index, allocated capacity included), plus what
+    /// The table's length once the shard is full: four fifths full at most.
+    fn full_length(&self) -> usize {
+        (self.cap as usize * 5).div_ceil(4) + 1
+    }
+
+    /// Heap bytes held by this shard (the table, allocated capacity included), plus what
     /// `heap` says each state owns on the heap.
     pub(crate) fn memory_usage(&self, heap: impl Fn(&S) -> usize) -> usize {
-        self.entries.capacity() * std::mem::size_of::<Entry<S>>()
-            + self.index.allocation_size()
-            + self.tags.capacity() * std::mem::size_of::<u32>()
-            + self.entries.iter().map(|e| heap(&e.state)).sum::<usize>()
+        self.slots.capacity() * std::mem::size_of::<Slot<S>>()
+            + self.clock.capacity() * std::mem::size_of::<u32>()
+            + self
+                .slots
+                .iter()
+                .filter(|s| s.fp != 0)
+                .map(|s| heap(&s.state))
+                .sum::<usize>()
     }
 
     /// The slot of `fp`, marked referenced.
-    // Always inlined: it is most of a check, and six tables' checks (one per algorithm) made
-    // the compiler call it out of line (11 more instructions per check, measured).
+    // Always inlined: it is most of a check.
     #[inline(always)]
     pub(crate) fn lookup(&mut self, fp: u64) -> Option<u32> {
-        let entries = &self.entries;
-        let slot = *self
-            .index
-            .find(fp, |&slot| entries[slot as usize].fp == fp)?;
-        self.entries[slot as usize].referenced = true;
-        Some(slot)
+        let fp = stored(fp);
+        let n = self.slots.len();
+        if n == 0 {
+            return None;
+        }
+        let mut i = home(fp, n);
+        loop {
+            let slot = &mut self.slots[i];
+            if slot.fp == fp {
+                slot.place |= REFERENCED;
+                return Some(i as u32);
+            }
+            if slot.fp == 0 {
+                return None;
+            }
+            i += 1;
+            if i == n {
+                i = 0;
+            }
+        }
     }
 
     /// The state in `slot`.
     #[inline]
     pub(crate) fn state(&self, slot: u32) -> &S {
-        &self.entries[slot as usize].state
+        &self.slots[slot as usize].state
     }
 
     /// The state in `slot`, mutably.
     #[inline]
     pub(crate) fn state_mut(&mut self, slot: u32) -> &mut S {
-        &mut self.entries[slot as usize].state
+        &mut self.slots[slot as usize].state
     }
 
     /// The tag of the quota the state in `slot` was written under (0: the limit's own).
     #[inline]
     pub(crate) fn tag(&self, slot: u32) -> u32 {
-        self.tags.get(slot as usize).copied().unwrap_or(0)
+        self.slots[slot as usize].tag
     }
 
-    /// Records that the state in `slot` is now written under the quota tagged `tag`. The
-    /// first tag other than 0 allocates the shard's tags (4 bytes per slot of the slab).
+    /// Records that the state in `slot` is now written under the quota tagged `tag`.
+    #[inline]
     pub(crate) fn set_tag(&mut self, slot: u32, tag: u32) {
-        if self.tags.is_empty() {
-            if tag == 0 {
-                return;
-            }
-            self.tags.reserve_exact(self.entries.capacity());
-            self.tags.resize(self.entries.len(), 0);
-        }
-        self.tags[slot as usize] = tag;
+        self.slots[slot as usize].tag = tag;
     }
 
     /// Where a new key can go without forgetting a key that has spent budget.
     ///
     /// A key whose state `recyclable` (given the state and its tag) says is as good as fresh is
     /// forgotten first, freely. While the shard has room, the key at the clock hand is recycled
-    /// if it is as good as fresh (so idle keys are recycled before the slab grows); otherwise
-    /// the slab grows. When the shard is full, the hand examines up to [`SCAN`] keys, clearing
-    /// their referenced bits, and takes the first unreferenced one that is as good as fresh,
-    /// or else the first referenced one that is. Any other key has spent budget it has not yet
-    /// regained, and forgetting it would hand that budget back, so a full shard without a
-    /// recyclable key among those answers [`Vacancy::Full`].
+    /// if it is as good as fresh (so idle keys are recycled before the table grows); otherwise
+    /// the key is added. When the shard is full, the hand examines up to [`SCAN`] keys,
+    /// clearing their referenced bits, and takes the first unreferenced one that is as good as
+    /// fresh, or else the first referenced one that is. Any other key has spent budget it has
+    /// not yet regained, and forgetting it would hand that budget back, so a full shard without
+    /// a recyclable key among those answers [`Vacancy::Full`], and its hand stays where it was.
     pub(crate) fn vacancy(&mut self, recyclable: impl Fn(&S, u32) -> bool) -> Vacancy {
-        let len = self.entries.len();
+        let len = self.clock.len();
         if len < self.cap as usize {
             if len == 0 {
                 return Vacancy::Grow;
             }
-            let slot = self.hand;
-            let tag = self.tag(slot);
-            let entry = &mut self.entries[slot as usize];
-            entry.referenced = false;
-            let reuse = recyclable(&entry.state, tag);
-            self.advance_hand();
-            return if reuse {
-                Vacancy::Reuse(slot)
+            let slot = self.next_key();
+            let entry = &mut self.slots[slot];
+            entry.place &= !REFERENCED;
+            return if recyclable(&entry.state, entry.tag) {
+                Vacancy::Reuse(slot as u32)
             } else {
                 Vacancy::Grow
             };
         }
+        let start = self.hand;
         let mut fallback = None;
         for _ in 0..SCAN.min(len) {
-            let slot = self.hand;
-            self.advance_hand();
-            let tag = self.tag(slot);
-            let entry = &mut self.entries[slot as usize];
-            let referenced = std::mem::replace(&mut entry.referenced, false);
-            if recyclable(&entry.state, tag) {
+            let at = self.hand;
+            let slot = self.next_key();
+            let entry = &mut self.slots[slot];
+            let referenced = entry.place & REFERENCED != 0;
+            entry.place &= !REFERENCED;
+            if recyclable(&entry.state, entry.tag) {
                 if !referenced {
-                    return Vacancy::Reuse(slot);
+                    return Vacancy::Reuse(slot as u32);
                 }
-                fallback.get_or_insert(slot);
+                fallback.get_or_insert((slot, at));
             }
         }
         match fallback {
-            Some(slot) => {
-                // On from the slot taken, not past the keys examined after it: those were
+            Some((slot, at)) => {
+                // On from the key taken, not past the keys examined after it: those were
                 // looked at, not recycled, and the next sweep starts with them.
-                self.hand = slot;
-                self.advance_hand();
-                Vacancy::Reuse(slot)
+                self.hand = at;
+                self.next_key();
+                Vacancy::Reuse(slot as u32)
             }
-            None => Vacancy::Full,
+            // Back to where it started: the hand keeps meeting the oldest keys, the first to
+            // recover, and the next new key reads the keys this one just read (cached) instead
+            // of another `SCAN` from all over the table.
+            None => {
+                self.hand = start;
+                Vacancy::Full
+            }
         }
     }
 
-    /// Moves the clock hand to the next slot of the slab, wrapping.
-    #[inline]
-    fn advance_hand(&mut self) {
-        let next = self.hand as usize + 1;
-        self.hand = if next < self.entries.len() {
-            next as u32
-        } else {
-            0
-        };
+    /// The slot of the key at the hand, which moves on to the next (the shard holds a key).
+    fn next_key(&mut self) -> usize {
+        let at = self.hand as usize % self.clock.len();
+        self.hand = ((at + 1) % self.clock.len()) as u32;
+        self.clock[at] as usize
     }
 
-    /// Inserts `fp` (which must not be present) with a fresh state at tag 0, referenced, where `vacancy` (from [`vacancy`](Self::vacancy), under the same lock) says, and
-    /// returns its slot; `None` for [`Vacancy::Full`].
+    /// Inserts `fp` (which must not be present) with a fresh state at tag 0, referenced, where
+    /// `vacancy` (from [`vacancy`](Self::vacancy), under the same lock) says, and returns its
+    /// slot; `None` for [`Vacancy::Full`]. Other keys' slots may move: a slot number is good
+    /// until the next `occupy`.
     pub(crate) fn occupy(&mut self, fp: u64, vacancy: Vacancy) -> Option<u32> {
-        let slot = match vacancy {
+        let place = match vacancy {
             Vacancy::Full => return None,
             Vacancy::Reuse(slot) => {
-                let old = self.entries[slot as usize].fp;
-                if let Ok(found) = self.index.find_entry(old, |&s| s == slot) {
-                    found.remove();
-                } else {
-                    debug_assert!(false, "recycled slot missing from the index");
-                }
-                let entry = &mut self.entries[slot as usize];
-                entry.fp = fp;
-                entry.state = S::default();
-                entry.referenced = true;
-                if let Some(tag) = self.tags.get_mut(slot as usize) {
-                    *tag = 0;
-                }
-                slot
+                debug_assert!(self.slots[slot as usize].fp != 0, "recycled an empty slot");
+                let place = self.slots[slot as usize].place & !REFERENCED;
+                self.remove_at(slot as usize);
+                place
             }
             Vacancy::Grow => {
-                let len = self.entries.len();
+                let len = self.clock.len();
                 debug_assert!(len < self.cap as usize, "grew a full shard");
-                if len == self.entries.capacity() {
-                    // Double, but never past the cap: a full shard holds exactly `cap` entries.
-                    let target = (len * 2).max(MIN_ALLOC).min(self.cap as usize);
-                    self.entries.reserve_exact(target - len);
+                // Four fifths full at most (the full length keeps `cap` keys at that load).
+                if (len + 1) * 5 > self.slots.len() * 4 {
+                    self.grow();
                 }
-                self.entries.push(Entry {
-                    fp,
-                    state: S::default(),
-                    referenced: true,
-                });
-                if !self.tags.is_empty() {
-                    if self.tags.len() == self.tags.capacity() {
-                        // Never more room than the slab's.
-                        let room = self.entries.capacity() - self.tags.len();
-                        self.tags.reserve_exact(room);
-                    }
-                    self.tags.push(0);
+                if len == self.clock.capacity() {
+                    // Double, but never past the cap.
+                    let target = (len * 2).max(MIN_SLOTS).min(self.cap as usize);
+                    self.clock.reserve_exact(target - len);
                 }
-                // `len < cap < u32::MAX`, so the slot fits.
+                self.clock.push(0);
                 len as u32
             }
         };
-        self.index_insert(fp, slot);
-        Some(slot)
+        let fp = stored(fp);
+        let n = self.slots.len();
+        let mut i = home(fp, n);
+        while self.slots[i].fp != 0 {
+            debug_assert!(self.slots[i].fp != fp, "inserted a key already held");
+            i = (i + 1) % n;
+        }
+        self.slots[i] = Slot {
+            fp,
+            state: S::default(),
+            tag: 0,
+            place: place | REFERENCED,
+        };
+        self.clock[place as usize] = i as u32;
+        Some(i as u32)
+    }
+
+    /// Doubles the table (at least [`MIN_SLOTS`], at most its full length) and puts every key
+    /// back at its place in it.
+    #[cold]
+    fn grow(&mut self) {
+        let n = (self.slots.len() * 2)
+            .max(MIN_SLOTS)
+            .min(self.full_length());
+        let mut slots = Vec::with_capacity(n);
+        slots.resize_with(n, Slot::default);
+        let old = std::mem::replace(&mut self.slots, slots);
+        for entry in old.into_iter().filter(|s| s.fp != 0) {
+            let mut i = home(entry.fp, n);
+            while self.slots[i].fp != 0 {
+                i = (i + 1) % n;
+            }
+            self.clock[(entry.place & !REFERENCED) as usize] = i as u32;
+            self.slots[i] = entry;
+        }
+    }
+
+    /// Empties slot `i`, shifting back the keys after it that probed past it, so every key stays
+    /// reachable from its home slot without a tombstone. The key's place in the clock is left
+    /// for the caller to fill.
+    fn remove_at(&mut self, mut i: usize) {
+        let n = self.slots.len();
+        self.slots[i] = Slot::default();
+        let mut j = i;
+        loop {
+            j = (j + 1) % n;
+            let fp = self.slots[j].fp;
+            if fp == 0 {
+                return;
+            }
+            let k = home(fp, n);
+            // The key at `j` may move to `i` unless its home lies cyclically in (i, j].
+            let stays = if i <= j {
+                i < k && k <= j
+            } else {
+                i < k || k <= j
+            };
+            if !stays {
+                self.slots.swap(i, j);
+                self.clock[(self.slots[i].place & !REFERENCED) as usize] = i as u32;
+                i = j;
+            }
+        }
     }
 
     /// [`vacancy`](Self::vacancy) then [`occupy`](Self::occupy) (tests only).
@@ -278,45 +355,10 @@ impl<S: Default> Shard<S> {
         self.occupy(fp, vacancy)
     }
 
-    /// Adds `slot` (whose entry already holds `fp`) to the index.
-    ///
-    /// Removing a key can leave a tombstone in the index, and once tombstones use up its spare
-    /// room, hashbrown would rehash: in place if at most half full, otherwise by doubling. A
-    /// full shard that keeps evicting is more than half full, so left alone its index would
-    /// double once for nothing. Instead, when no room is left, the index is rebuilt in place
-    /// from the slab, and doubled only if the rebuilt table would have less than one eighth of
-    /// its keys' worth of room left (so rebuilds stay rare: amortised, at most eight
-    /// re-insertions per insertion). Either way the index stays within 5.7 to 12.9 bytes per key.
-    fn index_insert(&mut self, fp: u64, slot: u32) {
-        let Self { index, entries, .. } = self;
-        let hasher = |&s: &u32| entries[s as usize].fp;
-        if index.len() < index.capacity() {
-            index.insert_unique(fp, slot, hasher);
-            return;
-        }
-        // Every slot of the slab, `slot` included, is a live key.
-        let keys = entries.len();
-        index.clear();
-        let room = index.capacity();
-        if keys > room || room - keys < (keys / 8).max(1) {
-            index.reserve((room + 1).max(keys), hasher);
-        }
-        for s in 0..keys as u32 {
-            index.insert_unique(entries[s as usize].fp, s, hasher);
-        }
-    }
-
     /// The most keys this shard holds (tests only).
     #[cfg(test)]
     pub(crate) fn cap(&self) -> u32 {
         self.cap
-    }
-
-    /// Fingerprints in slab order, with their referenced bits, and the hand (tests only).
-    #[cfg(test)]
-    fn clock(&self) -> (Vec<(u64, bool)>, u32) {
-        let slots = self.entries.iter().map(|e| (e.fp, e.referenced)).collect();
-        (slots, self.hand)
     }
 }
 
@@ -339,15 +381,65 @@ mod tests {
         shard.lookup(fp).map(|slot| *shard.state(slot))
     }
 
+    /// Sets the state of `fp` without a lookup, so its referenced bit stays as it is.
+    fn set_quietly(shard: &mut Shard<u64>, fp: u64, value: u64) {
+        let slot = shard.slots.iter_mut().find(|s| s.fp == stored(fp)).unwrap();
+        slot.state = value;
+    }
+
+    /// The held keys in the clock's order with their referenced bits, and the hand.
+    fn clock(shard: &Shard<u64>) -> (Vec<(u64, bool)>, u32) {
+        let keys = shard
+            .clock
+            .iter()
+            .map(|&i| &shard.slots[i as usize])
+            .map(|s| (s.fp, s.place & REFERENCED != 0))
+            .collect();
+        (keys, shard.hand)
+    }
+
+    /// Every held key is reachable from its home slot through occupied slots only, the count
+    /// is right and the table is at most three quarters full.
+    fn assert_consistent(shard: &mut Shard<u64>) {
+        let held: Vec<u64> = shard
+            .slots
+            .iter()
+            .map(|s| s.fp)
+            .filter(|&f| f != 0)
+            .collect();
+        assert_eq!(held.len(), shard.len());
+        assert!(
+            shard.len() * 5 <= shard.slots.len() * 4,
+            "over four fifths full"
+        );
+        for (place, &slot) in shard.clock.iter().enumerate() {
+            let s = &shard.slots[slot as usize];
+            assert!(
+                s.fp != 0 && (s.place & !REFERENCED) as usize == place,
+                "clock {place}"
+            );
+        }
+        for fp in held {
+            assert!(shard.lookup(fp).is_some(), "{fp} unreachable");
+        }
+    }
+
     #[test]
     fn lookup_finds_inserted_keys_and_misses_others() {
         let mut shard = Shard::new(4);
+        assert_eq!(get(&mut shard, 10), None, "an empty shard holds nothing");
         insert(&mut shard, 10, 100);
         insert(&mut shard, 20, 200);
+        insert(&mut shard, 0, 300);
         assert_eq!(get(&mut shard, 10), Some(100));
         assert_eq!(get(&mut shard, 20), Some(200));
+        assert_eq!(
+            get(&mut shard, 0),
+            Some(300),
+            "fingerprint 0 is a key like any other"
+        );
         assert_eq!(get(&mut shard, 30), None);
-        assert_eq!(shard.len(), 2);
+        assert_eq!(shard.len(), 3);
     }
 
     #[test]
@@ -384,16 +476,7 @@ mod tests {
         for fp in [1, 4, 5, 6] {
             assert!(get(&mut shard, fp).is_some(), "key {fp} kept: it has spent");
         }
-    }
-
-    /// Sets the state of `fp` without a lookup, so its referenced bit stays as it is.
-    fn set_quietly(shard: &mut Shard<u64>, fp: u64, value: u64) {
-        let entries = &shard.entries;
-        let slot = *shard
-            .index
-            .find(fp, |&s| entries[s as usize].fp == fp)
-            .unwrap();
-        shard.entries[slot as usize].state = value;
+        assert_consistent(&mut shard);
     }
 
     #[test]
@@ -403,34 +486,43 @@ mod tests {
             insert(&mut shard, fp, fp);
         }
         // All three have recovered; 1 and 2 were used since the hand last passed, 3 was not.
-        for (slot, entry) in shard.entries.iter_mut().enumerate() {
-            entry.state = 0;
-            entry.referenced = slot < 2;
+        for fp in 1..=3 {
+            set_quietly(&mut shard, fp, 0);
+        }
+        for slot in &mut shard.slots {
+            let referenced = slot.fp == 1 || slot.fp == 2;
+            slot.place = slot.place & !REFERENCED | if referenced { REFERENCED } else { 0 };
         }
         shard.hand = 0;
         insert(&mut shard, 4, 4).unwrap();
+        let (keys, _) = clock(&shard);
         assert_eq!(
-            shard.clock(),
-            (vec![(1, false), (2, false), (4, true)], 0),
-            "3 made room; the hand cleared 1 and 2 on its way and went round"
+            keys,
+            [(1, false), (2, false), (4, true)],
+            "3 made room; the hand cleared 1 and 2 on its way"
         );
         // Now 2 is used again and 1 is not: 1 goes next.
         assert_eq!(get(&mut shard, 2), Some(0));
         insert(&mut shard, 5, 5).unwrap();
-        assert_eq!(shard.clock(), (vec![(5, true), (2, true), (4, true)], 1));
+        assert_eq!(
+            get(&mut shard, 1),
+            None,
+            "1 had not been used since the hand passed"
+        );
+        assert_eq!(get(&mut shard, 2), Some(0), "2 was kept");
+        assert_consistent(&mut shard);
     }
 
     #[test]
     fn the_scan_is_bounded() {
         let cap = 3 * SCAN as u32;
         let mut shard = Shard::new(cap);
-        for fp in 0..u64::from(cap) {
+        for fp in 1..=u64::from(cap) {
             insert(&mut shard, fp, 1);
         }
-        // Only one key is fresh, just beyond the scan from the hand (keys are in slots 0, 1, ...).
-        let (_, hand) = shard.clock();
-        let beyond = (u64::from(hand) + SCAN as u64) % u64::from(cap);
-        set_quietly(&mut shard, beyond, 0);
+        // Only one key is fresh: the one just beyond the scan from the hand.
+        let beyond = shard.clock[(shard.hand as usize + SCAN) % shard.len()] as usize;
+        shard.slots[beyond].state = 0;
         let calls = std::cell::Cell::new(0);
         let vacancy = shard.vacancy(|s, _| {
             calls.set(calls.get() + 1);
@@ -438,14 +530,26 @@ mod tests {
         });
         assert_eq!(vacancy, Vacancy::Full);
         assert_eq!(calls.get(), SCAN);
+        let hand = shard.hand;
+        assert_eq!(shard.vacancy(fresh), Vacancy::Full, "the same keys again");
+        assert_eq!(
+            shard.hand, hand,
+            "a fruitless sweep leaves the hand where it was"
+        );
+        // Once the key at the hand recovers, it is the one recycled.
+        let first = shard.clock[hand as usize] as usize;
+        shard.slots[first].state = 0;
+        assert_eq!(shard.vacancy(fresh), Vacancy::Reuse(first as u32));
     }
 
     #[test]
     fn reused_slot_is_reset_to_default() {
         let mut shard = Shard::new(1);
         insert(&mut shard, 1, 0);
+        let slot = shard.lookup(1).unwrap();
+        shard.set_tag(slot, 7);
         let slot = shard.insert(2, fresh).unwrap();
-        assert_eq!(*shard.state(slot), 0);
+        assert_eq!((*shard.state(slot), shard.tag(slot)), (0, 0));
         assert_eq!(get(&mut shard, 1), None);
     }
 
@@ -458,65 +562,111 @@ mod tests {
             // Each key has recovered (state 0) by the time `cap` newer keys have arrived.
             if let Some(old) = fp.checked_sub(u64::from(cap)) {
                 // Without a lookup: it stays unreferenced once the hand has passed it.
-                let entries = &shard.entries;
-                let slot = *shard
-                    .index
-                    .find(mix(old), |&s| entries[s as usize].fp == mix(old))
-                    .unwrap();
-                shard.entries[slot as usize].state = 0;
+                set_quietly(&mut shard, mix(old), 0);
             }
             insert(&mut shard, mix(fp), fp + 1).unwrap();
         }
         assert_eq!(shard.len(), cap as usize);
         assert_eq!(
-            shard.entries.capacity(),
-            cap as usize,
-            "slab growth is clamped to the cap"
+            shard.slots.capacity(),
+            shard.full_length(),
+            "growth is clamped to the full length"
         );
         // The last `cap` keys are the ones kept.
         for fp in 9 * u64::from(cap)..10 * u64::from(cap) {
             assert_eq!(get(&mut shard, mix(fp)), Some(fp + 1), "key {fp} kept");
         }
+        assert_consistent(&mut shard);
     }
 
     #[test]
-    fn recyclable_tail_is_reused_before_growing() {
-        let mut shard = Shard::new(10);
-        insert(&mut shard, 1, 0);
-        insert(&mut shard, 2, 5);
-        // Tail (key 1, state 0) is recyclable under "state == 0".
-        let slot = shard.insert(3, fresh).unwrap();
-        assert_eq!(shard.len(), 2);
-        assert_eq!(get(&mut shard, 1), None);
-        assert_eq!(*shard.state(slot), 0);
-        // Tail is now key 2 (state 5): not recyclable, so the slab grows.
-        shard.insert(4, fresh).unwrap();
-        assert_eq!(shard.len(), 3);
-    }
-
-    #[test]
-    fn tags_cost_nothing_until_set_and_follow_their_slots() {
-        let mut shard = Shard::new(100);
-        for fp in 1..=20 {
-            let slot = insert(&mut shard, fp, fp).unwrap();
-            shard.set_tag(slot, 0);
+    fn removal_keeps_colliding_keys_reachable() {
+        // Keys whose home slots collide and wrap around the end of the table, removed in every
+        // position of their probe runs.
+        for victim in 0..12u64 {
+            let mut shard = Shard::new(12);
+            insert(&mut shard, 1, 1);
+            let n = shard.full_length() as u64;
+            // Fingerprints homed at the last slots, so their runs wrap.
+            let near_end = |k: u64| ((n - 1 - k % 3) << 32).div_ceil(n) | (k << 40);
+            let keys: Vec<u64> = (0..11).map(near_end).collect();
+            for (i, &fp) in keys.iter().enumerate() {
+                insert(&mut shard, fp, i as u64 + 10);
+            }
+            let gone = if victim == 11 {
+                1
+            } else {
+                keys[victim as usize]
+            };
+            set_quietly(&mut shard, gone, 0);
+            let slots = &shard.slots;
+            let place = shard
+                .clock
+                .iter()
+                .position(|&i| slots[i as usize].fp == stored(gone));
+            shard.hand = place.unwrap() as u32;
+            assert_eq!(shard.insert(99, fresh).map(|_| ()), Some(()));
+            assert_eq!(get(&mut shard, gone), None);
+            for (i, &fp) in keys.iter().enumerate() {
+                if fp != gone {
+                    assert_eq!(get(&mut shard, fp), Some(i as u64 + 10), "{fp:x}");
+                }
+            }
+            assert_consistent(&mut shard);
         }
-        assert!(shard.tags.is_empty(), "tag 0 everywhere allocates nothing");
-        let slot = shard.lookup(7).unwrap();
-        shard.set_tag(slot, 3);
-        assert_eq!(shard.tags.len(), 20);
-        assert!(shard.tags.capacity() <= shard.entries.capacity());
-        let eight = shard.lookup(8).unwrap();
-        assert_eq!((shard.tag(slot), shard.tag(eight)), (3, 0));
-        for fp in 21..=60 {
+    }
+
+    #[test]
+    fn random_operations_match_a_model() {
+        use std::collections::HashMap;
+        let mut shard = Shard::new(50);
+        let mut model: HashMap<u64, u64> = HashMap::new();
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        for step in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Few distinct high bits and low bits: many collisions on home slots.
+            let fp = (x % 120 + 1) * 0x0000_0100_0000_0007;
+            match get(&mut shard, fp) {
+                Some(v) => {
+                    assert_eq!(model.get(&fp), Some(&v), "step {step}");
+                    let slot = shard.lookup(fp).unwrap();
+                    *shard.state_mut(slot) = (x >> 40) % 3; // 0: recovered
+                    model.insert(fp, *shard.state(slot));
+                }
+                None => {
+                    assert!(!model.contains_key(&fp), "step {step}: {fp} lost");
+                    let vacancy = shard.vacancy(fresh);
+                    if let Vacancy::Reuse(slot) = vacancy {
+                        let old = shard.slots[slot as usize].fp;
+                        assert_eq!(model.remove(&old), Some(0), "only a fresh key goes");
+                    }
+                    if let Some(slot) = shard.occupy(fp, vacancy) {
+                        *shard.state_mut(slot) = 1 + (x >> 50) % 2;
+                        model.insert(fp, *shard.state(slot));
+                    } else {
+                        assert_eq!(shard.len(), 50, "refused only when full");
+                    }
+                }
+            }
+            assert_eq!(shard.len(), model.len(), "step {step}");
+        }
+        assert_consistent(&mut shard);
+    }
+
+    #[test]
+    fn tags_follow_their_slots() {
+        let mut shard = Shard::new(100);
+        for fp in 1..=60 {
             let slot = insert(&mut shard, fp, fp).unwrap();
             assert_eq!(shard.tag(slot), 0, "a new key starts at tag 0");
             shard.set_tag(slot, fp as u32);
         }
-        assert_eq!(shard.tags.len(), shard.entries.len());
-        assert!(shard.tags.capacity() <= shard.entries.capacity());
-        let fifty = shard.lookup(50).unwrap();
-        assert_eq!(shard.tag(fifty), 50);
+        for fp in 1..=60 {
+            let slot = shard.lookup(fp).unwrap();
+            assert_eq!(shard.tag(slot), fp as u32, "after the table grew");
+        }
         // Recyclability is decided with the state's tag; a recycled slot goes back to tag 0.
         let mut full = Shard::new(2);
         insert(&mut full, 1, 0);
@@ -526,16 +676,39 @@ mod tests {
         *full.state_mut(two) = 5;
         assert_eq!(full.vacancy(|s, tag| *s == 0 && tag == 0), Vacancy::Full);
         let slot = full.insert(3, |s, tag| *s == 0 && tag == 9).unwrap();
-        assert_eq!((slot, full.tag(slot)), (one, 0));
+        assert_eq!(full.tag(slot), 0);
+        assert_eq!(get(&mut full, 1), None);
     }
 
     #[test]
     fn a_single_slot_is_recycled_in_place() {
         let mut shard = Shard::new(1);
-        for fp in 0..5 {
+        for fp in 1..6 {
             insert(&mut shard, fp, 0);
-            assert_eq!(shard.clock(), (vec![(fp, true)], 0));
+            assert_eq!(clock(&shard).0, [(fp, true)]);
             assert_eq!(get(&mut shard, fp), Some(0));
+            assert_eq!(shard.len(), 1);
         }
+    }
+
+    #[test]
+    fn recyclable_key_is_reused_before_growing() {
+        let mut shard = Shard::new(10);
+        insert(&mut shard, 1, 1);
+        insert(&mut shard, 2, 5);
+        set_quietly(&mut shard, 1, 0);
+        // The hand at key 1, the first to arrive (state 0, recyclable).
+        shard.hand = 0;
+        let slot = shard.insert(3, fresh).unwrap();
+        assert_eq!(shard.len(), 2);
+        assert_eq!(get(&mut shard, 1), None);
+        assert_eq!(*shard.state(slot), 0);
+        // Then at key 2 (state 5): not recyclable, so the shard grows.
+        shard.insert(4, fresh).unwrap();
+        assert_eq!(shard.len(), 3);
+        assert_eq!(
+            clock(&shard).0.iter().map(|k| k.0).collect::<Vec<_>>(),
+            [3, 2, 4]
+        );
     }
 }

@@ -403,7 +403,7 @@ impl<C: Clock> MemoryStore<C> {
         self.limits.len()
     }
 
-    /// Heap bytes held by the tables: slabs and indexes (allocated capacity included) and the
+    /// Heap bytes held by the tables: their slots and clocks (allocated capacity included) and the
     /// per-key heap data an algorithm owns (a sliding log's entries). It walks every key, so
     /// call it for monitoring, not per request. A table shared with another store (see
     /// [`Store::reconfigure`]) is counted by each.
@@ -578,7 +578,7 @@ mod tests {
     }
 
     #[test]
-    fn recovered_keys_are_evicted_least_recently_used_first() {
+    fn recovered_keys_are_evicted_unused_first() {
         let (store, clock) = store_with(
             &[tb("a", Quota::per_second(1).burst(5))],
             MemoryBackend::new().max_keys(3).shards(1),
@@ -588,8 +588,8 @@ mod tests {
         store.check_one(0, &b, 1).unwrap();
         store.check_one(0, &c, 5).unwrap();
         clock.advance(Duration::from_secs(1));
-        // a and b have recovered, c (5 s to refill) has not. Touching a leaves b the least
-        // recently used of the recovered keys.
+        // a and b have recovered, c (5 s to refill) has not. Touching a gives it a second
+        // chance: b, not used since, goes first.
         store.check_one(0, &a, 0).unwrap();
         store.check_one(0, &d, 1).unwrap(); // takes b's slot
         store.check_one(0, &e, 1).unwrap(); // c is not recovered: takes a's slot
@@ -729,7 +729,7 @@ mod tests {
             if let Some(slot) = held.iter_mut().find(|(k, _)| *k == key) {
                 slot.1 = true;
             } else if charged && held.len() < 2 {
-                // Room: the key at the hand is recycled if fresh, else the slab grows.
+                // Room: the key at the hand is recycled if fresh, else the table grows.
                 let reuse = !held.is_empty() && {
                     let at = hand;
                     held[at].1 = false;
@@ -997,14 +997,16 @@ mod tests {
         store.check_one(0, &Key::int(2), 1).unwrap();
         // Key 1 needs the full second to refill; key 2 only 100 ms.
         clock.advance(Duration::from_millis(999));
-        store.check_one(0, &Key::int(2), 0).unwrap(); // key 1 is now least recently used
+        store.check_one(0, &Key::int(2), 0).unwrap();
+        // The clock hand meets key 1, the oldest, which has not recovered: the table grows.
         store.check_one(0, &Key::int(3), 1).unwrap();
         assert_eq!(store.len(), 3, "key 1 is not fresh yet");
         clock.advance(Duration::from_millis(1));
         store.check_one(0, &Key::int(2), 0).unwrap();
         store.check_one(0, &Key::int(3), 0).unwrap();
         store.check_one(0, &Key::int(4), 1).unwrap();
-        assert_eq!(store.len(), 3, "key 1 was fresh again: its slot was reused");
+        // The hand meets key 2, recovered: key 4 takes its slot instead of growing the table.
+        assert_eq!(store.len(), 3, "a recovered key's slot was reused");
         assert_eq!(remaining(&store, 0, &Key::int(1)), 10);
     }
 

@@ -132,8 +132,8 @@ impl<A: Compiled> Table<A> {
         let shards = (0..shards)
             .map(|i| {
                 let cap = share + usize::from(i < extra);
-                // The backend checked that a share fits below `u32::MAX`.
-                let cap = u32::try_from(cap).unwrap_or(u32::MAX - 1);
+                // The backend checked that a share fits below 2^31.
+                let cap = u32::try_from(cap).map_or(i32::MAX as u32, |c| c.min(i32::MAX as u32));
                 Padded(Mutex::new(Shard::new(cap)))
             })
             .collect::<Arc<[_]>>();
