@@ -7,10 +7,13 @@
 //! - `slots: Vec<Slot<S>>` is the table itself: each slot holds a key's 64-bit fingerprint (0
 //!   marks an empty slot; a fingerprint of 0 is stored as 1), the algorithm state, the tag of
 //!   the quota it was written under and its place in the clock with a referenced bit (for the
-//!   token bucket: 8 + 16 + 4 + 4 = 32 bytes). A key lives at its home slot (the fingerprint's low 32 bits scaled to
-//!   the table's length) or in the first empty slot after it (linear probing, wrapping), so a
-//!   lookup reads the home slot and usually nothing further: no index, no second array. A
-//!   lookup that finds no key stops at the first empty slot.
+//!   token bucket: 8 + 16 + 4 + 4 = 32 bytes). A key lives at its home slot (the fingerprint's
+//!   low 32 bits scaled to the table's length) or after it (linear probing, wrapping), so a
+//!   lookup reads the home slot and usually nothing further: no index, no second array. Keys are
+//!   kept in Robin Hood order (along a run, no key sits further from its home than the key after
+//!   it, less one), so a lookup of a key not held stops as soon as it meets a key closer to its
+//!   home than the search is: a few slots, where plain linear probing reads on to the next empty
+//!   slot.
 //! - The table is never more than four fifths full: with `cap` keys it has `⌈cap × 5/4⌉ + 1`
 //!   slots (40 bytes per token-bucket key when full). It grows by doubling, clamped to that
 //!   length, so an insertion moves every key a logarithmic number of times in all, and nothing
@@ -18,8 +21,9 @@
 //! - `clock: Vec<u32>` lists the keys' slots in the order the clock hand visits them (4 bytes
 //!   per key): a new key takes the place of the key it replaces, or the end, so the hand meets
 //!   keys in the order they arrived, whatever their hashes. Only a search for room reads it.
-//! - Removing a key (to recycle its slot) shifts the keys after it back (backward-shift
-//!   deletion), so there are no tombstones and the table never degrades under churn.
+//! - Removing a key (to recycle its slot) shifts the keys after it back by one until a key at its
+//!   home or an empty slot (backward-shift deletion), so there are no tombstones and the table
+//!   never degrades under churn.
 //!
 //! Recency is a second-chance clock: a hit sets its slot's referenced bit, in the cache line the
 //! check reads and writes anyway (a linked LRU list would write the two neighbouring entries
@@ -103,6 +107,17 @@ fn home(fp: u64, n: usize) -> usize {
     (((fp & 0xFFFF_FFFF) * n as u64) >> 32) as usize
 }
 
+/// How far slot `i` is from the home of the key `fp` it holds, in a table of `n` slots.
+#[inline(always)]
+fn distance(fp: u64, i: usize, n: usize) -> usize {
+    let h = home(fp, n);
+    if i >= h {
+        i - h
+    } else {
+        i + n - h
+    }
+}
+
 impl<S: Default> Shard<S> {
     /// An empty shard holding at most `cap` keys (`1 <= cap < 2^31`). Allocates nothing.
     pub(crate) fn new(cap: u32) -> Self {
@@ -149,19 +164,22 @@ impl<S: Default> Shard<S> {
             return None;
         }
         let mut i = home(fp, n);
+        let mut dist = 0;
         loop {
             let slot = &mut self.slots[i];
             if slot.fp == fp {
                 slot.place |= REFERENCED;
                 return Some(i as u32);
             }
-            if slot.fp == 0 {
+            // Robin Hood order: `fp` would sit before any key closer to its home than this.
+            if slot.fp == 0 || (dist > 0 && distance(slot.fp, i, n) < dist) {
                 return None;
             }
             i += 1;
             if i == n {
                 i = 0;
             }
+            dist += 1;
         }
     }
 
@@ -283,21 +301,40 @@ impl<S: Default> Shard<S> {
                 len as u32
             }
         };
-        let fp = stored(fp);
-        let n = self.slots.len();
-        let mut i = home(fp, n);
-        while self.slots[i].fp != 0 {
-            debug_assert!(self.slots[i].fp != fp, "inserted a key already held");
-            i = (i + 1) % n;
-        }
-        self.slots[i] = Slot {
-            fp,
+        let slot = Slot {
+            fp: stored(fp),
             state: S::default(),
             tag: 0,
             place: place | REFERENCED,
         };
-        self.clock[place as usize] = i as u32;
-        Some(i as u32)
+        Some(self.place(slot) as u32)
+    }
+
+    /// Puts `entry` (a key not held) in the table in Robin Hood order, moving the keys after it
+    /// that are closer to their homes one slot on, and returns its slot.
+    fn place(&mut self, mut entry: Slot<S>) -> usize {
+        let n = self.slots.len();
+        let mut i = home(entry.fp, n);
+        let mut dist = 0;
+        let mut placed = None;
+        loop {
+            let here = &mut self.slots[i];
+            debug_assert!(here.fp != entry.fp, "inserted a key already held");
+            if here.fp == 0 {
+                self.clock[(entry.place & !REFERENCED) as usize] = i as u32;
+                *here = entry;
+                return placed.unwrap_or(i);
+            }
+            let theirs = distance(here.fp, i, n);
+            if theirs < dist {
+                std::mem::swap(here, &mut entry);
+                self.clock[(here.place & !REFERENCED) as usize] = i as u32;
+                placed.get_or_insert(i);
+                dist = theirs;
+            }
+            i = if i + 1 == n { 0 } else { i + 1 };
+            dist += 1;
+        }
     }
 
     /// Doubles the table (at least [`MIN_SLOTS`], at most its full length) and puts every key
@@ -311,40 +348,25 @@ impl<S: Default> Shard<S> {
         slots.resize_with(n, Slot::default);
         let old = std::mem::replace(&mut self.slots, slots);
         for entry in old.into_iter().filter(|s| s.fp != 0) {
-            let mut i = home(entry.fp, n);
-            while self.slots[i].fp != 0 {
-                i = (i + 1) % n;
-            }
-            self.clock[(entry.place & !REFERENCED) as usize] = i as u32;
-            self.slots[i] = entry;
+            self.place(entry);
         }
     }
 
-    /// Empties slot `i`, shifting back the keys after it that probed past it, so every key stays
-    /// reachable from its home slot without a tombstone. The key's place in the clock is left
-    /// for the caller to fill.
+    /// Empties slot `i`, shifting the keys after it back by one slot, up to an empty slot or a
+    /// key at its home, so every key stays reachable in Robin Hood order without a tombstone.
+    /// The key's place in the clock is left for the caller to fill.
     fn remove_at(&mut self, mut i: usize) {
         let n = self.slots.len();
         self.slots[i] = Slot::default();
-        let mut j = i;
         loop {
-            j = (j + 1) % n;
+            let j = if i + 1 == n { 0 } else { i + 1 };
             let fp = self.slots[j].fp;
-            if fp == 0 {
+            if fp == 0 || distance(fp, j, n) == 0 {
                 return;
             }
-            let k = home(fp, n);
-            // The key at `j` may move to `i` unless its home lies cyclically in (i, j].
-            let stays = if i <= j {
-                i < k && k <= j
-            } else {
-                i < k || k <= j
-            };
-            if !stays {
-                self.slots.swap(i, j);
-                self.clock[(self.slots[i].place & !REFERENCED) as usize] = i as u32;
-                i = j;
-            }
+            self.slots.swap(i, j);
+            self.clock[(self.slots[i].place & !REFERENCED) as usize] = i as u32;
+            i = j;
         }
     }
 
@@ -421,6 +443,24 @@ mod tests {
         }
         for fp in held {
             assert!(shard.lookup(fp).is_some(), "{fp} unreachable");
+        }
+        let n = shard.slots.len();
+        for i in 0..n {
+            let (a, b) = (&shard.slots[i], &shard.slots[(i + 1) % n]);
+            if a.fp != 0 && b.fp != 0 {
+                let (da, db) = (distance(a.fp, i, n), distance(b.fp, (i + 1) % n, n));
+                assert!(
+                    db <= da + 1,
+                    "Robin Hood order broken at {i}: {da} then {db}"
+                );
+            }
+            if a.fp == 0 && b.fp != 0 {
+                assert_eq!(
+                    distance(b.fp, (i + 1) % n, n),
+                    0,
+                    "a key after a hole is home"
+                );
+            }
         }
     }
 
@@ -651,6 +691,9 @@ mod tests {
                 }
             }
             assert_eq!(shard.len(), model.len(), "step {step}");
+            if step % 500 == 0 {
+                assert_consistent(&mut shard);
+            }
         }
         assert_consistent(&mut shard);
     }
