@@ -318,28 +318,58 @@ pub(crate) fn number(n: u64) -> HeaderValue {
 /// Slots of the per-thread cache of large numbers (a power of two).
 const LARGE_SLOTS: usize = 8;
 
+/// One slot of the per-thread cache of large numbers.
+struct LargeSlot {
+    /// The cached value and its number.
+    value: Option<(u64, HeaderValue)>,
+    /// The number this slot last missed: a value is cached when it misses twice in a row, so a
+    /// number asked for once (a per-client reset time) costs one allocation, not the three of
+    /// caching it (a shared `Bytes` plus its reference count, and freeing the value it evicts).
+    missed: u64,
+}
+
 /// [`number`] of `n >= SMALL`.
 fn large_number(n: u64) -> HeaderValue {
     use std::cell::RefCell;
-    thread_local!(static RECENT: RefCell<[Option<(u64, HeaderValue)>; LARGE_SLOTS]> =
-        const { RefCell::new([const { None }; LARGE_SLOTS]) });
+    thread_local!(static RECENT: RefCell<[LargeSlot; LARGE_SLOTS]> =
+        const { RefCell::new([const { LargeSlot { value: None, missed: 0 } }; LARGE_SLOTS]) });
     let slot = ((n ^ (n >> 7) ^ (n >> 17)) as usize) & (LARGE_SLOTS - 1);
     let cached = RECENT.try_with(|recent| {
         let mut recent = recent.try_borrow_mut().ok()?;
-        match &recent[slot] {
+        let slot = &mut recent[slot];
+        match &slot.value {
             Some((at, value)) if *at == n => Some(value.clone()),
-            _ => {
-                // `Bytes` from a `Vec` is shared (reference counted) once cloned: do it here.
-                let value = HeaderValue::from(n);
-                recent[slot] = Some((n, value.clone()));
+            _ if slot.missed == n => {
+                // Asked for again: worth keeping (a clone is then a reference count).
+                let value = format_number(n);
+                slot.value = Some((n, value.clone()));
                 Some(value)
+            }
+            _ => {
+                slot.missed = n;
+                None
             }
         }
     });
-    cached
-        .ok()
-        .flatten()
-        .unwrap_or_else(|| HeaderValue::from(n))
+    cached.ok().flatten().unwrap_or_else(|| format_number(n))
+}
+
+/// `n` as a header value in one allocation of exactly its digits (`HeaderValue::from(u64)`
+/// takes two: a 20-byte buffer, then the reference count `Bytes` needs for a partly used one).
+fn format_number(n: u64) -> HeaderValue {
+    let mut buf = [0u8; 20];
+    let mut at = buf.len();
+    let mut rest = n;
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    HeaderValue::from_maybe_shared(bytes::Bytes::copy_from_slice(&buf[at..]))
+        .unwrap_or_else(|_| HeaderValue::from(n))
 }
 
 /// Unix seconds at `now + reset`, rounded up.

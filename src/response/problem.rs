@@ -56,11 +56,26 @@ impl ProblemDetails {
         Self { status, json }
     }
 
-    /// Adds a string member written from `value` (no intermediate string).
+    /// [`typed`](Self::typed) with the type made of `parts`.
+    pub(crate) fn typed_parts(status: StatusCode, problem_type: &[Part<'_>], title: &str) -> Self {
+        let mut json = String::with_capacity(512);
+        json.push_str("{\"type\":\"");
+        push_parts(&mut json, problem_type);
+        json.push_str("\",\"title\":");
+        push_json_string(&mut json, title);
+        json.push_str(",\"status\":");
+        push_u64(&mut json, u64::from(status.as_u16()));
+        Self { status, json }
+    }
+
+    /// Adds a string member made of `parts`, each escaped as it needs (no intermediate string,
+    /// and no formatting machinery for literals and numbers).
     #[must_use]
-    pub(crate) fn member_fmt(mut self, name: &str, value: fmt::Arguments<'_>) -> Self {
+    pub(crate) fn member_parts(mut self, name: &str, parts: &[Part<'_>]) -> Self {
         self.push_name(name);
-        push_json_fmt(&mut self.json, value);
+        self.json.push('"');
+        push_parts(&mut self.json, parts);
+        self.json.push('"');
         self
     }
 
@@ -135,24 +150,54 @@ fn push_u64(out: &mut String, mut n: u64) {
 
 /// Appends what `args` writes as one JSON string literal, escaped as [`push_json_string`] does.
 fn push_json_fmt(out: &mut String, args: fmt::Arguments<'_>) {
-    /// Escapes every piece written into the string it wraps.
-    struct Escaped<'a>(&'a mut String);
-
-    impl fmt::Write for Escaped<'_> {
-        fn write_str(&mut self, s: &str) -> fmt::Result {
-            push_json_chars(self.0, s);
-            Ok(())
-        }
-    }
-
     out.push('"');
     match args.as_str() {
         Some(s) => push_json_chars(out, s),
-        None => {
-            let _ = fmt::write(&mut Escaped(out), args);
-        }
+        None => push_json_display(out, &args),
     }
     out.push('"');
+}
+
+/// Appends what `value` displays as, escaped (without quotes). Written as is, then escaped in
+/// place only if it needs it (numbers and quotas never do): one formatting pass, one scan.
+fn push_json_display(out: &mut String, value: &dyn fmt::Display) {
+    let start = out.len();
+    let _ = write!(out, "{value}");
+    if out.as_bytes()[start..].iter().any(|&b| needs_escape(b)) {
+        let raw = out.split_off(start);
+        push_json_chars(out, &raw);
+    }
+}
+
+/// A piece of a JSON string member written by [`ProblemDetails::member_parts`].
+#[derive(Clone, Copy)]
+pub(crate) enum Part<'a> {
+    /// Text already escaped for JSON (a literal of the caller's), copied as is.
+    Escaped(&'static str),
+    /// Any text, escaped.
+    Text(&'a str),
+    /// What a value displays as, escaped.
+    Display(&'a dyn fmt::Display),
+    /// A number in decimal.
+    U64(u64),
+}
+
+/// Appends `parts` (without quotes).
+fn push_parts(out: &mut String, parts: &[Part<'_>]) {
+    for part in parts {
+        match *part {
+            Part::Escaped(s) => out.push_str(s),
+            Part::Text(s) => push_json_chars(out, s),
+            Part::Display(v) => push_json_display(out, v),
+            Part::U64(n) => push_u64(out, n),
+        }
+    }
+}
+
+/// Whether `b` must be escaped in a JSON string.
+#[inline]
+fn needs_escape(b: u8) -> bool {
+    b == b'"' || b == b'\\' || b < 0x20
 }
 
 /// Appends `s` as a JSON string literal (RFC 8259): quotes, backslashes and control characters
@@ -166,7 +211,7 @@ pub(crate) fn push_json_string(out: &mut String, s: &str) {
 /// The inside of [`push_json_string`]: `s` escaped, without the quotes.
 fn push_json_chars(out: &mut String, s: &str) {
     // The common case, nothing to escape: one copy.
-    if !s.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
+    if !s.bytes().any(needs_escape) {
         out.push_str(s);
         return;
     }
