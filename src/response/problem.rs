@@ -134,6 +134,10 @@ impl ProblemDetails {
 
 /// Appends `n` in decimal.
 fn push_u64(out: &mut String, mut n: u64) {
+    if let Some(digits) = crate::headers::small_number_str(n) {
+        out.push_str(digits);
+        return;
+    }
     let mut buf = [0u8; 20];
     let mut at = buf.len();
     loop {
@@ -163,7 +167,7 @@ fn push_json_fmt(out: &mut String, args: fmt::Arguments<'_>) {
 fn push_json_display(out: &mut String, value: &dyn fmt::Display) {
     let start = out.len();
     let _ = write!(out, "{value}");
-    if out.as_bytes()[start..].iter().any(|&b| needs_escape(b)) {
+    if any_needs_escape(&out.as_bytes()[start..]) {
         let raw = out.split_off(start);
         push_json_chars(out, &raw);
     }
@@ -194,6 +198,29 @@ fn push_parts(out: &mut String, parts: &[Part<'_>]) {
     }
 }
 
+/// Whether any byte of `s` must be escaped in a JSON string: eight bytes at a time (every member
+/// name and string value of a document is scanned, most of them a dozen bytes or more).
+fn any_needs_escape(s: &[u8]) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    // Whether a byte of `x` is zero (exact as a yes/no answer), or below 0x20.
+    let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH != 0;
+    let below_space = |x: u64| x.wrapping_sub(ONES * 0x20) & !x & HIGH != 0;
+    let mut chunks = s.chunks_exact(8);
+    for chunk in &mut chunks {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let x = u64::from_ne_bytes(word);
+        if below_space(x)
+            || zero(x ^ (ONES * u64::from(b'"')))
+            || zero(x ^ (ONES * u64::from(b'\\')))
+        {
+            return true;
+        }
+    }
+    chunks.remainder().iter().any(|&b| needs_escape(b))
+}
+
 /// Whether `b` must be escaped in a JSON string.
 #[inline]
 fn needs_escape(b: u8) -> bool {
@@ -211,7 +238,7 @@ pub(crate) fn push_json_string(out: &mut String, s: &str) {
 /// The inside of [`push_json_string`]: `s` escaped, without the quotes.
 fn push_json_chars(out: &mut String, s: &str) {
     // The common case, nothing to escape: one copy.
-    if !s.bytes().any(needs_escape) {
+    if !any_needs_escape(s.as_bytes()) {
         out.push_str(s);
         return;
     }
@@ -258,6 +285,37 @@ mod tests {
         assert_eq!(json("l1\nl2\r\t\u{8}\u{c}"), r#""l1\nl2\r\t\b\f""#);
         assert_eq!(json("\u{0}\u{1f}"), r#""\u0000\u001f""#);
         assert_eq!(json("café ✓"), "\"café ✓\"");
+    }
+
+    #[test]
+    fn escape_scan_finds_every_byte_to_escape_at_every_position() {
+        for len in 0..20 {
+            assert!(!any_needs_escape(&vec![b'a'; len]));
+            assert!(!any_needs_escape(&vec![0x7f; len]));
+            assert!(!any_needs_escape(&vec![0xff; len]));
+            assert!(!any_needs_escape(&vec![b' '; len]));
+            for at in 0..len {
+                for b in (0u8..=255).filter(|&b| needs_escape(b)) {
+                    let mut s = vec![b'x'; len];
+                    s[at] = b;
+                    assert!(any_needs_escape(&s), "{b:#x} at {at} of {len}");
+                }
+                for b in (0u8..=255).filter(|&b| !needs_escape(b)) {
+                    let mut s = vec![b'#'; len];
+                    s[at] = b;
+                    assert!(!any_needs_escape(&s), "{b:#x} at {at} of {len}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn numbers_are_their_decimal_form() {
+        for n in (0..10_100).chain([u64::MAX, 1_700_000_000]) {
+            let mut s = String::new();
+            push_u64(&mut s, n);
+            assert_eq!(s, n.to_string());
+        }
     }
 
     #[test]
