@@ -117,7 +117,10 @@ impl ProblemDetails {
     /// document as its body.
     pub fn into_response(mut self) -> Response<RejectionBody> {
         self.json.push('}');
-        let mut response = Response::new(RejectionBody::from(self.json));
+        // A boxed slice (shrunk in place) becomes `Bytes` as is; a `String` with spare capacity
+        // would take one more allocation for a reference count.
+        let body = bytes::Bytes::from(self.json.into_bytes().into_boxed_slice());
+        let mut response = Response::new(RejectionBody::from(body));
         *response.status_mut() = self.status;
         response
             .headers_mut()
