@@ -171,14 +171,31 @@ impl RateLimitHeaders {
         if !self.x_ratelimit {
             return;
         }
-        headers.reserve(3);
-        headers.insert(X_RATELIMIT_LIMIT, number(decision.limit()));
-        headers.insert(X_RATELIMIT_REMAINING, number(decision.remaining()));
         let reset = match self.reset {
             ResetFormat::DeltaSeconds => ceil_secs(decision.reset()),
             ResetFormat::UnixSeconds => unix_reset_secs(SystemTime::now(), decision.reset()),
         };
-        headers.insert(X_RATELIMIT_RESET, number(reset));
+        let values = [
+            number(decision.limit()),
+            number(decision.remaining()),
+            number(reset),
+        ];
+        if headers.is_empty() {
+            // A response without headers (yet): start from a map that already holds the three
+            // names, hashed once per process, and set their values in place. The same map as
+            // inserting them one by one (same entries, order and capacity), without hashing
+            // each name again (HeaderMap hashes custom names byte by byte).
+            *headers = X_RATELIMIT_TEMPLATE.clone();
+            for (slot, value) in headers.values_mut().zip(values) {
+                *slot = value;
+            }
+            return;
+        }
+        let [limit, remaining, reset] = values;
+        headers.reserve(3);
+        headers.insert(X_RATELIMIT_LIMIT, limit);
+        headers.insert(X_RATELIMIT_REMAINING, remaining);
+        headers.insert(X_RATELIMIT_RESET, reset);
     }
 
     /// Appends `RateLimit-Policy` and `RateLimit` items for every `(decision, quota)` pair, if
@@ -299,47 +316,92 @@ const fn small_offset(n: usize) -> usize {
     }
 }
 
+/// `n` in decimal from the static table, if below 10,000.
+#[inline]
+pub(crate) fn small_number_str(n: u64) -> Option<&'static str> {
+    let small = usize::try_from(n).ok().filter(|&n| n < SMALL)?;
+    let at = small_offset(small);
+    SMALL_DIGITS.get(at..at + digits_width(small))
+}
+
 /// `n` as a header value; numbers below 10,000 come from a static table without allocating,
 /// larger ones from a small per-thread cache of recent values (a limit's size, this second's
 /// Unix reset time: a clone is a reference count, not an allocation), else are formatted.
 #[inline]
 pub(crate) fn number(n: u64) -> HeaderValue {
-    if let Ok(small) = usize::try_from(n) {
-        if small < SMALL {
-            let at = small_offset(small);
-            if let Some(digits) = SMALL_DIGITS.get(at..at + digits_width(small)) {
-                return HeaderValue::from_static(digits);
-            }
-        }
+    match small_number_str(n) {
+        Some(digits) => HeaderValue::from_static(digits),
+        None => large_number(n),
     }
-    large_number(n)
 }
+
+/// `X-RateLimit-Limit`, `-Remaining` and `-Reset` (in that order) with placeholder values, as
+/// `reserve(3)` then three inserts build them: what [`RateLimitHeaders::write_x_ratelimit`]
+/// clones into a response that has no headers yet.
+static X_RATELIMIT_TEMPLATE: std::sync::LazyLock<HeaderMap> = std::sync::LazyLock::new(|| {
+    let mut headers = HeaderMap::new();
+    headers.reserve(3);
+    for name in [X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET] {
+        headers.insert(name, HeaderValue::from_static("0"));
+    }
+    headers
+});
 
 /// Slots of the per-thread cache of large numbers (a power of two).
 const LARGE_SLOTS: usize = 8;
 
+/// One slot of the per-thread cache of large numbers.
+struct LargeSlot {
+    /// The cached value and its number.
+    value: Option<(u64, HeaderValue)>,
+    /// The number this slot last missed: a value is cached when it misses twice in a row, so a
+    /// number asked for once (a per-client reset time) costs one allocation, not the three of
+    /// caching it (a shared `Bytes` plus its reference count, and freeing the value it evicts).
+    missed: u64,
+}
+
 /// [`number`] of `n >= SMALL`.
 fn large_number(n: u64) -> HeaderValue {
     use std::cell::RefCell;
-    thread_local!(static RECENT: RefCell<[Option<(u64, HeaderValue)>; LARGE_SLOTS]> =
-        const { RefCell::new([const { None }; LARGE_SLOTS]) });
+    thread_local!(static RECENT: RefCell<[LargeSlot; LARGE_SLOTS]> =
+        const { RefCell::new([const { LargeSlot { value: None, missed: 0 } }; LARGE_SLOTS]) });
     let slot = ((n ^ (n >> 7) ^ (n >> 17)) as usize) & (LARGE_SLOTS - 1);
     let cached = RECENT.try_with(|recent| {
         let mut recent = recent.try_borrow_mut().ok()?;
-        match &recent[slot] {
+        let slot = &mut recent[slot];
+        match &slot.value {
             Some((at, value)) if *at == n => Some(value.clone()),
-            _ => {
-                // `Bytes` from a `Vec` is shared (reference counted) once cloned: do it here.
-                let value = HeaderValue::from(n);
-                recent[slot] = Some((n, value.clone()));
+            _ if slot.missed == n => {
+                // Asked for again: worth keeping (a clone is then a reference count).
+                let value = format_number(n);
+                slot.value = Some((n, value.clone()));
                 Some(value)
+            }
+            _ => {
+                slot.missed = n;
+                None
             }
         }
     });
-    cached
-        .ok()
-        .flatten()
-        .unwrap_or_else(|| HeaderValue::from(n))
+    cached.ok().flatten().unwrap_or_else(|| format_number(n))
+}
+
+/// `n` as a header value in one allocation of exactly its digits (`HeaderValue::from(u64)`
+/// takes two: a 20-byte buffer, then the reference count `Bytes` needs for a partly used one).
+fn format_number(n: u64) -> HeaderValue {
+    let mut buf = [0u8; 20];
+    let mut at = buf.len();
+    let mut rest = n;
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    HeaderValue::from_maybe_shared(bytes::Bytes::copy_from_slice(&buf[at..]))
+        .unwrap_or_else(|_| HeaderValue::from(n))
 }
 
 /// Unix seconds at `now + reset`, rounded up.
@@ -507,6 +569,44 @@ mod tests {
         let all: Vec<_> = h.get_all(RATELIMIT).iter().collect();
         assert_eq!(all.len(), 2);
         assert_eq!(all[1], r#""global";r=99;t=1"#);
+    }
+
+    #[test]
+    fn x_ratelimit_on_an_empty_map_matches_inserting_them() {
+        let cfg = RateLimitHeaders::default().reset_format(ResetFormat::DeltaSeconds);
+        let d = Decision::allowed_with(100, 42, Duration::from_secs(12_345));
+        let mut fresh = HeaderMap::new();
+        cfg.write_x_ratelimit(&d, &mut fresh);
+        let mut inserted = HeaderMap::new();
+        inserted.reserve(3);
+        inserted.insert(X_RATELIMIT_LIMIT, HeaderValue::from_static("100"));
+        inserted.insert(X_RATELIMIT_REMAINING, HeaderValue::from_static("42"));
+        inserted.insert(X_RATELIMIT_RESET, HeaderValue::from_static("12345"));
+        let pairs = |h: &HeaderMap| {
+            h.iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(pairs(&fresh), pairs(&inserted));
+        assert_eq!(fresh.capacity(), inserted.capacity());
+        // Lookups and later writes work on it as on any map; a second write replaces.
+        assert_eq!(fresh[X_RATELIMIT_REMAINING], "42");
+        fresh.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain"),
+        );
+        let d = Decision::allowed_with(100, 41, Duration::from_secs(1));
+        cfg.write_x_ratelimit(&d, &mut fresh);
+        assert_eq!(fresh.len(), 4);
+        assert_eq!(fresh[X_RATELIMIT_REMAINING], "41");
+        assert_eq!(fresh[X_RATELIMIT_RESET], "1");
+        // A map that has headers keeps them.
+        let mut full = HeaderMap::new();
+        full.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("a/b"));
+        cfg.write_x_ratelimit(&d, &mut full);
+        assert_eq!(full.len(), 4);
+        assert_eq!(full[http::header::CONTENT_TYPE], "a/b");
+        assert_eq!(full[X_RATELIMIT_LIMIT], "100");
     }
 
     #[test]

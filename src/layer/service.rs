@@ -562,6 +562,7 @@ pub(crate) enum Finish {
 
 /// Skip predicate, key, plan and cost extraction, and the store check. `lookups`: how many plan
 /// lookups already ran for this request (after [`MAX_LOOKUPS`], the plan is unknown).
+#[inline(always)]
 pub(crate) fn begin<ReqBody, St: Store>(
     shared: &Arc<Shared<St>>,
     req: Request<ReqBody>,

@@ -56,11 +56,26 @@ impl ProblemDetails {
         Self { status, json }
     }
 
-    /// Adds a string member written from `value` (no intermediate string).
+    /// [`typed`](Self::typed) with the type made of `parts`.
+    pub(crate) fn typed_parts(status: StatusCode, problem_type: &[Part<'_>], title: &str) -> Self {
+        let mut json = String::with_capacity(512);
+        json.push_str("{\"type\":\"");
+        push_parts(&mut json, problem_type);
+        json.push_str("\",\"title\":");
+        push_json_string(&mut json, title);
+        json.push_str(",\"status\":");
+        push_u64(&mut json, u64::from(status.as_u16()));
+        Self { status, json }
+    }
+
+    /// Adds a string member made of `parts`, each escaped as it needs (no intermediate string,
+    /// and no formatting machinery for literals and numbers).
     #[must_use]
-    pub(crate) fn member_fmt(mut self, name: &str, value: fmt::Arguments<'_>) -> Self {
+    pub(crate) fn member_parts(mut self, name: &str, parts: &[Part<'_>]) -> Self {
         self.push_name(name);
-        push_json_fmt(&mut self.json, value);
+        self.json.push('"');
+        push_parts(&mut self.json, parts);
+        self.json.push('"');
         self
     }
 
@@ -102,7 +117,10 @@ impl ProblemDetails {
     /// document as its body.
     pub fn into_response(mut self) -> Response<RejectionBody> {
         self.json.push('}');
-        let mut response = Response::new(RejectionBody::from(self.json));
+        // A boxed slice (shrunk in place) becomes `Bytes` as is; a `String` with spare capacity
+        // would take one more allocation for a reference count.
+        let body = bytes::Bytes::from(self.json.into_bytes().into_boxed_slice());
+        let mut response = Response::new(RejectionBody::from(body));
         *response.status_mut() = self.status;
         response
             .headers_mut()
@@ -119,6 +137,10 @@ impl ProblemDetails {
 
 /// Appends `n` in decimal.
 fn push_u64(out: &mut String, mut n: u64) {
+    if let Some(digits) = crate::headers::small_number_str(n) {
+        out.push_str(digits);
+        return;
+    }
     let mut buf = [0u8; 20];
     let mut at = buf.len();
     loop {
@@ -135,24 +157,77 @@ fn push_u64(out: &mut String, mut n: u64) {
 
 /// Appends what `args` writes as one JSON string literal, escaped as [`push_json_string`] does.
 fn push_json_fmt(out: &mut String, args: fmt::Arguments<'_>) {
-    /// Escapes every piece written into the string it wraps.
-    struct Escaped<'a>(&'a mut String);
-
-    impl fmt::Write for Escaped<'_> {
-        fn write_str(&mut self, s: &str) -> fmt::Result {
-            push_json_chars(self.0, s);
-            Ok(())
-        }
-    }
-
     out.push('"');
     match args.as_str() {
         Some(s) => push_json_chars(out, s),
-        None => {
-            let _ = fmt::write(&mut Escaped(out), args);
-        }
+        None => push_json_display(out, &args),
     }
     out.push('"');
+}
+
+/// Appends what `value` displays as, escaped (without quotes). Written as is, then escaped in
+/// place only if it needs it (numbers and quotas never do): one formatting pass, one scan.
+fn push_json_display(out: &mut String, value: &dyn fmt::Display) {
+    let start = out.len();
+    let _ = write!(out, "{value}");
+    if any_needs_escape(&out.as_bytes()[start..]) {
+        let raw = out.split_off(start);
+        push_json_chars(out, &raw);
+    }
+}
+
+/// A piece of a JSON string member written by [`ProblemDetails::member_parts`].
+#[derive(Clone, Copy)]
+pub(crate) enum Part<'a> {
+    /// Text already escaped for JSON (a literal of the caller's), copied as is.
+    Escaped(&'static str),
+    /// Any text, escaped.
+    Text(&'a str),
+    /// What a value displays as, escaped.
+    Display(&'a dyn fmt::Display),
+    /// A number in decimal.
+    U64(u64),
+}
+
+/// Appends `parts` (without quotes).
+fn push_parts(out: &mut String, parts: &[Part<'_>]) {
+    for part in parts {
+        match *part {
+            Part::Escaped(s) => out.push_str(s),
+            Part::Text(s) => push_json_chars(out, s),
+            Part::Display(v) => push_json_display(out, v),
+            Part::U64(n) => push_u64(out, n),
+        }
+    }
+}
+
+/// Whether any byte of `s` must be escaped in a JSON string: eight bytes at a time (every member
+/// name and string value of a document is scanned, most of them a dozen bytes or more).
+fn any_needs_escape(s: &[u8]) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    // Whether a byte of `x` is zero (exact as a yes/no answer), or below 0x20.
+    let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH != 0;
+    let below_space = |x: u64| x.wrapping_sub(ONES * 0x20) & !x & HIGH != 0;
+    let mut chunks = s.chunks_exact(8);
+    for chunk in &mut chunks {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let x = u64::from_ne_bytes(word);
+        if below_space(x)
+            || zero(x ^ (ONES * u64::from(b'"')))
+            || zero(x ^ (ONES * u64::from(b'\\')))
+        {
+            return true;
+        }
+    }
+    chunks.remainder().iter().any(|&b| needs_escape(b))
+}
+
+/// Whether `b` must be escaped in a JSON string.
+#[inline]
+fn needs_escape(b: u8) -> bool {
+    b == b'"' || b == b'\\' || b < 0x20
 }
 
 /// Appends `s` as a JSON string literal (RFC 8259): quotes, backslashes and control characters
@@ -166,7 +241,7 @@ pub(crate) fn push_json_string(out: &mut String, s: &str) {
 /// The inside of [`push_json_string`]: `s` escaped, without the quotes.
 fn push_json_chars(out: &mut String, s: &str) {
     // The common case, nothing to escape: one copy.
-    if !s.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
+    if !any_needs_escape(s.as_bytes()) {
         out.push_str(s);
         return;
     }
@@ -213,6 +288,37 @@ mod tests {
         assert_eq!(json("l1\nl2\r\t\u{8}\u{c}"), r#""l1\nl2\r\t\b\f""#);
         assert_eq!(json("\u{0}\u{1f}"), r#""\u0000\u001f""#);
         assert_eq!(json("café ✓"), "\"café ✓\"");
+    }
+
+    #[test]
+    fn escape_scan_finds_every_byte_to_escape_at_every_position() {
+        for len in 0..20 {
+            assert!(!any_needs_escape(&vec![b'a'; len]));
+            assert!(!any_needs_escape(&vec![0x7f; len]));
+            assert!(!any_needs_escape(&vec![0xff; len]));
+            assert!(!any_needs_escape(&vec![b' '; len]));
+            for at in 0..len {
+                for b in (0u8..=255).filter(|&b| needs_escape(b)) {
+                    let mut s = vec![b'x'; len];
+                    s[at] = b;
+                    assert!(any_needs_escape(&s), "{b:#x} at {at} of {len}");
+                }
+                for b in (0u8..=255).filter(|&b| !needs_escape(b)) {
+                    let mut s = vec![b'#'; len];
+                    s[at] = b;
+                    assert!(!any_needs_escape(&s), "{b:#x} at {at} of {len}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn numbers_are_their_decimal_form() {
+        for n in (0..10_100).chain([u64::MAX, 1_700_000_000]) {
+            let mut s = String::new();
+            push_u64(&mut s, n);
+            assert_eq!(s, n.to_string());
+        }
     }
 
     #[test]

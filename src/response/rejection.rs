@@ -8,7 +8,7 @@ use http::header::RETRY_AFTER;
 use http::{HeaderValue, Response, StatusCode};
 
 use super::grpc::{grpc_trailers_only, is_grpc, GrpcCode, GRPC_RETRY_PUSHBACK_MS};
-use super::problem::ProblemDetails;
+use super::problem::{Part, ProblemDetails};
 use super::rfc3339;
 use super::RejectionBody;
 use crate::decision::{ceil_secs, Decision, PolicyName};
@@ -350,20 +350,26 @@ impl DefaultRejection {
                     .map_or(0, |d| d.as_secs());
                 // Written straight into the document (no intermediate strings): the same text
                 // as `format!`ing each member first.
-                let base = &self.type_base;
-                let mut problem = ProblemDetails::typed(
+                // "Rate limit \"{name}\" ({quota}) is exhausted; retry in {retry} s."
+                let mut problem = ProblemDetails::typed_parts(
                     status,
-                    format_args!("{base}rate-limited"),
+                    &[Part::Text(&self.type_base), Part::Escaped("rate-limited")],
                     "Too Many Requests",
                 )
-                .member_fmt(
+                .member_parts(
                     "detail",
-                    format_args!(
-                        "Rate limit \"{name}\" ({quota}) is exhausted; retry in {retry} s."
-                    ),
+                    &[
+                        Part::Escaped("Rate limit \\\""),
+                        Part::Text(name.as_str()),
+                        Part::Escaped("\\\" ("),
+                        Part::Display(quota),
+                        Part::Escaped(") is exhausted; retry in "),
+                        Part::U64(retry),
+                        Part::Escaped(" s."),
+                    ],
                 )
                 .member_str("policy", name.as_str())
-                .member_fmt("quota", format_args!("{quota}"))
+                .member_parts("quota", &[Part::Display(quota)])
                 .member_u64("limit", decision.limit())
                 .member_u64("window", policy_window_secs(quota))
                 .member_u64("remaining", decision.remaining())
