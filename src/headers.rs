@@ -390,18 +390,21 @@ fn large_number(n: u64) -> HeaderValue {
 /// takes two: a 20-byte buffer, then the reference count `Bytes` needs for a partly used one).
 fn format_number(n: u64) -> HeaderValue {
     let mut buf = [0u8; 20];
+    HeaderValue::from_maybe_shared(bytes::Bytes::copy_from_slice(decimal(n, &mut buf)))
+        .unwrap_or_else(|_| HeaderValue::from(n))
+}
+
+/// The decimal digits of `n`, written at the end of `buf` (20 bytes hold `u64::MAX`).
+pub(crate) fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
     let mut at = buf.len();
-    let mut rest = n;
     loop {
         at -= 1;
-        buf[at] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[at..];
         }
     }
-    HeaderValue::from_maybe_shared(bytes::Bytes::copy_from_slice(&buf[at..]))
-        .unwrap_or_else(|_| HeaderValue::from(n))
 }
 
 /// Unix seconds at `now + reset`, rounded up.

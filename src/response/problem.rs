@@ -49,11 +49,7 @@ impl ProblemDetails {
         let mut json = String::with_capacity(512);
         json.push_str("{\"type\":");
         push_json_fmt(&mut json, problem_type);
-        json.push_str(",\"title\":");
-        push_json_string(&mut json, title);
-        json.push_str(",\"status\":");
-        push_u64(&mut json, u64::from(status.as_u16()));
-        Self { status, json }
+        Self::after_type(status, json, title)
     }
 
     /// [`typed`](Self::typed) with the type made of `parts`.
@@ -61,7 +57,13 @@ impl ProblemDetails {
         let mut json = String::with_capacity(512);
         json.push_str("{\"type\":\"");
         push_parts(&mut json, problem_type);
-        json.push_str("\",\"title\":");
+        json.push('"');
+        Self::after_type(status, json, title)
+    }
+
+    /// Completes a document whose `json` ends with its type: the title and the status.
+    fn after_type(status: StatusCode, mut json: String, title: &str) -> Self {
+        json.push_str(",\"title\":");
         push_json_string(&mut json, title);
         json.push_str(",\"status\":");
         push_u64(&mut json, u64::from(status.as_u16()));
@@ -136,23 +138,14 @@ impl ProblemDetails {
 }
 
 /// Appends `n` in decimal.
-fn push_u64(out: &mut String, mut n: u64) {
+fn push_u64(out: &mut String, n: u64) {
     if let Some(digits) = crate::headers::small_number_str(n) {
         out.push_str(digits);
         return;
     }
     let mut buf = [0u8; 20];
-    let mut at = buf.len();
-    loop {
-        at -= 1;
-        buf[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
     // Only ASCII digits were written.
-    out.push_str(std::str::from_utf8(&buf[at..]).unwrap_or("0"));
+    out.push_str(std::str::from_utf8(crate::headers::decimal(n, &mut buf)).unwrap_or("0"));
 }
 
 /// Appends what `args` writes as one JSON string literal, escaped as [`push_json_string`] does.
