@@ -509,15 +509,16 @@ impl Backend for RedisBackend {
             breaker_threshold: self.breaker_threshold,
             probe_interval: self.probe_interval,
             clock: self.clock,
-            batching: (self.batching && !cluster).then_some((self.max_batch, self.max_in_flight)),
+            batching: self.batching.then_some((self.max_batch, self.max_in_flight)),
             local,
             local_builder: Arc::new(std::sync::Mutex::new(local_builder)),
             stats: self.stats,
             links: Default::default(),
             breakers: Default::default(),
-            slots: Default::default(),
-            slots_asked: Default::default(),
-            born: std::time::Instant::now(),
+            slots: Arc::new(conn::SlotCache::new(
+                self.probe_interval,
+                self.connect_timeout,
+            )),
             connected: Default::default(),
         }))
     }

@@ -285,12 +285,18 @@ impl Group {
 }
 
 /// Writes `numkeys`, the keys and the arguments of a call on `groups` after `EVALSHA sha`.
+/// With `node` (a Cluster master's batch, whose keys may be of several slots) no key is declared:
+/// `0 n {numkeys} {keys}` come first, then the same arguments (see `driver.lua`).
 pub(crate) fn pack_args<'g>(
     cmd: &mut Cmd,
     mode: Mode,
     groups: impl Iterator<Item = &'g Group> + Clone,
+    node: bool,
 ) {
     let nkeys: usize = groups.clone().map(Group::len).sum();
+    if node {
+        cmd.arg(0).arg("n");
+    }
     cmd.arg(nkeys);
     for g in groups.clone() {
         for k in &g.keys {
@@ -473,7 +479,7 @@ mod tests {
                 reserved_at,
             };
             let mut cmd = redis::cmd("EVALSHA");
-            pack_args(&mut cmd, mode, std::iter::once(&group));
+            pack_args(&mut cmd, mode, std::iter::once(&group), false);
             cmd.args_iter()
                 .map(|a| match a {
                     redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
@@ -511,7 +517,7 @@ mod tests {
         };
         let args = |mode, g: &Group| {
             let mut cmd = redis::cmd("EVALSHA");
-            pack_args(&mut cmd, mode, std::iter::once(g));
+            pack_args(&mut cmd, mode, std::iter::once(g), false);
             cmd.args_iter()
                 .skip(3)
                 .map(|a| match a {
