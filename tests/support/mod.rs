@@ -375,7 +375,12 @@ impl RedisCluster {
                         })
                 })
             })
-            .map(|n| self.nodes.iter().position(|m| m.port() == n.port()).unwrap())
+            .map(|n| {
+                self.nodes
+                    .iter()
+                    .position(|m| m.port() == n.port())
+                    .unwrap()
+            })
             .expect("some node serves every slot")
     }
 }

@@ -509,7 +509,9 @@ impl Backend for RedisBackend {
             breaker_threshold: self.breaker_threshold,
             probe_interval: self.probe_interval,
             clock: self.clock,
-            batching: self.batching.then_some((self.max_batch, self.max_in_flight)),
+            batching: self
+                .batching
+                .then_some((self.max_batch, self.max_in_flight)),
             local,
             local_builder: Arc::new(std::sync::Mutex::new(local_builder)),
             stats: self.stats,
