@@ -499,6 +499,34 @@ mod tests {
     }
 
     #[test]
+    fn a_node_batch_declares_no_key_and_passes_its_keys_first() {
+        let group = |key: &str, cost| Group {
+            keys: vec![key.into()],
+            limits: vec![LimitArg {
+                limit: 0,
+                cost,
+                quota: None,
+            }],
+            now: None,
+            reserved_at: None,
+        };
+        let groups = [group("a", 1), group("b", 2)];
+        let args = |node| {
+            let mut cmd = redis::cmd("EVALSHA");
+            pack_args(&mut cmd, Mode::Batch, groups.iter(), node);
+            cmd.args_iter()
+                .skip(1)
+                .map(|a| match a {
+                    redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                    _ => "<cursor>".to_owned(),
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(args(false), ["2", "a", "b", "b", "1", "2"]);
+        assert_eq!(args(true), ["0", "n", "2", "a", "b", "b", "1", "2"]);
+    }
+
+    #[test]
     fn a_plan_sends_its_parameters_with_its_check() {
         let plan =
             PlanQuota::new(AlgorithmKind::TokenBucket, Quota::per_second(10).burst(20)).unwrap();
