@@ -1,12 +1,15 @@
 //! Decisions per second against one local `redis-server` (started by this bench on a free port),
-//! side by side in one run:
+//! and against a local Cluster, side by side in one run:
 //!
 //! - the store's public API (`Store::check`), unbatched and with batching (concurrent decisions
 //!   coalesced into one script call), at concurrency 1, 64 and 256, with p50/p99 latency;
 //! - (a) the same decision sent as a plain per-request `EVAL` of the seeds' token-bucket script,
 //!   over one multiplexed connection, at the same concurrency;
 //! - (b) `redis-benchmark` running that script by `EVALSHA`, unpipelined and with `-P 16` (the
-//!   pipelined ceiling), parsed from its CSV output.
+//!   pipelined ceiling), parsed from its CSV output;
+//! - the store on a 3-master Redis Cluster (started by this bench on free loopback ports),
+//!   unbatched and batched per master, at concurrency 64 and 256, with the Redis CPU a decision
+//!   costs the master that decides it.
 //!
 //! ```text
 //! cargo bench --features redis --bench redis
