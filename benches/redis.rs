@@ -1,12 +1,15 @@
 //! Decisions per second against one local `redis-server` (started by this bench on a free port),
-//! side by side in one run:
+//! and against a local Cluster, side by side in one run:
 //!
 //! - the store's public API (`Store::check`), unbatched and with batching (concurrent decisions
 //!   coalesced into one script call), at concurrency 1, 64 and 256, with p50/p99 latency;
 //! - (a) the same decision sent as a plain per-request `EVAL` of the seeds' token-bucket script,
 //!   over one multiplexed connection, at the same concurrency;
 //! - (b) `redis-benchmark` running that script by `EVALSHA`, unpipelined and with `-P 16` (the
-//!   pipelined ceiling), parsed from its CSV output.
+//!   pipelined ceiling), parsed from its CSV output;
+//! - the store on a 3-master Redis Cluster (started by this bench on free loopback ports),
+//!   unbatched and batched per master, at concurrency 64 and 256, with the Redis CPU a decision
+//!   costs the master that decides it.
 //!
 //! ```text
 //! cargo bench --features redis --bench redis
@@ -56,6 +59,7 @@ return { allowed and 1 or 0, math.floor(tokens), retry_ms }
 
 const KEYS: u64 = 10_000;
 const CONCURRENCY: [usize; 3] = [1, 64, 256];
+const CLUSTER_CONCURRENCY: [usize; 2] = [64, 256];
 
 #[derive(Debug, Clone, Copy)]
 struct Result {
@@ -143,6 +147,15 @@ where
 }
 
 fn store(url: &str, batching: bool) -> RedisStore {
+    configure(RedisBackend::new(url), batching)
+}
+
+/// The same store on a Cluster.
+fn cluster_store(urls: &[String], batching: bool) -> RedisStore {
+    configure(RedisBackend::cluster(urls.iter().cloned()), batching)
+}
+
+fn configure(backend: RedisBackend, batching: bool) -> RedisStore {
     let spec = LimitSpec::new(
         PolicyName::new("bench"),
         Quota::per_second(1_000).burst(100_000),
@@ -155,7 +168,7 @@ fn store(url: &str, batching: bool) -> RedisStore {
             .and_then(|v| v.parse().ok())
             .unwrap_or(default)
     };
-    RedisBackend::new(url)
+    backend
         .prefix("bench")
         .batching(batching)
         .max_batch(env(
@@ -178,7 +191,13 @@ async fn bench_store(
     batching: bool,
     concurrency: usize,
 ) -> (Result, f64) {
-    let store = Arc::new(store(url, batching));
+    bench_built(sample, store(url, batching), concurrency).await
+}
+
+async fn bench_built(sample: &Sampler, store: RedisStore, concurrency: usize) -> (Result, f64) {
+    let store = Arc::new(store);
+    // A Cluster store reads its slot map in the background; until then it does not batch.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let s = store.clone();
     let r = drive(sample, concurrency, move |k| {
         let s = s.clone();
@@ -305,6 +324,9 @@ fn main() {
     let server = support::RedisServer::start();
     let url = server.url();
     let sha: String = server.cmd(&["SCRIPT", "LOAD", SEED_TOKEN_BUCKET]);
+    // A 3-master Cluster (no replicas) on free loopback ports, for the Cluster points.
+    let cluster = support::RedisCluster::start();
+    let cluster_urls = cluster.urls();
 
     println!(
         "redis bench: one local redis-server, {KEYS} keys, token bucket, {:?} per point; CPU columns are µs of CPU per decision",
@@ -339,7 +361,33 @@ fn main() {
             (cpu_of(&cpu), own_cpu(), script_usec(&stats))
         })
     };
-    // For profiling one point: BENCH_ONLY=eval|direct|batched BENCH_C=64.
+    let cluster_sampler: Sampler = {
+        let urls = cluster_urls.clone();
+        Arc::new(move || {
+            let mut sum = (0.0, own_cpu(), 0.0);
+            for url in &urls {
+                let mut conn = redis::Client::open(url.as_str())
+                    .unwrap()
+                    .get_connection()
+                    .unwrap();
+                let cpu: String = redis::cmd("INFO").arg("cpu").query(&mut conn).unwrap();
+                let stats: String = redis::cmd("INFO")
+                    .arg("commandstats")
+                    .query(&mut conn)
+                    .unwrap();
+                sum.0 += cpu_of(&cpu);
+                sum.2 += script_usec(&stats);
+            }
+            sum
+        })
+    };
+    let cluster_point = |batching: bool, c: usize| {
+        let store = rt.block_on(async { cluster_store(&cluster_urls, batching) });
+        let (mut r, mean) = rt.block_on(bench_built(&cluster_sampler, store, c));
+        r.mean_batch = mean;
+        r
+    };
+    // For profiling one point: BENCH_ONLY=eval|direct|batched|cluster|cluster-direct BENCH_C=64.
     if let Ok(only) = std::env::var("BENCH_ONLY") {
         let c = std::env::var("BENCH_C")
             .ok()
@@ -347,6 +395,8 @@ fn main() {
             .unwrap_or(64);
         let r = match only.as_str() {
             "eval" => rt.block_on(bench_eval(&sampler, &url, c)),
+            "cluster" => cluster_point(true, c),
+            "cluster-direct" => cluster_point(false, c),
             "direct" => rt.block_on(bench_store(&sampler, &url, false, c)).0,
             _ => rt.block_on(bench_store(&sampler, &url, true, c)).0,
         };
@@ -371,6 +421,8 @@ fn main() {
     let mut ceilings = Vec::new();
     // points[round][(concurrency index, variant)]
     let mut points: Vec<Vec<(usize, Variant, Result)>> = Vec::new();
+    // (concurrency, batched, result) of every round's Cluster points.
+    let mut cluster_points: Vec<(usize, bool, Result)> = Vec::new();
     for round in 0..rounds {
         let (p16, p16_cpu) = redis_benchmark(&server, &sha, 16);
         println!(
@@ -396,6 +448,19 @@ fn main() {
             this.push((ci, Variant::Batched, batched));
         }
         points.push(this);
+        for c in CLUSTER_CONCURRENCY {
+            let direct = cluster_point(false, c);
+            let batched = cluster_point(true, c);
+            println!("  cluster (3 masters), concurrency {c}:");
+            println!("    store, unbatched      {}", show(direct));
+            println!(
+                "    store, batched        {}  mean batch {:.1}",
+                show(batched),
+                batched.mean_batch
+            );
+            cluster_points.push((c, false, direct));
+            cluster_points.push((c, true, batched));
+        }
     }
     let ceiling = median(ceilings.iter().map(|c| c.0).collect());
     let ceiling_cpu = median(ceilings.iter().map(|c| c.1).collect());
@@ -420,6 +485,15 @@ fn main() {
         batched_rate(ci64) / ceiling,
         batched_rate(ci256) / ceiling,
     );
+    let cluster_med = |c: usize, batched: bool, f: &dyn Fn(&Result) -> f64| {
+        median(
+            cluster_points
+                .iter()
+                .filter(|(pc, b, _)| *pc == c && *b == batched)
+                .map(|(_, _, r)| f(r))
+                .collect(),
+        )
+    };
     write_section(&Figures {
         rounds,
         p1,
@@ -427,6 +501,7 @@ fn main() {
         ceiling,
         ceiling_cpu,
         med: &med,
+        cluster: &cluster_med,
     });
 }
 
@@ -468,7 +543,11 @@ struct Figures<'a> {
     ceiling: f64,
     ceiling_cpu: f64,
     med: Median<'a>,
+    /// Medians of the Cluster points: (concurrency, batched, figure).
+    cluster: ClusterMedian<'a>,
 }
+
+type ClusterMedian<'a> = &'a dyn Fn(usize, bool, &dyn Fn(&Result) -> f64) -> f64;
 
 /// The `redis` section of BENCHMARKS.md (target/bench-report/redis.json).
 fn write_section(f: &Figures<'_>) {
@@ -614,10 +693,51 @@ fn write_section(f: &Figures<'_>) {
         "Redis CPU includes the server's network work (reading commands, writing replies): \
          batching divides it by the batch; the script column is the time inside EVAL/EVALSHA.",
     );
+    let mut cluster = report::Table::new(
+        format!(
+            "Redis Cluster, 3 masters on this machine, medians of {} rounds",
+            f.rounds
+        ),
+        &[
+            "concurrency",
+            "client",
+            "decisions/s",
+            "p50",
+            "p99",
+            "Redis CPU µs/decision (on its node)",
+            "vs one node's ceiling CPU",
+            "mean batch",
+        ],
+    );
+    for c in CLUSTER_CONCURRENCY {
+        for batched in [true, false] {
+            let m = |g: &dyn Fn(&Result) -> f64| (f.cluster)(c, batched, g);
+            let cpu = m(&|r| r.redis_us);
+            cluster.row(&[
+                c.to_string(),
+                if batched {
+                    "RedisStore on a Cluster, default (batched per master)"
+                } else {
+                    "RedisStore on a Cluster, batching(false)"
+                }
+                .to_string(),
+                format!("{:.0}", m(&|r| r.per_sec)),
+                format!("{:.0} µs", m(&|r| r.p50.as_secs_f64() * 1e6)),
+                format!("{:.0} µs", m(&|r| r.p99.as_secs_f64() * 1e6)),
+                format!("{cpu:.2}"),
+                format!("{:.2}x", f.ceiling_cpu / cpu),
+                format!("{:.1}", m(&|r| r.mean_batch)),
+            ]);
+        }
+    }
+    section.table(cluster);
     section.note(
-        "A Redis Cluster store does not batch (a script's keys must share one hash slot), so \
-         each decision is one EVALSHA on its key's node; its per-node figures are those of the \
-         unbatched rows.",
+        "Cluster: the same store and load on a 3-master Cluster (no replicas) started by the \
+         bench on loopback ports of the same machine, so the three servers and the client share \
+         its cores. A batch holds the checks of one master, whatever their hash slots. Redis CPU \
+         is the sum over the masters divided by the decisions: the CPU a decision costs the \
+         master that decides it. The ceiling column compares it with the -P 16 ceiling's Redis \
+         CPU per request on one node (capacity per master = 1 / CPU per decision).",
     );
     section.write();
 }

@@ -276,8 +276,13 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// A cluster whose nodes get `extra` `redis-server` arguments too.
+    pub fn start_with(extra: &[&str]) -> Self {
         require("redis-cli");
-        let args = [
+        let mut args = vec![
             "--cluster-enabled",
             "yes",
             "--cluster-config-file",
@@ -285,6 +290,7 @@ impl RedisCluster {
             "--cluster-node-timeout",
             "2000",
         ];
+        args.extend_from_slice(extra);
         let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_with(&args)).collect();
         let mut create = Command::new("redis-cli");
         create.arg("--cluster").arg("create");
@@ -344,6 +350,11 @@ impl RedisCluster {
 
     /// The node serving `key`'s slot.
     pub fn node_for(&self, key: &str) -> &RedisServer {
+        &self.nodes[self.index_for(key)]
+    }
+
+    /// The index in `nodes` of the node serving `key`'s slot.
+    pub fn index_for(&self, key: &str) -> usize {
         let slot = self.keyslot(key);
         self.nodes
             .iter()
@@ -363,6 +374,12 @@ impl RedisCluster {
                             }
                         })
                 })
+            })
+            .map(|n| {
+                self.nodes
+                    .iter()
+                    .position(|m| m.port() == n.port())
+                    .unwrap()
             })
             .expect("some node serves every slot")
     }

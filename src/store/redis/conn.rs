@@ -2,14 +2,14 @@
 //! connection), script calls with `EVALSHA` and a reload on `NOSCRIPT`, the batcher that
 //! coalesces concurrent calls, and the Cluster's slot map.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -99,18 +99,44 @@ impl Conn {
         mode: Mode,
         groups: impl Iterator<Item = &'g Group> + Clone,
     ) -> Result<Value, RedisError> {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.sha());
-        pack_args(&mut cmd, mode, groups.clone());
-        match self.query(&cmd).await {
+        self.eval_routed(script, mode, groups, None).await
+    }
+
+    /// [`eval`](Self::eval), or with `node` (a Cluster), one call to the master serving slot
+    /// `node` whatever the slots of the groups' keys: they travel as arguments (`'n'` in
+    /// `driver.lua`), as Redis refuses declared keys of several slots in one call.
+    async fn eval_routed<'g>(
+        &self,
+        script: &LuaScript,
+        mode: Mode,
+        groups: impl Iterator<Item = &'g Group> + Clone,
+        node: Option<u16>,
+    ) -> Result<Value, RedisError> {
+        let run = |head: &str, body: &str| {
+            let mut cmd = redis::cmd(head);
+            cmd.arg(body);
+            pack_args(&mut cmd, mode, groups.clone(), node.is_some());
+            self.send_to(cmd, node)
+        };
+        match run("EVALSHA", script.sha()).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 tracing::debug!("script not cached on the server; sending it with EVAL");
-                let mut cmd = redis::cmd("EVAL");
-                cmd.arg(script.code());
-                pack_args(&mut cmd, mode, groups);
-                self.query(&cmd).await
+                run("EVAL", script.code()).await
             }
             other => other,
+        }
+    }
+
+    /// Sends `cmd`: routed by its keys, or (a Cluster) to the master of slot `node`.
+    async fn send_to(&self, cmd: Cmd, node: Option<u16>) -> Result<Value, RedisError> {
+        match (self, node) {
+            (Conn::Cluster(c), Some(slot)) => {
+                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                    Route::new(slot, SlotAddr::Master),
+                ));
+                c.clone().route_command(cmd, route).await?.extract_error()
+            }
+            _ => self.query(&cmd).await,
         }
     }
 }
@@ -124,6 +150,8 @@ pub(crate) struct Job {
     /// connection and its batcher, each with its own script.
     pub(crate) script: Arc<LuaScript>,
     pub(crate) deadline: Instant,
+    /// The hash slot of the group's keys (Cluster; 0 on a single node).
+    pub(crate) slot: u16,
     pub(crate) reply: oneshot::Sender<(Group, Result<Ints, BatchError>)>,
 }
 
@@ -138,11 +166,14 @@ pub(crate) enum BatchError {
 /// Coalesces concurrent calls into one script run: while `max_in_flight` batches are on the
 /// wire, new calls queue; the next batch takes everything queued (up to `max_batch`), one script
 /// call per script among them (one, unless a reconfigured store shares the connection).
+///
+/// A Cluster has one batcher per master (`node` holds the slot map): its batches go to that
+/// master in one call whatever their slots, see [`run_batch`].
 fn spawn_batcher(
     conn: Conn,
     stats: RedisStats,
-    max_batch: usize,
-    max_in_flight: usize,
+    (max_batch, max_in_flight): (usize, usize),
+    node: Option<Arc<SlotCache>>,
 ) -> mpsc::UnboundedSender<Job> {
     let (tx, mut rx) = mpsc::unbounded_channel::<Job>();
     tokio::spawn(async move {
@@ -177,11 +208,13 @@ fn spawn_batcher(
                     if jobs.is_empty() {
                         continue;
                     }
+                    let batch = |script, jobs| {
+                        run_batch(conn.clone(), stats.clone(), script, jobs, node.clone())
+                    };
                     if jobs.iter().all(|j| same_script(&j.script, &jobs[0].script)) {
                         jobs.shrink_to_fit();
-                        stats.record_batch(jobs.len());
                         let script = jobs[0].script.clone();
-                        in_flight.push(run_batch(conn.clone(), script, jobs));
+                        in_flight.push(batch(script, jobs));
                         continue;
                     }
                     while let Some(first) = jobs.first() {
@@ -189,13 +222,12 @@ fn spawn_batcher(
                         let (same, rest): (Vec<Job>, Vec<Job>) = jobs
                             .into_iter()
                             .partition(|j| same_script(&j.script, &script));
-                        stats.record_batch(same.len());
-                        in_flight.push(run_batch(conn.clone(), script, same));
+                        in_flight.push(batch(script, same));
                         jobs = rest;
                     }
                 }
                 // Unreachable with max_in_flight >= 1 (checked at build time); if it ever is,
-                // the task ends and the next request restarts it (see `Links::get`).
+                // the task ends and the next request restarts it (see `Batchers::get`).
                 else => break,
             }
         }
@@ -207,25 +239,94 @@ fn same_script(a: &Arc<LuaScript>, b: &Arc<LuaScript>) -> bool {
     Arc::ptr_eq(a, b) || a.sha() == b.sha()
 }
 
-async fn run_batch(conn: Conn, script: Arc<LuaScript>, jobs: Vec<Job>) {
+/// The error code `driver.lua` answers a node batch with when one of its keys is not served by
+/// the node it ran on (checked for every key before anything is written).
+const UNSERVED: &str = "TOLLGATE_UNSERVED";
+
+/// Runs one batch and answers its jobs. With `node` (a Cluster master's batcher) the batch goes
+/// to that master in one call; if a key's slot is no longer served there (resharding, failover:
+/// the script checks every key before its first write, so nothing was applied), the jobs are
+/// sent again slot by slot, each once, routed by their keys (following `MOVED` and `ASK`), and
+/// the slot map is read again.
+async fn run_batch(
+    conn: Conn,
+    stats: RedisStats,
+    script: Arc<LuaScript>,
+    jobs: Vec<Job>,
+    node: Option<Arc<SlotCache>>,
+) {
+    stats.record_batch(jobs.len());
+    let route = node.as_ref().map(|_| jobs[0].slot);
+    let result = call_batch(&conn, &script, &jobs, route).await;
+    match result {
+        Err(BatchError::Redis(e)) if route.is_some() && e.code() == Some(UNSERVED) => {
+            tracing::debug!(error = %e, "a cluster node no longer serves a slot of its batch; sending it slot by slot");
+            stats.add_split_batch();
+            if let Some(slots) = node {
+                let conn = conn.clone();
+                tokio::spawn(async move { slots.refresh(&conn).await });
+            }
+            let mut rest = jobs;
+            let mut parts = Vec::new();
+            while let Some(first) = rest.first() {
+                let slot = first.slot;
+                let (same, other): (Vec<Job>, Vec<Job>) =
+                    rest.into_iter().partition(|j| j.slot == slot);
+                parts.push(same);
+                rest = other;
+            }
+            let calls = parts.into_iter().map(|jobs| {
+                stats.record_batch(jobs.len());
+                let (conn, script) = (&conn, &script);
+                async move {
+                    let result = call_batch(conn, script, &jobs, None).await;
+                    answer(jobs, result);
+                }
+            });
+            futures_util::future::join_all(calls).await;
+        }
+        result => answer(jobs, result),
+    }
+}
+
+/// One script call for `jobs`, within the earliest of their deadlines: routed by its keys, or
+/// to the master of slot `node`.
+async fn call_batch(
+    conn: &Conn,
+    script: &LuaScript,
+    jobs: &[Job],
+    node: Option<u16>,
+) -> Result<Vec<i64>, BatchError> {
     let deadline = jobs
         .iter()
         .map(|j| j.deadline)
         .min()
         .expect("a batch has jobs");
-    // The compact form when every job is one limit at the server's time (the usual case).
-    let compact = jobs.iter().all(|j| j.group.is_single_at_server_time());
-    let mode = if compact { Mode::Batch } else { Mode::Check };
+    let mode = if compact(jobs) {
+        Mode::Batch
+    } else {
+        Mode::Check
+    };
     let result = tokio::time::timeout_at(
         deadline,
-        conn.eval(&script, mode, jobs.iter().map(|j| &j.group)),
+        conn.eval_routed(script, mode, jobs.iter().map(|j| &j.group), node),
     )
     .await;
-    let ints = match result {
+    match result {
         Ok(Ok(value)) => reply_ints(value).map_err(|e| BatchError::Invalid(e.to_string())),
         Ok(Err(e)) => Err(BatchError::Redis(Arc::new(e))),
         Err(_) => Err(BatchError::Timeout),
-    };
+    }
+}
+
+/// The compact form when every job is one limit at the server's time (the usual case).
+fn compact(jobs: &[Job]) -> bool {
+    jobs.iter().all(|j| j.group.is_single_at_server_time())
+}
+
+/// Answers each job with its part of the batch's reply (or the batch's error).
+fn answer(jobs: Vec<Job>, ints: Result<Vec<i64>, BatchError>) {
+    let compact = compact(&jobs);
     let ints = match ints {
         Ok(ints) => ints,
         Err(e) => {
@@ -261,11 +362,56 @@ async fn run_batch(conn: Conn, script: Arc<LuaScript>, jobs: Vec<Job>) {
     }
 }
 
+/// The batchers of one connection: the single node's, or one per Cluster master (started when
+/// a check for it first comes, restarted if found stopped).
+pub(crate) struct Batchers {
+    conn: Conn,
+    stats: RedisStats,
+    limits: (usize, usize),
+    /// The Cluster's slot map (`None`: a single node).
+    slots: Option<Arc<SlotCache>>,
+    by_node: Mutex<Vec<(Box<str>, mpsc::UnboundedSender<Job>)>>,
+}
+
+impl Batchers {
+    /// The batcher for the master at `node` (`""`: the single node). Must run on the
+    /// connection's runtime.
+    pub(crate) fn get(&self, node: &str) -> mpsc::UnboundedSender<Job> {
+        let mut by_node = self.by_node.lock().unwrap_or_else(|e| e.into_inner());
+        let spawn = || {
+            spawn_batcher(
+                self.conn.clone(),
+                self.stats.clone(),
+                self.limits,
+                self.slots.clone(),
+            )
+        };
+        match by_node.iter_mut().find(|(n, _)| &**n == node) {
+            Some((_, batcher)) => {
+                if batcher.is_closed() {
+                    self.stats.add_batcher_restart();
+                    tracing::error!(
+                        node,
+                        "the redis batching task stopped; restarting it (its requests were decided by their failure policies)"
+                    );
+                    *batcher = spawn();
+                }
+                batcher.clone()
+            }
+            None => {
+                let batcher = spawn();
+                by_node.push((node.into(), batcher.clone()));
+                batcher
+            }
+        }
+    }
+}
+
 /// The most runtimes a store keeps a connection for at once (the oldest is dropped beyond).
 const MAX_RUNTIMES: usize = 8;
 
-/// A connection, and its batcher, for one tokio runtime. Both live on that runtime: its tasks
-/// run the connection and the batcher, and are gone when it shuts down.
+/// A connection, and its batchers, for one tokio runtime. Both live on that runtime: its tasks
+/// run the connection and the batchers, and are gone when it shuts down.
 struct Link {
     runtime: tokio::runtime::Id,
     /// Alive while the runtime runs: held by a sentinel task on it.
@@ -273,13 +419,13 @@ struct Link {
     /// Ends the sentinel task when the link is dropped.
     _stop: oneshot::Sender<()>,
     conn: Conn,
-    batcher: Option<mpsc::UnboundedSender<Job>>,
+    batchers: Option<Arc<Batchers>>,
 }
 
-/// What a call needs: the connection of the current runtime and its batcher.
+/// What a call needs: the connection of the current runtime and its batchers.
 pub(crate) struct Handle {
     pub(crate) conn: Conn,
-    pub(crate) batcher: Option<mpsc::UnboundedSender<Job>>,
+    pub(crate) batchers: Option<Arc<Batchers>>,
 }
 
 /// The store's connections, one per tokio runtime it is used from. A store built (or first used)
@@ -298,10 +444,12 @@ pub(crate) struct LinkConfig<'a> {
     pub(crate) connect_timeout: Duration,
     pub(crate) batching: Option<(usize, usize)>,
     pub(crate) stats: &'a RedisStats,
+    /// The Cluster's slot map (`None`: a single node).
+    pub(crate) slots: Option<&'a Arc<SlotCache>>,
 }
 
 impl Links {
-    /// The connection (and batcher) for the current tokio runtime; the bool is true when it was
+    /// The connection (and batchers) for the current tokio runtime; the bool is true when it was
     /// just set up.
     pub(crate) fn get(&self, cfg: &LinkConfig<'_>) -> Result<(Handle, bool), StoreError> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
@@ -312,26 +460,11 @@ impl Links {
         })?;
         let id = runtime.id();
         let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(link) = links.iter_mut().find(|l| l.runtime == id) {
-            if let (Some(batcher), Some((max_batch, max_in_flight))) = (&link.batcher, cfg.batching)
-            {
-                if batcher.is_closed() {
-                    cfg.stats.add_batcher_restart();
-                    tracing::error!(
-                        "the redis batching task stopped; restarting it (its requests were decided by their failure policies)"
-                    );
-                    link.batcher = Some(spawn_batcher(
-                        link.conn.clone(),
-                        cfg.stats.clone(),
-                        max_batch,
-                        max_in_flight,
-                    ));
-                }
-            }
+        if let Some(link) = links.iter().find(|l| l.runtime == id) {
             return Ok((
                 Handle {
                     conn: link.conn.clone(),
-                    batcher: link.batcher.clone(),
+                    batchers: link.batchers.clone(),
                 },
                 false,
             ));
@@ -354,8 +487,14 @@ impl Links {
             let _token = token;
             let _ = stopped.await;
         });
-        let batcher = cfg.batching.map(|(max_batch, max_in_flight)| {
-            spawn_batcher(conn.clone(), cfg.stats.clone(), max_batch, max_in_flight)
+        let batchers = cfg.batching.map(|limits| {
+            Arc::new(Batchers {
+                conn: conn.clone(),
+                stats: cfg.stats.clone(),
+                limits,
+                slots: cfg.slots.cloned(),
+                by_node: Mutex::new(Vec::new()),
+            })
         });
         if self.connected_once.swap(true, Ordering::Relaxed) {
             cfg.stats.add_reconnect();
@@ -366,16 +505,63 @@ impl Links {
         }
         let handle = Handle {
             conn: conn.clone(),
-            batcher: batcher.clone(),
+            batchers: batchers.clone(),
         };
         links.push(Link {
             runtime: id,
             alive,
             _stop: stop,
             conn,
-            batcher,
+            batchers,
         });
         Ok((handle, true))
+    }
+}
+
+/// The Cluster's slot map as last read, shared by a store, the stores reconfigured from it and
+/// their batchers.
+pub(crate) struct SlotCache {
+    map: RwLock<Arc<SlotMap>>,
+    /// When the map was last asked for (ms since `born`), to ask at most once per `every`.
+    asked: AtomicU64,
+    born: std::time::Instant,
+    every: Duration,
+    timeout: Duration,
+}
+
+impl SlotCache {
+    /// An empty map, read again at most once per `every`, each read within `timeout`.
+    pub(crate) fn new(every: Duration, timeout: Duration) -> Self {
+        Self {
+            map: RwLock::default(),
+            asked: AtomicU64::new(0),
+            born: std::time::Instant::now(),
+            every,
+            timeout,
+        }
+    }
+
+    /// The map as last read (empty until then).
+    pub(crate) fn map(&self) -> Arc<SlotMap> {
+        self.map.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Reads the Cluster's slot map again (at most once per interval).
+    pub(crate) async fn refresh(&self, conn: &Conn) {
+        let now = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let last = self.asked.load(Ordering::Relaxed);
+        let every = u64::try_from(self.every.as_millis()).unwrap_or(u64::MAX);
+        if last != 0 && now.saturating_sub(last) < every {
+            return;
+        }
+        self.asked.store(now.max(1), Ordering::Relaxed);
+        match tokio::time::timeout(self.timeout, SlotMap::fetch(conn)).await {
+            Ok(Ok(map)) => {
+                *self.map.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(map);
+            }
+            Ok(Err(e)) => tracing::debug!(error = %e, "could not read the cluster slot map"),
+            Err(_) => tracing::debug!("reading the cluster slot map timed out"),
+        }
     }
 }
 
@@ -479,6 +665,7 @@ mod tests {
             connect_timeout: Duration::from_millis(10),
             batching: Some((64, 0)),
             stats: &stats,
+            slots: None,
         };
         let links = Links::default();
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -488,7 +675,7 @@ mod tests {
         rt.block_on(async {
             let (first, fresh) = links.get(&cfg).unwrap();
             assert!(fresh);
-            let batcher = first.batcher.expect("batching on");
+            let batcher = first.batchers.expect("batching on").get("");
             for _ in 0..100 {
                 if batcher.is_closed() {
                     break;
@@ -498,8 +685,9 @@ mod tests {
             assert!(batcher.is_closed(), "the task ended");
             let (again, fresh) = links.get(&cfg).unwrap();
             assert!(!fresh, "same runtime, same connection");
+            let restarted = again.batchers.unwrap().get("");
             assert_eq!(stats.batcher_restarts(), 1);
-            assert!(!again.batcher.unwrap().is_closed(), "a new task took over");
+            assert!(!restarted.is_closed(), "a new task took over");
         });
     }
 

@@ -21,11 +21,24 @@
 //!   rejected request writes nothing;
 //! - **one connection per store**: a multiplexed, auto-reconnecting
 //!   [`ConnectionManager`](redis::aio::ConnectionManager) for a node, the async Cluster
-//!   connection for a Cluster; never a connection per request. On a single node, concurrent
-//!   checks are coalesced into one script call ([`RedisBackend::batching`]): while a script call
-//!   is on the wire, new checks queue, and the next call takes them all, each still decided on
-//!   its own and all-or-nothing, in arrival order. Under load this roughly halves Redis's CPU per
-//!   decision (measured in `benches/redis.rs`).
+//!   connection for a Cluster; never a connection per request. Concurrent checks are coalesced
+//!   into one script call ([`RedisBackend::batching`]): while a script call is on the wire, new
+//!   checks queue, and the next call takes them all, each still decided on its own and
+//!   all-or-nothing, in arrival order. Under load this roughly halves Redis's CPU per decision
+//!   (measured in `benches/redis.rs`).
+//! - **a Cluster batches per master**: each master has its own batcher, and a batch goes to its
+//!   master in one script call whatever the hash slots of its keys. Redis refuses declared keys
+//!   of several slots in one call (`CROSSSLOT`, whatever the script's flags), so a master's
+//!   batch passes its keys as arguments; the script is the store's usual one, without a shebang,
+//!   so it behaves exactly as on a single node (out of memory, it fails at its first write,
+//!   before anything is written). Before anything is written, the script reads every key of the
+//!   batch: a key whose slot that master no longer serves (resharding, failover, a slot being
+//!   migrated) fails the whole call with nothing applied — Redis serves a slot or not for the
+//!   whole run of a script — and its checks are sent again slot by slot (each once, routed by
+//!   their keys, following `MOVED` and `ASK`) while the store reads the slot map again
+//!   ([`RedisStats::split_batches`]). A check for a master not known yet (before the slot map is
+//!   first read) is sent on its own. Breakers, timeouts and failure policies apply to each check
+//!   as without batching; a dead master's batches do not hold up the others'.
 //!
 //! # Several limits per request
 //!
@@ -38,7 +51,8 @@
 //!   its route scope), so all limits of one client — burst and daily quota, per-route limits —
 //!   share a slot and are decided in one script call, exactly as on a single node.
 //! - **Cluster, different slots** (a per-client limit plus a global ceiling): each slot's group is
-//!   decided and charged atomically in its own call (*reserve*), all groups concurrently. If any
+//!   decided and charged atomically on its own (*reserve*; in its master's batch, as a request
+//!   of its own would be), all groups concurrently. If any
 //!   group rejects (or fails closed), the groups that charged are given back by a refund script
 //!   (*refund*) before the response is returned, as of the reservation's time and applied at
 //!   the time of the refund (the store's clock, or the server's `TIME`); the refunded limits are
@@ -409,9 +423,13 @@ impl RedisBackend {
         self
     }
 
-    /// Whether concurrent checks on a single node are coalesced into one script call (default
-    /// on). Each request is still decided all-or-nothing, in arrival order, exactly as if sent
-    /// alone; batching only saves round trips and per-call overhead. Cluster stores never batch.
+    /// Whether concurrent checks are coalesced into one script call (default on): on a single
+    /// node, into calls to it; on a Cluster, into calls to each master, whatever the hash slots
+    /// of the keys it serves (see [the module docs](self)). Each request is still decided
+    /// all-or-nothing, in arrival order, exactly as if sent alone; batching only saves round
+    /// trips and per-call overhead. [`max_batch`](Self::max_batch) and
+    /// [`max_in_flight`](Self::max_in_flight) apply to each batcher (each master's, on a
+    /// Cluster).
     pub fn batching(mut self, enabled: bool) -> Self {
         self.batching = enabled;
         self
@@ -509,15 +527,18 @@ impl Backend for RedisBackend {
             breaker_threshold: self.breaker_threshold,
             probe_interval: self.probe_interval,
             clock: self.clock,
-            batching: (self.batching && !cluster).then_some((self.max_batch, self.max_in_flight)),
+            batching: self
+                .batching
+                .then_some((self.max_batch, self.max_in_flight)),
             local,
             local_builder: Arc::new(std::sync::Mutex::new(local_builder)),
             stats: self.stats,
             links: Default::default(),
             breakers: Default::default(),
-            slots: Default::default(),
-            slots_asked: Default::default(),
-            born: std::time::Instant::now(),
+            slots: Arc::new(conn::SlotCache::new(
+                self.probe_interval,
+                self.connect_timeout,
+            )),
             connected: Default::default(),
         }))
     }

@@ -285,12 +285,18 @@ impl Group {
 }
 
 /// Writes `numkeys`, the keys and the arguments of a call on `groups` after `EVALSHA sha`.
+/// With `node` (a Cluster master's batch, whose keys may be of several slots) no key is declared:
+/// `0 n {numkeys} {keys}` come first, then the same arguments (see `driver.lua`).
 pub(crate) fn pack_args<'g>(
     cmd: &mut Cmd,
     mode: Mode,
     groups: impl Iterator<Item = &'g Group> + Clone,
+    node: bool,
 ) {
     let nkeys: usize = groups.clone().map(Group::len).sum();
+    if node {
+        cmd.arg(0).arg("n");
+    }
     cmd.arg(nkeys);
     for g in groups.clone() {
         for k in &g.keys {
@@ -473,7 +479,7 @@ mod tests {
                 reserved_at,
             };
             let mut cmd = redis::cmd("EVALSHA");
-            pack_args(&mut cmd, mode, std::iter::once(&group));
+            pack_args(&mut cmd, mode, std::iter::once(&group), false);
             cmd.args_iter()
                 .map(|a| match a {
                     redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
@@ -490,6 +496,34 @@ mod tests {
         assert_eq!(args(Mode::Check, Some(5), None), call("1@5", "c"));
         assert_eq!(args(Mode::Refund, None, Some(7)), call("1r7", "r"));
         assert_eq!(args(Mode::Refund, Some(9), Some(7)), call("1@9r7", "r"));
+    }
+
+    #[test]
+    fn a_node_batch_declares_no_key_and_passes_its_keys_first() {
+        let group = |key: &str, cost| Group {
+            keys: vec![key.into()],
+            limits: vec![LimitArg {
+                limit: 0,
+                cost,
+                quota: None,
+            }],
+            now: None,
+            reserved_at: None,
+        };
+        let groups = [group("a", 1), group("b", 2)];
+        let args = |node| {
+            let mut cmd = redis::cmd("EVALSHA");
+            pack_args(&mut cmd, Mode::Batch, groups.iter(), node);
+            cmd.args_iter()
+                .skip(1)
+                .map(|a| match a {
+                    redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                    _ => "<cursor>".to_owned(),
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(args(false), ["2", "a", "b", "b", "1", "2"]);
+        assert_eq!(args(true), ["0", "n", "2", "a", "b", "b", "1", "2"]);
     }
 
     #[test]
@@ -511,7 +545,7 @@ mod tests {
         };
         let args = |mode, g: &Group| {
             let mut cmd = redis::cmd("EVALSHA");
-            pack_args(&mut cmd, mode, std::iter::once(g));
+            pack_args(&mut cmd, mode, std::iter::once(g), false);
             cmd.args_iter()
                 .skip(3)
                 .map(|a| match a {

@@ -37,6 +37,7 @@ struct Counters {
     refund_failures: AtomicU64,
     batches: AtomicU64,
     batched_calls: AtomicU64,
+    split_batches: AtomicU64,
     batcher_restarts: AtomicU64,
     reconnects: AtomicU64,
     open_breakers: AtomicU32,
@@ -146,7 +147,7 @@ impl RedisStats {
         self.inner.refund_failures.load(Relaxed)
     }
 
-    /// Script calls sent by the batcher.
+    /// Script calls sent by the batchers (on a Cluster, one batcher per master).
     pub fn batches(&self) -> u64 {
         self.inner.batches.load(Relaxed)
     }
@@ -157,6 +158,16 @@ impl RedisStats {
         self.inner.batched_calls.load(Relaxed)
     }
 
+    /// Cluster batches a master refused whole because it no longer served one of their hash
+    /// slots (resharding, failover): nothing of them was applied, and their checks were sent
+    /// again slot by slot (each once, counted in [`batches`](Self::batches) again).
+    pub fn split_batches(&self) -> u64 {
+        self.inner.split_batches.load(Relaxed)
+    }
+
+    pub(crate) fn add_split_batch(&self) {
+        self.inner.split_batches.fetch_add(1, Relaxed);
+    }
     pub(crate) fn add_fail_open(&self, n: u64) {
         self.inner.fail_open.fetch_add(n, Relaxed);
     }

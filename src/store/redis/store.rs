@@ -2,15 +2,15 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
 use super::breaker::{Breaker, Breakers};
-use super::conn::{slot_of_tag, BatchError, Handle, Job, LinkConfig, Links, SlotMap, Target};
+use super::conn::{slot_of_tag, BatchError, Handle, Job, LinkConfig, Links, SlotCache, Target};
 use super::keys::KeyEncoder;
 use super::script::{
     decision, reply_ints, Group, Ints, LimitArg, LimitInfo, LuaScript, Mode, QuotaArg,
@@ -64,12 +64,8 @@ pub(crate) struct Inner {
     /// One circuit breaker per node.
     pub(crate) breakers: Arc<Breakers>,
     /// The Cluster's slot map (empty for a single node, or until read), which picks a group's
-    /// breaker.
-    pub(crate) slots: Arc<RwLock<Arc<SlotMap>>>,
-    /// When the slot map was last asked for (ms since the store was built), to ask at most once
-    /// per probe interval.
-    pub(crate) slots_asked: Arc<AtomicU64>,
-    pub(crate) born: std::time::Instant,
+    /// breaker and batcher; read again at most once per probe interval.
+    pub(crate) slots: Arc<SlotCache>,
     /// Set once Redis has answered; until then calls may take `connect_timeout`.
     pub(crate) connected: Arc<AtomicBool>,
 }
@@ -292,8 +288,6 @@ impl Store for RedisStore {
                 links: old.links.clone(),
                 breakers: old.breakers.clone(),
                 slots: old.slots.clone(),
-                slots_asked: old.slots_asked.clone(),
-                born: old.born,
                 connected: old.connected.clone(),
             }),
         };
@@ -356,6 +350,8 @@ struct Plan {
     /// For each group, the breaker of its node and the node's address (`None`: the single node,
     /// or a Cluster node not known yet).
     nodes: Vec<(Arc<Breaker>, Option<String>)>,
+    /// For each group, the hash slot of its keys (Cluster; 0 on a single node).
+    slots: Vec<u16>,
     /// For each group, the check index of each of its limits; empty on a single node, where the
     /// only group holds every check in order.
     positions: Vec<Vec<usize>>,
@@ -397,6 +393,7 @@ impl Inner {
             connect_timeout: self.connect_timeout,
             batching: self.batching,
             stats: &self.stats,
+            slots: self.cluster.then_some(&self.slots),
         }
     }
 
@@ -493,26 +490,12 @@ impl Inner {
 
     /// Reads the Cluster's slot map again (at most once per probe interval).
     async fn refresh_slots(&self, conn: &super::conn::Conn) {
-        let now = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let last = self.slots_asked.load(Ordering::Relaxed);
-        let every = u64::try_from(self.probe_interval.as_millis()).unwrap_or(u64::MAX);
-        if last != 0 && now.saturating_sub(last) < every {
-            return;
-        }
-        self.slots_asked.store(now.max(1), Ordering::Relaxed);
-        match tokio::time::timeout(self.connect_timeout, SlotMap::fetch(conn)).await {
-            Ok(Ok(map)) => {
-                *self.slots.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(map);
-            }
-            Ok(Err(e)) => tracing::debug!(error = %e, "could not read the cluster slot map"),
-            Err(_) => tracing::debug!("reading the cluster slot map timed out"),
-        }
+        self.slots.refresh(conn).await;
     }
 
     /// The breaker (and address) of the node serving `tag`'s slot.
     fn node_of(&self, tag: &[u8]) -> (Arc<Breaker>, Option<String>) {
-        let slots = self.slots.read().unwrap_or_else(|e| e.into_inner()).clone();
-        match slots.node(slot_of_tag(tag)) {
+        match self.slots.map().node(slot_of_tag(tag)) {
             Some(addr) => (self.breakers.node(addr), Some(addr.to_owned())),
             None => (self.breakers.default_breaker().clone(), None),
         }
@@ -545,11 +528,13 @@ impl Inner {
             return Plan {
                 groups: vec![group],
                 nodes: vec![(self.breakers.default_breaker().clone(), None)],
+                slots: vec![0],
                 positions: Vec::new(),
             };
         }
         let mut groups: Vec<Group> = Vec::with_capacity(1);
         let mut nodes = Vec::with_capacity(1);
+        let mut slots = Vec::with_capacity(1);
         let mut positions: Vec<Vec<usize>> = Vec::with_capacity(1);
         let mut tags: Vec<[u8; 16]> = Vec::with_capacity(1);
         for (i, c) in checks.iter().enumerate() {
@@ -562,6 +547,7 @@ impl Inner {
                 None => {
                     tags.push(enc.tag);
                     nodes.push(self.node_of(&enc.tag));
+                    slots.push(slot_of_tag(&enc.tag));
                     groups.push(Group {
                         now,
                         reserved_at,
@@ -582,6 +568,7 @@ impl Inner {
         Plan {
             groups,
             nodes,
+            slots,
             positions,
         }
     }
@@ -593,7 +580,9 @@ impl Inner {
         local: Vec<LocalCheck<'static>>,
     ) -> Result<Decisions, StoreError> {
         let several = plan.groups.len() > 1;
-        let results = self.call_groups(plan.groups, plan.nodes, Mode::Check).await;
+        let results = self
+            .call_groups(plan.groups, plan.nodes, plan.slots, Mode::Check)
+            .await;
         // The earliest time Redis decided a group at (each master of a Cluster reads its own).
         let mut decided_at: Option<u64> = None;
         for (g, (group, result)) in results.into_iter().enumerate() {
@@ -646,7 +635,7 @@ impl Inner {
     /// refunded all the same.
     async fn give_back(self: Arc<Self>, plan: Plan, n: usize) -> Result<Decisions, StoreError> {
         let results = self
-            .call_groups(plan.groups, plan.nodes, Mode::Refund)
+            .call_groups(plan.groups, plan.nodes, plan.slots, Mode::Refund)
             .await;
         let mut got = [None; MAX_LIMITS];
         let mut error = None;
@@ -774,24 +763,27 @@ impl Inner {
         Ok((now, all))
     }
 
-    /// Sends every group (one script call each; batched on a single node) within the timeout.
-    /// A group whose node's breaker is open is not sent: it fails at once.
+    /// Sends every group within the timeout: a check joins its node's batcher (each master's on
+    /// a Cluster), a refund goes on its own. A group whose node's breaker is open is not sent: it
+    /// fails at once.
     async fn call_groups(
         self: &Arc<Self>,
         mut groups: Vec<Group>,
         mut nodes: Vec<(Arc<Breaker>, Option<String>)>,
+        slots: Vec<u16>,
         mode: Mode,
     ) -> Vec<(Group, Result<Ints, StoreError>)> {
         if groups.len() == 1 {
             let group = groups.pop().expect("one group");
             let node = nodes.pop().expect("one node per group");
-            return vec![self.call_one(group, node, mode).await];
+            return vec![self.call_one(group, node, slots[0], mode).await];
         }
         futures_util::future::join_all(
             groups
                 .into_iter()
                 .zip(nodes)
-                .map(|(g, node)| self.call_one(g, node, mode)),
+                .zip(slots)
+                .map(|((g, node), slot)| self.call_one(g, node, slot, mode)),
         )
         .await
     }
@@ -800,6 +792,7 @@ impl Inner {
         self: &Arc<Self>,
         group: Group,
         (breaker, addr): (Arc<Breaker>, Option<String>),
+        slot: u16,
         mode: Mode,
     ) -> (Group, Result<Ints, StoreError>) {
         if breaker.is_open() {
@@ -821,10 +814,12 @@ impl Inner {
         let timer = crate::metrics::RedisTimer::start(); // metrics: the round trip
         let (group, result) = match self.handle() {
             Err(e) => (group, Err(CallError::Store(e))),
-            Ok(handle) => match handle.batcher {
-                // The batcher coalesces checks; a refund goes on its own.
-                Some(batcher) if mode == Mode::Check => {
-                    self.send_batched(&batcher, group, timeout).await
+            Ok(handle) => match &handle.batchers {
+                // The batcher coalesces checks; a refund goes on its own, and so does a check
+                // for a Cluster node not known yet (the slot map is read in the background).
+                Some(batchers) if mode == Mode::Check && (!self.cluster || addr.is_some()) => {
+                    let batcher = batchers.get(addr.as_deref().unwrap_or(""));
+                    self.send_batched(&batcher, group, slot, timeout).await
                 }
                 _ => {
                     let result =
@@ -891,6 +886,7 @@ impl Inner {
         &self,
         batcher: &mpsc::UnboundedSender<Job>,
         group: Group,
+        slot: u16,
         timeout: Duration,
     ) -> (Group, Result<Ints, CallError>) {
         let (tx, rx) = oneshot::channel();
@@ -899,6 +895,7 @@ impl Inner {
             script: self.script.clone(),
             // The timeout is at most MAX_TIMEOUT (checked at build time); checked anyway.
             deadline: deadline_after(timeout),
+            slot,
             reply: tx,
         };
         if let Err(mpsc::error::SendError(job)) = batcher.send(job) {
@@ -919,8 +916,8 @@ impl Inner {
                     msg,
                 ))),
             ),
-            // The group went with the job; the caller only needs it for a refund, which a single
-            // node never makes.
+            // The group went with the job; the caller only needs it to refund a group Redis
+            // charged, which this one was not.
             Err(_) => (
                 Group::default(),
                 Err(CallError::Store(StoreError::new(
@@ -1052,11 +1049,7 @@ impl Inner {
                     // A Cluster master: if it no longer serves any slot (failed over), nothing
                     // is sent to it any more and its breaker can close.
                     inner.refresh_slots(&handle.conn).await;
-                    let map = inner
-                        .slots
-                        .read()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .clone();
+                    let map = inner.slots.map();
                     if !map.serves(addr) {
                         breaker.close(&inner.stats);
                         tracing::info!(node = %addr, "redis node no longer serves slots; its circuit breaker closed");

@@ -29,6 +29,48 @@
 -- rejected, its limits that would have allowed are reported as they stand, at cost 0 (as the
 -- memory store does); a refund reports each limit after the refund, at cost 0, at the refund's
 -- time.
+--
+-- 'n' first (a Redis Cluster master's batch, whose keys may be of several hash slots): no key is
+-- declared, as Redis refuses declared keys of several slots whatever the script's flags. ARGV[2]
+-- is then the number of keys, the keys follow, and then the arguments of a 'b' or 'c' call.
+-- Every key is read before anything is written: if one is not served by this node (its slot
+-- moved or is migrating: Redis fails the access), the call answers TOLLGATE_UNSERVED with nothing
+-- applied, and the store sends the batch again slot by slot. Slot ownership cannot change while
+-- the script runs, so no later access can fail that way.
+local KEYS, ARGV = KEYS, ARGV
+local node = ARGV[1] == 'n'
+if node then
+  local nkeys = tonumber(ARGV[2])
+  local keys, argv = {}, {}
+  for i = 1, nkeys do
+    keys[i] = ARGV[2 + i]
+  end
+  for i = 3 + nkeys, #ARGV do
+    argv[i - 2 - nkeys] = ARGV[i]
+  end
+  KEYS, ARGV = keys, argv
+  -- The reads double as the batch's read-ahead (PREFETCH; a sliding log is read in pieces, so
+  -- then the keys are only checked).
+  local seen = {}
+  for i = 1, nkeys do
+    local key = keys[i]
+    if not seen[key] then
+      seen[key] = true
+      local v
+      if PREFETCH then
+        v = redis.pcall('GET', key)
+      else
+        v = redis.pcall('EXISTS', key)
+      end
+      if type(v) == 'table' and v.err and string.sub(v.err, 1, 9) ~= 'WRONGTYPE' then
+        return redis.error_reply('TOLLGATE_UNSERVED ' .. v.err)
+      end
+      if PREFETCH and type(v) == 'string' then
+        PREFETCHED[key] = v
+      end
+    end
+  end
+end
 local refund = ARGV[1] == 'r'
 local out, nout = {}, 0 -- packed pieces of the reply
 local server_now
@@ -127,7 +169,7 @@ if ARGV[1] == 'b' then
   -- One MGET instead of a GET per decision when every limit keeps its state in one short string
   -- (PREFETCH: no sliding log, whose log is read in pieces). A redis.call costs more than the
   -- read itself; see read_state for how each value is taken.
-  if PREFETCH and #KEYS > 1 then
+  if PREFETCH and not node and #KEYS > 1 then
     local values = redis.call('MGET', unpack(KEYS))
     for i = 1, #KEYS do
       local v = values[i]
