@@ -308,6 +308,17 @@ fn redis_cpu(server: &support::RedisServer) -> f64 {
     cpu_of(&server.cmd::<String>(&["INFO", "cpu"]))
 }
 
+/// One server's CPU seconds (`INFO cpu`) and the µs its scripts ran (`INFO commandstats`).
+fn server_cpu(url: &str) -> (f64, f64) {
+    let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let cpu: String = redis::cmd("INFO").arg("cpu").query(&mut conn).unwrap();
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut conn)
+        .unwrap();
+    (cpu_of(&cpu), script_usec(&stats))
+}
+
 fn cpu_of(info: &str) -> f64 {
     info.lines()
         .filter(|l| l.starts_with("used_cpu_user:") || l.starts_with("used_cpu_sys:"))
@@ -349,16 +360,8 @@ fn main() {
     let sampler: Sampler = {
         let url = url.clone();
         Arc::new(move || {
-            let mut conn = redis::Client::open(url.as_str())
-                .unwrap()
-                .get_connection()
-                .unwrap();
-            let cpu: String = redis::cmd("INFO").arg("cpu").query(&mut conn).unwrap();
-            let stats: String = redis::cmd("INFO")
-                .arg("commandstats")
-                .query(&mut conn)
-                .unwrap();
-            (cpu_of(&cpu), own_cpu(), script_usec(&stats))
+            let (cpu, script) = server_cpu(&url);
+            (cpu, own_cpu(), script)
         })
     };
     let cluster_sampler: Sampler = {
@@ -366,17 +369,9 @@ fn main() {
         Arc::new(move || {
             let mut sum = (0.0, own_cpu(), 0.0);
             for url in &urls {
-                let mut conn = redis::Client::open(url.as_str())
-                    .unwrap()
-                    .get_connection()
-                    .unwrap();
-                let cpu: String = redis::cmd("INFO").arg("cpu").query(&mut conn).unwrap();
-                let stats: String = redis::cmd("INFO")
-                    .arg("commandstats")
-                    .query(&mut conn)
-                    .unwrap();
-                sum.0 += cpu_of(&cpu);
-                sum.2 += script_usec(&stats);
+                let (cpu, script) = server_cpu(url);
+                sum.0 += cpu;
+                sum.2 += script;
             }
             sum
         })

@@ -370,14 +370,23 @@ pub(crate) struct Batchers {
     limits: (usize, usize),
     /// The Cluster's slot map (`None`: a single node).
     slots: Option<Arc<SlotCache>>,
-    by_node: Mutex<Vec<(Box<str>, mpsc::UnboundedSender<Job>)>>,
+    by_node: RwLock<Vec<(Box<str>, mpsc::UnboundedSender<Job>)>>,
 }
 
 impl Batchers {
     /// The batcher for the master at `node` (`""`: the single node). Must run on the
     /// connection's runtime.
     pub(crate) fn get(&self, node: &str) -> mpsc::UnboundedSender<Job> {
-        let mut by_node = self.by_node.lock().unwrap_or_else(|e| e.into_inner());
+        // The common case, a running batcher of a known master, shares the lock.
+        {
+            let by_node = self.by_node.read().unwrap_or_else(|e| e.into_inner());
+            if let Some((_, batcher)) = by_node.iter().find(|(n, _)| &**n == node) {
+                if !batcher.is_closed() {
+                    return batcher.clone();
+                }
+            }
+        }
+        let mut by_node = self.by_node.write().unwrap_or_else(|e| e.into_inner());
         let spawn = || {
             spawn_batcher(
                 self.conn.clone(),
@@ -493,7 +502,7 @@ impl Links {
                 stats: cfg.stats.clone(),
                 limits,
                 slots: cfg.slots.cloned(),
-                by_node: Mutex::new(Vec::new()),
+                by_node: RwLock::new(Vec::new()),
             })
         });
         if self.connected_once.swap(true, Ordering::Relaxed) {

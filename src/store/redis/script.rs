@@ -514,16 +514,21 @@ mod tests {
         let args = |node| {
             let mut cmd = redis::cmd("EVALSHA");
             pack_args(&mut cmd, Mode::Batch, groups.iter(), node);
-            cmd.args_iter()
-                .skip(1)
-                .map(|a| match a {
-                    redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
-                    _ => "<cursor>".to_owned(),
-                })
-                .collect::<Vec<_>>()
+            arg_strings(&cmd, 1)
         };
         assert_eq!(args(false), ["2", "a", "b", "b", "1", "2"]);
         assert_eq!(args(true), ["0", "n", "2", "a", "b", "b", "1", "2"]);
+    }
+
+    /// `cmd`'s arguments after the first `skip`, as text.
+    fn arg_strings(cmd: &redis::Cmd, skip: usize) -> Vec<String> {
+        cmd.args_iter()
+            .skip(skip)
+            .map(|a| match a {
+                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                _ => "<cursor>".to_owned(),
+            })
+            .collect()
     }
 
     #[test]
@@ -546,13 +551,7 @@ mod tests {
         let args = |mode, g: &Group| {
             let mut cmd = redis::cmd("EVALSHA");
             pack_args(&mut cmd, mode, std::iter::once(g), false);
-            cmd.args_iter()
-                .skip(3)
-                .map(|a| match a {
-                    redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
-                    _ => "<cursor>".to_owned(),
-                })
-                .collect::<Vec<_>>()
+            arg_strings(&cmd, 3)
         };
         // Without a plan, nothing more than before.
         assert_eq!(args(Mode::Batch, &group(0, None)), ["b", "3"]);
