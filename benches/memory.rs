@@ -28,6 +28,8 @@
 //! Secondary rows: [`MemoryStore::check_one`] (the direct API) and the other clocks
 //! ([`CoarseClock`], [`QuantaClock`], [`SystemClock`]) on the same path.
 //!
+//! One case alone: `cargo bench --bench memory -- --case KEYS THREADS`.
+//!
 //! Instruction counts (reproducible on a loaded machine): `memory --spin VARIANT KEYS CHECKS`
 //! prefills then runs CHECKS checks on one thread, for `valgrind --tool=callgrind` or
 //! `perf stat` (subtract a run with 0 checks).
@@ -591,6 +593,20 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(at) = args.iter().position(|a| a == "--spin") {
         return spin(&args[at + 1..]);
+    }
+    // `--case KEYS THREADS`: that case alone, printed (for an A/B of one change).
+    if let Some(at) = args.iter().position(|a| a == "--case") {
+        let arg = |i: usize| -> usize {
+            args.get(at + i)
+                .and_then(|a| a.parse().ok())
+                .expect("usage: memory --case KEYS THREADS")
+        };
+        let (keys, threads) = (arg(1), arg(2));
+        let r = measure_case(keys, threads);
+        for (variant, ns) in VARIANTS.iter().zip(&r) {
+            println!("{keys} keys, {threads} thread(s), {variant}: {ns:.1} ns");
+        }
+        return;
     }
     // `cargo test --benches` runs benches once in test mode: a tiny smoke run.
     if args.iter().any(|a| a == "--test") || cfg!(debug_assertions) {

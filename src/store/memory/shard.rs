@@ -168,7 +168,11 @@ impl<S: Default> Shard<S> {
         loop {
             let slot = &mut self.slots[i];
             if slot.fp == fp {
-                slot.place |= REFERENCED;
+                // Written only when it changes: a check that charges nothing (a refusal) then
+                // leaves the slot's cache line clean, shared by every core that reads it.
+                if slot.place & REFERENCED == 0 {
+                    slot.place |= REFERENCED;
+                }
                 return Some(i as u32);
             }
             // Robin Hood order: `fp` would sit before any key closer to its home than this.
