@@ -135,13 +135,13 @@ struct Variant {
 }
 
 /// Whether the variant `name` runs: every one, or with `--only NAME[,NAME...]` (for a
-/// profiler) those and the bare service.
+/// profiler) those and the bare service (a name with a comma in it: alone, as the whole argument).
 fn wanted(name: &str) -> bool {
     let args: Vec<String> = std::env::args().collect();
     match args.iter().position(|a| a == "--only") {
         Some(at) => {
             args.get(at + 1)
-                .is_some_and(|only| only.split(',').any(|o| o == name))
+                .is_some_and(|only| only == name || only.split(',').any(|o| o == name))
                 || name == "bare"
         }
         None => true,

@@ -568,13 +568,14 @@ pub(crate) fn begin<ReqBody, St: Store>(
     req: Request<ReqBody>,
     lookups: u8,
 ) -> Begin<ReqBody, St> {
-    // Size the on-stack check buffer to the layer: one limit is the common case, and building
-    // (and dropping) eight `LimitCheck`s for it costs more than the check itself.
+    // Size the on-stack check buffer to the layer: one limit is the common case and two (a
+    // burst and a quota, or a route and a ceiling) the next; building (and dropping) eight
+    // `LimitCheck`s for them costs more than the check itself.
     let snapshot = shared.current.load();
-    if snapshot.limits.len() == 1 {
-        begin_with::<1, _, _>(shared, &snapshot, req, lookups)
-    } else {
-        begin_with::<MAX_LIMITS, _, _>(shared, &snapshot, req, lookups)
+    match snapshot.limits.len() {
+        1 => begin_with::<1, _, _>(shared, &snapshot, req, lookups),
+        2 => begin_with::<2, _, _>(shared, &snapshot, req, lookups),
+        _ => begin_with::<MAX_LIMITS, _, _>(shared, &snapshot, req, lookups),
     }
 }
 
