@@ -169,7 +169,9 @@ pub(crate) fn compiled(tag: u32) -> Option<CompiledAlgorithm> {
 
 /// An algorithm that a [`PlanQuota`] can hold: lets a store's table, typed by its algorithm,
 /// take the same type out of a plan.
-pub(crate) trait Compiled: Algorithm + Copy + PartialEq {
+pub(crate) trait Compiled:
+    Algorithm<State: crate::store::memory::slot::SlotState> + Copy + PartialEq
+{
     /// The kind, for error messages.
     const KIND: AlgorithmKind;
 

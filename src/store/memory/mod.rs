@@ -68,7 +68,17 @@
 //! store is built (an `enum` of tables, so a check costs one `match`, never a virtual call or a
 //! box). A table is split into a power-of-two number of shards, each behind its own
 //! `parking_lot` mutex on its own cache lines. A single-limit check reads the clock once, hashes
-//! the key, locks one shard, decides and charges, and unlocks.
+//! the key, and finds the key's slot *without* the lock: each shard is also a sequence lock (a
+//! version that every locked access makes odd while it runs), and a key's slot is atomics (see
+//! `slot.rs`, `cell.rs`), so a reader can copy the key's state and know that no write overlapped
+//! the copy. A refusal is answered from that copy (it writes nothing, so it is exactly the
+//! refusal a locked check at that instant makes), and writes no shared memory: refusals on
+//! several cores share the shard's cache lines instead of trading the lock's line on every
+//! check. An allowed check then locks the shard and, if no locked access came in between,
+//! stores the charged copy in the same slot; otherwise (and for keys not held) it is decided
+//! under the lock. The slots are allocated in segments that never move while the shard lives
+//! (`slots.rs`), so a reader needs no reference count or epoch. No `unsafe` code is involved. A
+//! sliding log's state owns a heap buffer and is always read under the lock.
 //!
 //! **Several limits, all-or-nothing.** A check of several limits hashes every key, reads the
 //! clock once, then locks the involved shards in ascending limit order (one global order, so
@@ -162,11 +172,14 @@
 //! [`MemoryStore::check_one`] costs: it builds its [`Decisions`](crate::store::Decisions) (120
 //! bytes, moved to the layer without a `memcpy` call) in place, and an unscoped IPv4 or integer
 //! key is fingerprinted as one 128-bit value. What remains, per check: the clock read, one hash,
-//! one lock, one probe of the table (usually its home slot: one cache line), the referenced
-//! bit, and the algorithm.
+//! one probe of the table (usually its home slot: one cache line) and the algorithm, plus, for an
+//! allowed check, one lock and the referenced bit.
 
 mod backend;
+mod cell;
 mod shard;
+pub(crate) mod slot;
+mod slots;
 mod store;
 mod table;
 

@@ -4,10 +4,11 @@
 //! Layout, chosen so that a check of a held key reads one place in memory, and a key costs a few
 //! tens of bytes however long it is:
 //!
-//! - `slots: Vec<Slot<S>>` is the table itself: each slot holds a key's 64-bit fingerprint (0
-//!   marks an empty slot; a fingerprint of 0 is stored as 1), the algorithm state, the tag of
-//!   the quota it was written under and its place in the clock with a referenced bit (for the
-//!   token bucket: 8 + 16 + 4 + 4 = 32 bytes). A key lives at its home slot (the fingerprint's
+//! - `table` is the table itself, in segments that never move (see `slots`): each slot holds a
+//!   key's 64-bit fingerprint (0 marks an empty slot; a fingerprint of 0 is stored as 1), the
+//!   algorithm state, the tag of the quota it was written under and its place in the clock with
+//!   a referenced bit (for the token bucket: 8 + 16 + 4 + 4 = 32 bytes), all atomics, so that a
+//!   reader without the lock can copy them (see `cell`); every write is made under the lock. A key lives at its home slot (the fingerprint's
 //!   low 32 bits scaled to the table's length) or after it (linear probing, wrapping), so a
 //!   lookup reads the home slot and usually nothing further: no index, no second array. Keys are
 //!   kept in Robin Hood order (along a run, no key sits further from its home than the key after
@@ -16,8 +17,9 @@
 //!   slot.
 //! - The table is never more than four fifths full: with `cap` keys it has `⌈cap × 5/4⌉ + 1`
 //!   slots (40 bytes per token-bucket key when full). It grows by doubling, clamped to that
-//!   length, so an insertion moves every key a logarithmic number of times in all, and nothing
-//!   allocates on a lookup or once the table has its full length.
+//!   length (allocating the segments it reaches, then placing every key again), so an insertion
+//!   moves every key a logarithmic number of times in all, and nothing allocates on a lookup or
+//!   once the table has its full length.
 //! - `clock: Vec<u32>` lists the keys' slots in the order the clock hand visits them (4 bytes
 //!   per key): a new key takes the place of the key it replaces, or the end, so the hand meets
 //!   keys in the order they arrived, whatever their hashes. Only a search for room reads it.
@@ -34,6 +36,11 @@
 //! which idle key a new one replaces.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use super::slot::SlotState;
+use super::slots::{SlotTable, Slots};
 
 /// The table's first length, in slots.
 const MIN_SLOTS: usize = 8;
@@ -55,18 +62,62 @@ pub(crate) enum Vacancy {
     Full,
 }
 
-/// One slot of the table.
+/// One slot of the table. Its fields are atomics so that a reader without the shard's lock can
+/// copy a key's slot (see `cell`); every write happens under the lock, with relaxed stores.
 #[derive(Debug, Default)]
-struct Slot<S> {
+#[repr(C, align(32))]
+pub(crate) struct Slot<S: SlotState> {
     /// The key's fingerprint (see the module docs of `store::memory`), never 0; 0: empty.
-    fp: u64,
+    fp: AtomicU64,
     /// The algorithm's per-key state.
-    state: S,
+    state: S::Cell,
     /// The tag of the quota the state was written under (0: the limit's own).
-    tag: u32,
+    tag: AtomicU32,
     /// The key's index in the clock, and [`REFERENCED`] if it was used since the hand last
     /// passed it.
+    place: AtomicU32,
+}
+
+/// A slot's contents, moved out of the table or on their way into it.
+struct Entry<S> {
+    fp: u64,
+    state: S,
+    tag: u32,
     place: u32,
+}
+
+impl<S: SlotState> Slot<S> {
+    #[inline(always)]
+    fn fp(&self) -> u64 {
+        self.fp.load(Relaxed)
+    }
+
+    #[inline(always)]
+    fn place(&self) -> u32 {
+        self.place.load(Relaxed)
+    }
+
+    /// The contents, leaving the slot empty.
+    fn take(&self) -> Entry<S> {
+        let entry = Entry {
+            fp: self.fp(),
+            state: S::take(&self.state),
+            tag: self.tag.load(Relaxed),
+            place: self.place(),
+        };
+        self.fp.store(0, Relaxed);
+        self.tag.store(0, Relaxed);
+        self.place.store(0, Relaxed);
+        entry
+    }
+
+    /// Fills the (empty) slot with `entry`.
+    fn put(&self, entry: Entry<S>) {
+        S::store(&self.state, entry.state);
+        self.tag.store(entry.tag, Relaxed);
+        self.place.store(entry.place, Relaxed);
+        self.fp.store(entry.fp, Relaxed);
+    }
 }
 
 /// The bit of [`Slot::place`] that says the key was used since the clock hand last passed.
@@ -74,24 +125,34 @@ const REFERENCED: u32 = 1 << 31;
 
 /// A bounded map from fingerprint to state with second-chance eviction of keys as good as
 /// fresh.
-pub(crate) struct Shard<S> {
-    /// The table: empty until the first key, then at least [`MIN_SLOTS`] long.
-    slots: Vec<Slot<S>>,
+pub(crate) struct Shard<S: SlotState> {
+    /// Every slot the table can have (allocated as it grows), shared with readers without the
+    /// lock (see `cell`).
+    table: Arc<SlotTable<S>>,
+    /// The table's length: 0 until the first key, then at least [`MIN_SLOTS`].
+    len: usize,
     /// The slot of every key held, in the clock's order.
     clock: Vec<u32>,
     /// The clock hand: the index in `clock` that [`vacancy`](Self::vacancy) examines next.
     hand: u32,
     /// Most keys this shard holds (at least 1, below 2^31).
     cap: u32,
+    /// Whether the table grew since [`take_grown`](Self::take_grown) last asked.
+    grown: bool,
 }
 
-impl<S> fmt::Debug for Shard<S> {
+impl<S: SlotState> fmt::Debug for Shard<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Shard")
             .field("len", &self.clock.len())
             .field("cap", &self.cap)
             .finish_non_exhaustive()
     }
+}
+
+/// The table's length once a shard of `cap` keys is full: four fifths full at most.
+fn full_length(cap: u32) -> usize {
+    (cap as usize * 5).div_ceil(4) + 1
 }
 
 /// The stored form of a fingerprint: never 0, which marks an empty slot.
@@ -118,15 +179,17 @@ fn distance(fp: u64, i: usize, n: usize) -> usize {
     }
 }
 
-impl<S: Default> Shard<S> {
-    /// An empty shard holding at most `cap` keys (`1 <= cap < 2^31`). Allocates nothing.
+impl<S: SlotState> Shard<S> {
+    /// An empty shard holding at most `cap` keys (`1 <= cap < 2^31`). Allocates no slot yet.
     pub(crate) fn new(cap: u32) -> Self {
         debug_assert!((1..REFERENCED).contains(&cap));
         Self {
-            slots: Vec::new(),
+            table: Arc::new(SlotTable::new(full_length(cap))),
+            len: 0,
             clock: Vec::new(),
             hand: 0,
             cap,
+            grown: false,
         }
     }
 
@@ -136,21 +199,46 @@ impl<S: Default> Shard<S> {
         self.clock.len()
     }
 
-    /// The table's length once the shard is full: four fifths full at most.
+    /// The table's length once the shard is full.
     fn full_length(&self) -> usize {
-        (self.cap as usize * 5).div_ceil(4) + 1
+        full_length(self.cap)
+    }
+
+    /// Every slot, shared with readers without the lock (see `cell`).
+    pub(crate) fn table(&self) -> &Arc<SlotTable<S>> {
+        &self.table
+    }
+
+    /// The table's length, for readers without the lock (see `cell`).
+    pub(crate) fn table_len(&self) -> usize {
+        self.len
+    }
+
+    /// The table as it stands.
+    #[inline(always)]
+    fn slots(&self) -> Slots<'_, S> {
+        Slots {
+            table: &self.table,
+            len: self.len,
+        }
+    }
+
+    /// Whether the table grew (was replaced) since the last call.
+    #[inline]
+    pub(crate) fn take_grown(&mut self) -> bool {
+        std::mem::take(&mut self.grown)
     }
 
     /// Heap bytes held by this shard (the table, allocated capacity included), plus what
     /// `heap` says each state owns on the heap.
     pub(crate) fn memory_usage(&self, heap: impl Fn(&S) -> usize) -> usize {
-        self.slots.capacity() * std::mem::size_of::<Slot<S>>()
+        self.table.allocated_bytes()
             + self.clock.capacity() * std::mem::size_of::<u32>()
             + self
-                .slots
+                .slots()
                 .iter()
-                .filter(|s| s.fp != 0)
-                .map(|s| heap(&s.state))
+                .filter(|s| s.fp() != 0)
+                .map(|s| S::read(&s.state, &heap))
                 .sum::<usize>()
     }
 
@@ -159,24 +247,27 @@ impl<S: Default> Shard<S> {
     #[inline(always)]
     pub(crate) fn lookup(&mut self, fp: u64) -> Option<u32> {
         let fp = stored(fp);
-        let n = self.slots.len();
+        let slots = self.slots();
+        let n = slots.len();
         if n == 0 {
             return None;
         }
         let mut i = home(fp, n);
         let mut dist = 0;
         loop {
-            let slot = &mut self.slots[i];
-            if slot.fp == fp {
+            let slot = &slots[i];
+            let here = slot.fp();
+            if here == fp {
                 // Written only when it changes: a check that charges nothing (a refusal) then
                 // leaves the slot's cache line clean, shared by every core that reads it.
-                if slot.place & REFERENCED == 0 {
-                    slot.place |= REFERENCED;
+                let place = slot.place();
+                if place & REFERENCED == 0 {
+                    slot.place.store(place | REFERENCED, Relaxed);
                 }
                 return Some(i as u32);
             }
             // Robin Hood order: `fp` would sit before any key closer to its home than this.
-            if slot.fp == 0 || (dist > 0 && distance(slot.fp, i, n) < dist) {
+            if here == 0 || (dist > 0 && distance(here, i, n) < dist) {
                 return None;
             }
             i += 1;
@@ -187,28 +278,71 @@ impl<S: Default> Shard<S> {
         }
     }
 
-    /// The state in `slot`.
-    #[inline]
-    pub(crate) fn state(&self, slot: u32) -> &S {
-        &self.slots[slot as usize].state
+    /// The slot, state and quota tag of `fp` among the first `n` slots of `table`, copied by a
+    /// reader without the lock: the walk of [`lookup`](Self::lookup), at most `n` slots long,
+    /// as the slots may change under it. What it finds means something only if no write
+    /// overlapped the call (see `cell`). `None` if the key is not found, a slot is not
+    /// allocated (`n` is being published), or the state cannot be copied
+    /// ([`SlotState::COPYABLE`]).
+    #[inline(always)]
+    pub(crate) fn peek(table: &SlotTable<S>, n: usize, fp: u64) -> Option<(&Slot<S>, S, u32)> {
+        let fp = stored(fp);
+        if n == 0 {
+            return None;
+        }
+        let mut i = home(fp, n);
+        for dist in 0..n {
+            let slot = table.get(i)?;
+            let here = slot.fp();
+            if here == fp {
+                let tag = slot.tag.load(Relaxed);
+                return S::copy(&slot.state).map(|state| (slot, state, tag));
+            }
+            if here == 0 || (dist > 0 && distance(here, i, n) < dist) {
+                return None;
+            }
+            i += 1;
+            if i == n {
+                i = 0;
+            }
+        }
+        None
     }
 
-    /// The state in `slot`, mutably.
-    #[inline]
-    pub(crate) fn state_mut(&mut self, slot: u32) -> &mut S {
-        &mut self.slots[slot as usize].state
+    /// Stores `state` in `slot` and marks its key referenced, as a check that found it there
+    /// and charged it would have: for a state read by [`peek`](Self::peek) with no write since
+    /// (see `cell`).
+    #[inline(always)]
+    pub(crate) fn commit(&mut self, slot: &Slot<S>, state: S) {
+        let place = slot.place();
+        if place & REFERENCED == 0 {
+            slot.place.store(place | REFERENCED, Relaxed);
+        }
+        S::store(&slot.state, state);
+    }
+
+    /// `f` of the state in `slot`.
+    #[inline(always)]
+    pub(crate) fn read_state<R>(&self, slot: u32, f: impl FnOnce(&S) -> R) -> R {
+        S::read(&self.slots()[slot as usize].state, f)
+    }
+
+    /// `f` of the state in `slot`, which it may change.
+    #[inline(always)]
+    pub(crate) fn update_state<R>(&mut self, slot: u32, f: impl FnOnce(&mut S) -> R) -> R {
+        S::update(&self.slots()[slot as usize].state, f)
     }
 
     /// The tag of the quota the state in `slot` was written under (0: the limit's own).
     #[inline]
     pub(crate) fn tag(&self, slot: u32) -> u32 {
-        self.slots[slot as usize].tag
+        self.slots()[slot as usize].tag.load(Relaxed)
     }
 
     /// Records that the state in `slot` is now written under the quota tagged `tag`.
     #[inline]
     pub(crate) fn set_tag(&mut self, slot: u32, tag: u32) {
-        self.slots[slot as usize].tag = tag;
+        self.slots()[slot as usize].tag.store(tag, Relaxed);
     }
 
     /// Where a new key can go without forgetting a key that has spent budget.
@@ -223,14 +357,18 @@ impl<S: Default> Shard<S> {
     /// a recyclable key among those answers [`Vacancy::Full`], and its hand stays where it was.
     pub(crate) fn vacancy(&mut self, recyclable: impl Fn(&S, u32) -> bool) -> Vacancy {
         let len = self.clock.len();
+        let is_recyclable = |entry: &Slot<S>| {
+            let tag = entry.tag.load(Relaxed);
+            S::read(&entry.state, |state| recyclable(state, tag))
+        };
         if len < self.cap as usize {
             if len == 0 {
                 return Vacancy::Grow;
             }
             let slot = self.next_key();
-            let entry = &mut self.slots[slot];
-            entry.place &= !REFERENCED;
-            return if recyclable(&entry.state, entry.tag) {
+            let entry = &self.slots()[slot];
+            entry.place.store(entry.place() & !REFERENCED, Relaxed);
+            return if is_recyclable(entry) {
                 Vacancy::Reuse(slot as u32)
             } else {
                 Vacancy::Grow
@@ -241,10 +379,13 @@ impl<S: Default> Shard<S> {
         for _ in 0..SCAN.min(len) {
             let at = self.hand;
             let slot = self.next_key();
-            let entry = &mut self.slots[slot];
-            let referenced = entry.place & REFERENCED != 0;
-            entry.place &= !REFERENCED;
-            if recyclable(&entry.state, entry.tag) {
+            let entry = &self.slots()[slot];
+            let place = entry.place();
+            let referenced = place & REFERENCED != 0;
+            if referenced {
+                entry.place.store(place & !REFERENCED, Relaxed);
+            }
+            if is_recyclable(entry) {
                 if !referenced {
                     return Vacancy::Reuse(slot as u32);
                 }
@@ -284,8 +425,9 @@ impl<S: Default> Shard<S> {
         let place = match vacancy {
             Vacancy::Full => return None,
             Vacancy::Reuse(slot) => {
-                debug_assert!(self.slots[slot as usize].fp != 0, "recycled an empty slot");
-                let place = self.slots[slot as usize].place & !REFERENCED;
+                let entry = &self.slots()[slot as usize];
+                debug_assert!(entry.fp() != 0, "recycled an empty slot");
+                let place = entry.place() & !REFERENCED;
                 self.remove_at(slot as usize);
                 place
             }
@@ -293,7 +435,7 @@ impl<S: Default> Shard<S> {
                 let len = self.clock.len();
                 debug_assert!(len < self.cap as usize, "grew a full shard");
                 // Four fifths full at most (the full length keeps `cap` keys at that load).
-                if (len + 1) * 5 > self.slots.len() * 4 {
+                if (len + 1) * 5 > self.len * 4 {
                     self.grow();
                 }
                 if len == self.clock.capacity() {
@@ -305,34 +447,41 @@ impl<S: Default> Shard<S> {
                 len as u32
             }
         };
-        let slot = Slot {
+        let entry = Entry {
             fp: stored(fp),
             state: S::default(),
             tag: 0,
             place: place | REFERENCED,
         };
-        Some(self.place(slot) as u32)
+        Some(self.place(entry) as u32)
     }
 
     /// Puts `entry` (a key not held) in the table in Robin Hood order, moving the keys after it
     /// that are closer to their homes one slot on, and returns its slot.
-    fn place(&mut self, mut entry: Slot<S>) -> usize {
-        let n = self.slots.len();
+    fn place(&mut self, mut entry: Entry<S>) -> usize {
+        let slots = Slots {
+            table: &self.table,
+            len: self.len,
+        };
+        let n = slots.len();
         let mut i = home(entry.fp, n);
         let mut dist = 0;
         let mut placed = None;
         loop {
-            let here = &mut self.slots[i];
-            debug_assert!(here.fp != entry.fp, "inserted a key already held");
-            if here.fp == 0 {
+            let here = &slots[i];
+            let theirs = here.fp();
+            debug_assert!(theirs != entry.fp, "inserted a key already held");
+            if theirs == 0 {
                 self.clock[(entry.place & !REFERENCED) as usize] = i as u32;
-                *here = entry;
+                here.put(entry);
                 return placed.unwrap_or(i);
             }
-            let theirs = distance(here.fp, i, n);
+            let theirs = distance(theirs, i, n);
             if theirs < dist {
-                std::mem::swap(here, &mut entry);
-                self.clock[(here.place & !REFERENCED) as usize] = i as u32;
+                let displaced = here.take();
+                self.clock[(entry.place & !REFERENCED) as usize] = i as u32;
+                here.put(entry);
+                entry = displaced;
                 placed.get_or_insert(i);
                 dist = theirs;
             }
@@ -342,36 +491,61 @@ impl<S: Default> Shard<S> {
     }
 
     /// Doubles the table (at least [`MIN_SLOTS`], at most its full length) and puts every key
-    /// back at its place in it.
+    /// back at its place in it. The slots stay where they are (see `slots`): the new ones are
+    /// allocated, the keys taken out and placed again.
     #[cold]
     fn grow(&mut self) {
-        let n = (self.slots.len() * 2)
-            .max(MIN_SLOTS)
-            .min(self.full_length());
-        let mut slots = Vec::with_capacity(n);
-        slots.resize_with(n, Slot::default);
-        let old = std::mem::replace(&mut self.slots, slots);
-        for entry in old.into_iter().filter(|s| s.fp != 0) {
+        let n = (self.len * 2).max(MIN_SLOTS).min(self.full_length());
+        self.table.reserve(n);
+        let keys: Vec<Entry<S>> = self
+            .slots()
+            .iter()
+            .filter(|s| s.fp() != 0)
+            .map(Slot::take)
+            .collect();
+        self.len = n;
+        for entry in keys {
             self.place(entry);
         }
+        self.grown = true;
     }
 
     /// Empties slot `i`, shifting the keys after it back by one slot, up to an empty slot or a
     /// key at its home, so every key stays reachable in Robin Hood order without a tombstone.
     /// The key's place in the clock is left for the caller to fill.
     fn remove_at(&mut self, mut i: usize) {
-        let n = self.slots.len();
-        self.slots[i] = Slot::default();
+        let slots = Slots {
+            table: &self.table,
+            len: self.len,
+        };
+        let n = slots.len();
+        drop(slots[i].take());
         loop {
             let j = if i + 1 == n { 0 } else { i + 1 };
-            let fp = self.slots[j].fp;
+            let fp = slots[j].fp();
             if fp == 0 || distance(fp, j, n) == 0 {
                 return;
             }
-            self.slots.swap(i, j);
-            self.clock[(self.slots[i].place & !REFERENCED) as usize] = i as u32;
+            let moved = slots[j].take();
+            self.clock[(moved.place & !REFERENCED) as usize] = i as u32;
+            slots[i].put(moved);
             i = j;
         }
+    }
+
+    /// The state in `slot` (tests only).
+    #[cfg(test)]
+    pub(crate) fn state(&self, slot: u32) -> S
+    where
+        S: Copy,
+    {
+        self.read_state(slot, |s| *s)
+    }
+
+    /// Sets the state in `slot` (tests only).
+    #[cfg(test)]
+    pub(crate) fn set_state(&mut self, slot: u32, state: S) {
+        self.update_state(slot, |s| *s = state);
     }
 
     /// [`vacancy`](Self::vacancy) then [`occupy`](Self::occupy) (tests only).
@@ -391,6 +565,7 @@ impl<S: Default> Shard<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::memory::slot::SlotState;
 
     /// States are `u64`s; 0 is "as good as fresh".
     fn fresh(s: &u64, _tag: u32) -> bool {
@@ -399,18 +574,18 @@ mod tests {
 
     fn insert(shard: &mut Shard<u64>, fp: u64, value: u64) -> Option<u32> {
         let slot = shard.insert(fp, fresh)?;
-        *shard.state_mut(slot) = value;
+        shard.set_state(slot, value);
         Some(slot)
     }
 
     fn get(shard: &mut Shard<u64>, fp: u64) -> Option<u64> {
-        shard.lookup(fp).map(|slot| *shard.state(slot))
+        shard.lookup(fp).map(|slot| shard.state(slot))
     }
 
     /// Sets the state of `fp` without a lookup, so its referenced bit stays as it is.
     fn set_quietly(shard: &mut Shard<u64>, fp: u64, value: u64) {
-        let slot = shard.slots.iter_mut().find(|s| s.fp == stored(fp)).unwrap();
-        slot.state = value;
+        let slot = shard.slots().iter().find(|s| s.fp() == stored(fp)).unwrap();
+        u64::update(&slot.state, |s| *s = value);
     }
 
     /// The held keys in the clock's order with their referenced bits, and the hand.
@@ -418,8 +593,8 @@ mod tests {
         let keys = shard
             .clock
             .iter()
-            .map(|&i| &shard.slots[i as usize])
-            .map(|s| (s.fp, s.place & REFERENCED != 0))
+            .map(|&i| &shard.table[i as usize])
+            .map(|s| (s.fp(), s.place() & REFERENCED != 0))
             .collect();
         (keys, shard.hand)
     }
@@ -428,42 +603,39 @@ mod tests {
     /// is right and the table is at most three quarters full.
     fn assert_consistent(shard: &mut Shard<u64>) {
         let held: Vec<u64> = shard
-            .slots
+            .slots()
             .iter()
-            .map(|s| s.fp)
+            .map(|s| s.fp())
             .filter(|&f| f != 0)
             .collect();
         assert_eq!(held.len(), shard.len());
         assert!(
-            shard.len() * 5 <= shard.slots.len() * 4,
+            shard.len() * 5 <= shard.slots().len() * 4,
             "over four fifths full"
         );
         for (place, &slot) in shard.clock.iter().enumerate() {
-            let s = &shard.slots[slot as usize];
+            let s = &shard.slots()[slot as usize];
             assert!(
-                s.fp != 0 && (s.place & !REFERENCED) as usize == place,
+                s.fp() != 0 && (s.place() & !REFERENCED) as usize == place,
                 "clock {place}"
             );
         }
         for fp in held {
             assert!(shard.lookup(fp).is_some(), "{fp} unreachable");
         }
-        let n = shard.slots.len();
+        let n = shard.slots().len();
         for i in 0..n {
-            let (a, b) = (&shard.slots[i], &shard.slots[(i + 1) % n]);
-            if a.fp != 0 && b.fp != 0 {
-                let (da, db) = (distance(a.fp, i, n), distance(b.fp, (i + 1) % n, n));
+            let (a, b) = (&shard.slots()[i], &shard.slots()[(i + 1) % n]);
+            let (a, b) = (a.fp(), b.fp());
+            if a != 0 && b != 0 {
+                let (da, db) = (distance(a, i, n), distance(b, (i + 1) % n, n));
                 assert!(
                     db <= da + 1,
                     "Robin Hood order broken at {i}: {da} then {db}"
                 );
             }
-            if a.fp == 0 && b.fp != 0 {
-                assert_eq!(
-                    distance(b.fp, (i + 1) % n, n),
-                    0,
-                    "a key after a hole is home"
-                );
+            if a == 0 && b != 0 {
+                assert_eq!(distance(b, (i + 1) % n, n), 0, "a key after a hole is home");
             }
         }
     }
@@ -509,7 +681,7 @@ mod tests {
         // 2 and 3 recover; 1 and 4 have not.
         for fp in [2, 3] {
             let slot = shard.lookup(fp).unwrap();
-            *shard.state_mut(slot) = 0;
+            shard.set_state(slot, 0);
         }
         insert(&mut shard, 5, 5).unwrap();
         insert(&mut shard, 6, 6).unwrap();
@@ -533,9 +705,10 @@ mod tests {
         for fp in 1..=3 {
             set_quietly(&mut shard, fp, 0);
         }
-        for slot in &mut shard.slots {
-            let referenced = slot.fp == 1 || slot.fp == 2;
-            slot.place = slot.place & !REFERENCED | if referenced { REFERENCED } else { 0 };
+        for slot in shard.slots().iter() {
+            let referenced = slot.fp() == 1 || slot.fp() == 2;
+            let place = slot.place() & !REFERENCED | if referenced { REFERENCED } else { 0 };
+            slot.place.store(place, Relaxed);
         }
         shard.hand = 0;
         insert(&mut shard, 4, 4).unwrap();
@@ -566,7 +739,7 @@ mod tests {
         }
         // Only one key is fresh: the one just beyond the scan from the hand.
         let beyond = shard.clock[(shard.hand as usize + SCAN) % shard.len()] as usize;
-        shard.slots[beyond].state = 0;
+        u64::update(&shard.slots()[beyond].state, |s| *s = 0);
         let calls = std::cell::Cell::new(0);
         let vacancy = shard.vacancy(|s, _| {
             calls.set(calls.get() + 1);
@@ -582,7 +755,7 @@ mod tests {
         );
         // Once the key at the hand recovers, it is the one recycled.
         let first = shard.clock[hand as usize] as usize;
-        shard.slots[first].state = 0;
+        u64::update(&shard.slots()[first].state, |s| *s = 0);
         assert_eq!(shard.vacancy(fresh), Vacancy::Reuse(first as u32));
     }
 
@@ -593,7 +766,7 @@ mod tests {
         let slot = shard.lookup(1).unwrap();
         shard.set_tag(slot, 7);
         let slot = shard.insert(2, fresh).unwrap();
-        assert_eq!((*shard.state(slot), shard.tag(slot)), (0, 0));
+        assert_eq!((shard.state(slot), shard.tag(slot)), (0, 0));
         assert_eq!(get(&mut shard, 1), None);
     }
 
@@ -612,7 +785,7 @@ mod tests {
         }
         assert_eq!(shard.len(), cap as usize);
         assert_eq!(
-            shard.slots.capacity(),
+            shard.slots().len(),
             shard.full_length(),
             "growth is clamped to the full length"
         );
@@ -643,11 +816,11 @@ mod tests {
                 keys[victim as usize]
             };
             set_quietly(&mut shard, gone, 0);
-            let slots = &shard.slots;
+            let slots = shard.slots();
             let place = shard
                 .clock
                 .iter()
-                .position(|&i| slots[i as usize].fp == stored(gone));
+                .position(|&i| slots[i as usize].fp() == stored(gone));
             shard.hand = place.unwrap() as u32;
             assert_eq!(shard.insert(99, fresh).map(|_| ()), Some(()));
             assert_eq!(get(&mut shard, gone), None);
@@ -676,19 +849,19 @@ mod tests {
                 Some(v) => {
                     assert_eq!(model.get(&fp), Some(&v), "step {step}");
                     let slot = shard.lookup(fp).unwrap();
-                    *shard.state_mut(slot) = (x >> 40) % 3; // 0: recovered
-                    model.insert(fp, *shard.state(slot));
+                    shard.set_state(slot, (x >> 40) % 3); // 0: recovered
+                    model.insert(fp, shard.state(slot));
                 }
                 None => {
                     assert!(!model.contains_key(&fp), "step {step}: {fp} lost");
                     let vacancy = shard.vacancy(fresh);
                     if let Vacancy::Reuse(slot) = vacancy {
-                        let old = shard.slots[slot as usize].fp;
+                        let old = shard.slots()[slot as usize].fp();
                         assert_eq!(model.remove(&old), Some(0), "only a fresh key goes");
                     }
                     if let Some(slot) = shard.occupy(fp, vacancy) {
-                        *shard.state_mut(slot) = 1 + (x >> 50) % 2;
-                        model.insert(fp, *shard.state(slot));
+                        shard.set_state(slot, 1 + (x >> 50) % 2);
+                        model.insert(fp, shard.state(slot));
                     } else {
                         assert_eq!(shard.len(), 50, "refused only when full");
                     }
@@ -720,7 +893,7 @@ mod tests {
         let one = full.lookup(1).unwrap();
         full.set_tag(one, 9);
         let two = full.insert(2, |_, _| false).unwrap();
-        *full.state_mut(two) = 5;
+        full.set_state(two, 5);
         assert_eq!(full.vacancy(|s, tag| *s == 0 && tag == 0), Vacancy::Full);
         let slot = full.insert(3, |s, tag| *s == 0 && tag == 9).unwrap();
         assert_eq!(full.tag(slot), 0);
@@ -749,7 +922,7 @@ mod tests {
         let slot = shard.insert(3, fresh).unwrap();
         assert_eq!(shard.len(), 2);
         assert_eq!(get(&mut shard, 1), None);
-        assert_eq!(*shard.state(slot), 0);
+        assert_eq!(shard.state(slot), 0);
         // Then at key 2 (state 5): not recyclable, so the shard grows.
         shard.insert(4, fresh).unwrap();
         assert_eq!(shard.len(), 3);

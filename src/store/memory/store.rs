@@ -937,7 +937,10 @@ mod tests {
     #[test]
     fn huge_keys_work_and_cost_no_memory() {
         let (store, _) = store_with(&[tb("a", Quota::per_minute(3))], MemoryBackend::new());
-        store.check_one(0, &Key::int(0), 1).unwrap();
+        // Every shard has its first segment of slots (see `slots`) once it holds a key.
+        for k in 0..200 {
+            store.check_one(0, &Key::int(k), 1).unwrap();
+        }
         let before = store.memory_usage();
         let mut value = vec![b'x'; 1 << 20];
         let huge = Key::bytes(&value[..]);
@@ -957,7 +960,7 @@ mod tests {
             "grew by {} bytes for two 1 MB keys",
             store.memory_usage() - before
         );
-        assert_eq!(store.len(), 3);
+        assert_eq!(store.len(), 202);
     }
 
     #[test]
@@ -1037,6 +1040,63 @@ mod tests {
             "{} > {full}",
             store.memory_usage()
         );
+    }
+
+    #[test]
+    fn checks_without_the_lock_stay_exact_while_the_table_grows() {
+        // One shard, so every key shares it: new keys keep growing the table (and moving the
+        // other keys' slots) while two threads check a spent key (refused without the lock) and
+        // a hot key (allowed under the lock, refused without it once spent).
+        let (store, _) = store_with(
+            &[tb("t", Quota::per_hour(50))],
+            MemoryBackend::new().shards(1).max_keys(20_000),
+        );
+        let spent = Key::string("spent");
+        for _ in 0..50 {
+            assert!(store.check_one(0, &spent, 1).unwrap().allowed());
+        }
+        let admitted = std::sync::atomic::AtomicU64::new(0);
+        let wrong = std::sync::atomic::AtomicU64::new(0);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for k in 0..10_000 {
+                    let d = store.check_one(0, &Key::int(k), 1).unwrap();
+                    assert!(d.allowed() && d.remaining() == 49, "new key {k}: {d:?}");
+                }
+            });
+            for _ in 0..2 {
+                s.spawn(|| {
+                    let hot = Key::string("hot");
+                    for _ in 0..20_000 {
+                        let d = store.check_one(0, &spent, 1).unwrap();
+                        if d.allowed() || d.remaining() != 0 {
+                            wrong.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        if store.check_one(0, &hot, 1).unwrap().allowed() {
+                            admitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(
+            wrong.into_inner(),
+            0,
+            "the spent key was allowed or misreported"
+        );
+        assert_eq!(
+            admitted.into_inner(),
+            50,
+            "the hot key admitted exactly its capacity"
+        );
+        for k in 0..10_000 {
+            assert_eq!(
+                remaining(&store, 0, &Key::int(k)),
+                49,
+                "key {k} charged once"
+            );
+        }
+        assert_eq!(store.len(), 10_002);
     }
 
     #[test]

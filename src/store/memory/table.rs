@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
 
+use super::cell::{ShardCell, ShardGuard};
 use super::shard::{Shard, Vacancy};
 use crate::algorithm::{
     Algorithm, AlgorithmKind, FixedWindow, Gcra, LeakyBucket, SlidingLog, SlidingWindow,
@@ -23,38 +24,7 @@ use crate::store::{LimitSpec, PlanQuota};
 struct Padded<T>(T);
 
 /// One shard of a table, behind its lock, on its own cache lines.
-type LockedShard<A> = Padded<Mutex<Shard<<A as Algorithm>::State>>>;
-
-/// Read-only polls of a held shard lock before falling back to parking_lot's own wait.
-const SPINS: u32 = 64;
-
-/// Locks `mutex`, which is held only for one lookup and one decision (tens of nanoseconds).
-///
-/// parking_lot's contended path spins a few times, then yields the thread (a system call),
-/// which costs far more than the wait itself when another thread holds the lock for a single
-/// check. This polls the lock word without writing it (so the holder keeps its cache line)
-/// for a short while first, and falls back to the ordinary `lock` (which parks) only when the
-/// holder is slow, e.g. descheduled.
-#[inline]
-fn lock_briefly_held<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    if let Some(guard) = mutex.try_lock() {
-        return guard;
-    }
-    lock_contended(mutex)
-}
-
-#[cold]
-fn lock_contended<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    for _ in 0..SPINS {
-        std::hint::spin_loop();
-        if !mutex.is_locked() {
-            if let Some(guard) = mutex.try_lock() {
-                return guard;
-            }
-        }
-    }
-    mutex.lock()
-}
+type LockedShard<A> = Padded<ShardCell<<A as Algorithm>::State>>;
 
 /// Microseconds between two warnings that a table is deciding new keys by its overflow bucket.
 const OVERFLOW_WARN_EVERY: u64 = 10_000_000;
@@ -67,7 +37,7 @@ const OVERFLOW_WARN_EVERY: u64 = 10_000_000;
 ///
 /// The keys live behind `Arc`s, so a reload can [`share`](Self::share) them with a new store
 /// while the table itself (what a check reads first) stays inline in each store.
-pub(crate) struct Table<A: Algorithm> {
+pub(crate) struct Table<A: Compiled> {
     algorithm: A,
     name: PolicyName,
     shards: Arc<[LockedShard<A>]>,
@@ -93,7 +63,7 @@ struct Overflow<S> {
     keys: KeysGauge,
 }
 
-impl<A: Algorithm> fmt::Debug for Table<A> {
+impl<A: Compiled> fmt::Debug for Table<A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Table")
             .field("name", &self.name)
@@ -131,12 +101,12 @@ impl<A> Copy for Plan<'_, A> {}
 pub(crate) struct Own;
 
 /// What names the quota of a check: [`Own`] or a [`Plan`].
-pub(crate) trait Quoted<'a, A: Algorithm>: Copy {
+pub(crate) trait Quoted<'a, A: Compiled>: Copy {
     /// The plan, given the table.
     fn plan(self, table: &'a Table<A>) -> Plan<'a, A>;
 }
 
-impl<'a, A: Algorithm> Quoted<'a, A> for Own {
+impl<'a, A: Compiled> Quoted<'a, A> for Own {
     #[inline]
     fn plan(self, table: &'a Table<A>) -> Plan<'a, A> {
         Plan {
@@ -146,7 +116,7 @@ impl<'a, A: Algorithm> Quoted<'a, A> for Own {
     }
 }
 
-impl<'a, A: Algorithm> Quoted<'a, A> for Plan<'a, A> {
+impl<'a, A: Compiled> Quoted<'a, A> for Plan<'a, A> {
     #[inline]
     fn plan(self, _: &'a Table<A>) -> Plan<'a, A> {
         self
@@ -165,7 +135,7 @@ impl<A: Compiled> Table<A> {
                 let cap = share + usize::from(i < extra);
                 // The backend checked that a share fits below 2^31.
                 let cap = u32::try_from(cap).map_or(i32::MAX as u32, |c| c.min(i32::MAX as u32));
-                Padded(Mutex::new(Shard::new(cap)))
+                Padded(ShardCell::new(Shard::new(cap)))
             })
             .collect::<Arc<[_]>>();
         Self {
@@ -195,10 +165,16 @@ impl<A: Compiled> Table<A> {
         }
     }
 
-    /// Locks the shard of `fp` (see [`lock_briefly_held`]).
+    /// The shard of `fp`.
     #[inline]
-    fn shard(&self, fp: u64) -> MutexGuard<'_, Shard<A::State>> {
-        lock_briefly_held(&self.shards[shard_of(fp, self.mask)].0)
+    fn cell(&self, fp: u64) -> &ShardCell<A::State> {
+        &self.shards[shard_of(fp, self.mask)].0
+    }
+
+    /// Locks the shard of `fp` (see [`ShardCell::lock`]).
+    #[inline]
+    fn shard(&self, fp: u64) -> ShardGuard<'_, A::State> {
+        self.cell(fp).lock()
     }
 
     /// What a check at `quota` (the table's own without one) decides with, or an error if
@@ -272,13 +248,21 @@ impl<A: Compiled> Table<A> {
         now: u64,
     ) {
         let from = self.algorithm_of(tag);
-        plan.algorithm.rebase(&from, shard.state_mut(slot), now);
+        shard.update_state(slot, |state| plan.algorithm.rebase(&from, state, now));
         shard.set_tag(slot, plan.tag);
     }
 
     /// Decides and charges `cost` for the key `fp` at `now`, at the quota `quota` names (the
     /// table's own with [`Own`], which carries nothing: the hot path keeps its registers for
-    /// the lookup): one lock, one lookup.
+    /// the lookup).
+    ///
+    /// A held key is first looked up and decided without the lock, on a copy of its state
+    /// (see `cell`). A refusal is answered at once: it writes nothing, under the lock or not,
+    /// and the copy is the key's state at one instant between two locked accesses, so it is
+    /// the refusal a locked check at that instant would have made. An allowed check then takes
+    /// the lock and, if no locked access came in between (the shard's version is the one the
+    /// copy was read at), stores the charged copy in the same slot: exactly what a locked check
+    /// would have stored. Otherwise, and for keys not held, the check is decided under the lock.
     #[inline]
     pub(crate) fn check<'a>(
         &'a self,
@@ -287,12 +271,42 @@ impl<A: Compiled> Table<A> {
         cost: u64,
         quota: impl Quoted<'a, A>,
     ) -> Decision {
-        let mut shard = self.shard(fp);
+        let cell = self.cell(fp);
+        if let Some(seen) = cell.read_unlocked(fp) {
+            let plan = quota.plan(self);
+            if seen.tag == plan.tag {
+                let mut state = seen.state;
+                let decision = plan.algorithm.check(&mut state, now, cost);
+                if !decision.allowed() {
+                    return decision.with_policy(self.name);
+                }
+                let mut shard = cell.lock();
+                if shard.unchanged_since(seen.version) {
+                    shard.commit(seen.slot, state);
+                    drop(shard);
+                    return decision.with_policy(self.name);
+                }
+                return self.check_locked(shard, fp, now, cost, quota);
+            }
+        }
+        self.check_locked(cell.lock(), fp, now, cost, quota)
+    }
+
+    /// [`check`](Self::check) under the lock.
+    #[inline]
+    fn check_locked<'a>(
+        &'a self,
+        mut shard: ShardGuard<'_, A::State>,
+        fp: u64,
+        now: u64,
+        cost: u64,
+        quota: impl Quoted<'a, A>,
+    ) -> Decision {
         let decision = match shard.lookup(fp) {
             Some(slot) => {
                 let plan = quota.plan(self);
                 self.align(&mut shard, slot, plan, now);
-                plan.algorithm.check(shard.state_mut(slot), now, cost)
+                shard.update_state(slot, |state| plan.algorithm.check(state, now, cost))
             }
             None => self.check_new(&mut shard, fp, now, cost, quota.plan(self)),
         };
@@ -315,9 +329,10 @@ impl<A: Compiled> Table<A> {
         let decision = match shard.lookup(fp) {
             Some(slot) => {
                 self.align(&mut shard, slot, plan, now);
-                let state = shard.state_mut(slot);
-                plan.algorithm.refund(state, reserved_at, now, cost);
-                plan.algorithm.decide(state, now, 0)
+                shard.update_state(slot, |state| {
+                    plan.algorithm.refund(state, reserved_at, now, cost);
+                    plan.algorithm.decide(state, now, 0)
+                })
             }
             None => plan.algorithm.decide(&A::State::default(), now, 0),
         };
@@ -348,7 +363,7 @@ impl<A: Compiled> Table<A> {
                     self.overflow.keys.grew(self.name);
                 }
                 shard.set_tag(slot, plan.tag);
-                plan.algorithm.apply(shard.state_mut(slot), now, cost);
+                shard.update_state(slot, |state| plan.algorithm.apply(state, now, cost));
                 decision
             }
             None => {
@@ -487,10 +502,10 @@ enum Target<'a, S> {
 
 /// One limit's shard, locked for a check across several limits: decide first, apply only if
 /// every limit allowed, all under the lock.
-pub(crate) struct Locked<'a, A: Algorithm> {
+pub(crate) struct Locked<'a, A: Compiled> {
     table: &'a Table<A>,
     plan: Plan<'a, A>,
-    shard: MutexGuard<'a, Shard<A::State>>,
+    shard: ShardGuard<'a, A::State>,
     fp: u64,
     target: Target<'a, A::State>,
 }
@@ -501,7 +516,9 @@ impl<A: Compiled> Locked<'_, A> {
     pub(crate) fn decide(&mut self, now: u64, cost: u64) -> Decision {
         let algorithm = self.plan.algorithm;
         let decision = match &self.target {
-            Target::Slot(slot) => algorithm.decide(self.shard.state(*slot), now, cost),
+            Target::Slot(slot) => self
+                .shard
+                .read_state(*slot, |state| algorithm.decide(state, now, cost)),
             Target::Fresh | Target::Vacant(_) => algorithm.decide(&A::State::default(), now, cost),
             Target::Overflow(state) => self.table.algorithm.decide(state, now, cost),
         };
@@ -531,7 +548,8 @@ impl<A: Compiled> Locked<'_, A> {
             }
             Target::Overflow(state) => return self.table.algorithm.apply(state, now, cost),
         };
-        algorithm.apply(self.shard.state_mut(slot), now, cost);
+        self.shard
+            .update_state(slot, |state| algorithm.apply(state, now, cost));
     }
 }
 
@@ -735,27 +753,6 @@ mod tests {
     use crate::quota::Quota;
 
     #[test]
-    fn a_lock_held_past_the_spin_is_still_taken_once_released() {
-        // The holder keeps the lock far longer than the spin lasts: the waiter falls back to
-        // parking, wakes at the release, and sees what the holder wrote.
-        let mutex = Mutex::new(0u32);
-        let held = lock_briefly_held(&mutex);
-        std::thread::scope(|s| {
-            let waiter = s.spawn(|| {
-                let mut value = lock_briefly_held(&mutex);
-                *value += 1;
-                *value
-            });
-            std::thread::sleep(std::time::Duration::from_millis(50));
-            let mut held = held;
-            *held = 10;
-            drop(held);
-            assert_eq!(waiter.join().unwrap(), 11);
-        });
-        assert_eq!(*lock_briefly_held(&mutex), 11);
-    }
-
-    #[test]
     fn shard_choice_avoids_hashbrown_bits() {
         // Keys differing only in the low 32 bits or the top 7 bits share a shard...
         assert_eq!(
@@ -809,6 +806,38 @@ mod tests {
             assert_eq!(warnings.load(Ordering::Relaxed), 2);
         });
         assert_eq!(table.len(), 1);
+    }
+
+    #[test]
+    fn a_refusal_of_a_held_key_writes_nothing_and_an_allowed_check_locks() {
+        let tb = TokenBucket::new(Quota::per_hour(2)).unwrap();
+        let table = Table::new(tb, PolicyName::new("t"), 10, 1);
+        let version = || table.shards[0].0.version();
+        let fp = 42;
+        assert!(
+            table.check(fp, 0, 1, Own).allowed(),
+            "a new key, under the lock"
+        );
+        let before = version();
+        let second = table.check(fp, 0, 1, Own);
+        assert!(second.allowed() && second.remaining() == 0);
+        assert_eq!(
+            version(),
+            before + 2,
+            "an allowed check takes the lock once"
+        );
+        let refused = table.check(fp, 0, 1, Own);
+        assert!(!refused.allowed());
+        assert_eq!(refused.policy().as_str(), "t");
+        assert_eq!(refused.remaining(), 0);
+        assert_eq!(
+            refused.retry_after(),
+            Some(std::time::Duration::from_secs(1800))
+        );
+        assert_eq!(version(), before + 2, "a refusal took no lock");
+        // The refusal is the one the locked path makes (through the multi-limit path).
+        let mut locked = table.lock(fp, 0, 1, table.own());
+        assert_eq!(locked.decide(0, 1), refused);
     }
 
     #[test]
