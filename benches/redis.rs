@@ -7,6 +7,8 @@
 //!   over one multiplexed connection, at the same concurrency;
 //! - (b) `redis-benchmark` running that script by `EVALSHA`, unpipelined and with `-P 16` (the
 //!   pipelined ceiling), parsed from its CSV output;
+//! - (c) the floor: `redis-benchmark -P 16` running a script that does only the Redis work a
+//!   batched decision needs (its share of one `MGET`, one `SET ... PX`), 16 keys per call;
 //! - the store on a 3-master Redis Cluster (started by this bench on free loopback ports),
 //!   unbatched and batched per master, at concurrency 64 and 256, with the Redis CPU a decision
 //!   costs the master that decides it.
@@ -56,6 +58,16 @@ local retry_ms = 0
 if not allowed then retry_ms = math.ceil((cost - tokens) / rate * 1000) end
 return { allowed and 1 or 0, math.floor(tokens), retry_ms }
 "#;
+
+/// The least Redis work a batched decision can take, for the floor: per key, its share of one
+/// `MGET` of the call's keys and one `SET` of a 16-byte state with an expiry (what the store's
+/// script does for a token-bucket key, without deciding anything).
+const FLOOR_SCRIPT: &str = "redis.call('MGET', unpack(KEYS)) \
+     for i = 1, #KEYS do redis.call('SET', KEYS[i], '0123456789abcdef', 'PX', 100000) end \
+     return 1";
+
+/// Keys per call of the floor script: about the store's mean batch at 64 callers.
+const FLOOR_BATCH: u64 = 16;
 
 const KEYS: u64 = 10_000;
 const CONCURRENCY: [usize; 3] = [1, 64, 256];
@@ -246,8 +258,43 @@ async fn bench_eval(sample: &Sampler, url: &str, concurrency: usize) -> Result {
 /// `redis-benchmark` with the seeds' script by EVALSHA; returns requests per second and
 /// redis-server CPU µs per request.
 fn redis_benchmark(server: &support::RedisServer, sha: &str, pipeline: u32) -> (f64, f64) {
-    let port = server.port();
     let n = if pipeline > 1 { 600_000 } else { 200_000 };
+    let args = [
+        "EVALSHA",
+        sha,
+        "1",
+        "rl:__rand_int__",
+        "100000",
+        "1000",
+        "1",
+    ]
+    .map(String::from);
+    run_redis_benchmark(server, &args, n, pipeline, KEYS)
+}
+
+/// `redis-benchmark -P 16` with [`FLOOR_SCRIPT`] on [`FLOOR_BATCH`] random keys per call (of
+/// [`KEYS`] in all); returns keys per second and redis-server CPU µs per key.
+fn redis_floor(server: &support::RedisServer, sha: &str) -> (f64, f64) {
+    let mut args = vec![
+        "EVALSHA".to_string(),
+        sha.to_string(),
+        FLOOR_BATCH.to_string(),
+    ];
+    args.extend((0..FLOOR_BATCH).map(|i| format!("floor{i}:__rand_int__")));
+    let (rps, cpu) = run_redis_benchmark(server, &args, 60_000, 16, KEYS / FLOOR_BATCH);
+    (rps * FLOOR_BATCH as f64, cpu / FLOOR_BATCH as f64)
+}
+
+/// `redis-benchmark -c 50 -n n -P pipeline -r keys` of one command; requests per second and
+/// redis-server CPU µs per request.
+fn run_redis_benchmark(
+    server: &support::RedisServer,
+    command: &[String],
+    n: u64,
+    pipeline: u32,
+    keys: u64,
+) -> (f64, f64) {
+    let port = server.port();
     let cpu0 = redis_cpu(server);
     let out = Command::new("redis-benchmark")
         .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-c", "50"])
@@ -257,18 +304,10 @@ fn redis_benchmark(server: &support::RedisServer, sha: &str, pipeline: u32) -> (
             "-P",
             &pipeline.to_string(),
             "-r",
-            &KEYS.to_string(),
+            &keys.to_string(),
             "--csv",
         ])
-        .args([
-            "EVALSHA",
-            sha,
-            "1",
-            "rl:__rand_int__",
-            "100000",
-            "1000",
-            "1",
-        ])
+        .args(command)
         .output()
         .expect("run redis-benchmark (Debian package redis-tools / redis-server)");
     let text = String::from_utf8_lossy(&out.stdout);
@@ -413,6 +452,11 @@ fn main() {
     );
     let (p1, p1_cpu) = redis_benchmark(&server, &sha, 1);
     println!("(b) redis-benchmark -P 1:  {p1:>8.0}/s (redis {p1_cpu:.2} µs CPU per request)");
+    let floor_sha: String = server.cmd(&["SCRIPT", "LOAD", FLOOR_SCRIPT]);
+    let (floor, floor_cpu) = redis_floor(&server, &floor_sha);
+    println!(
+        "(c) floor, {FLOOR_BATCH} keys per call, -P 16: {floor:>8.0} keys/s (redis {floor_cpu:.2} µs CPU per key)"
+    );
     let mut ceilings = Vec::new();
     // points[round][(concurrency index, variant)]
     let mut points: Vec<Vec<(usize, Variant, Result)>> = Vec::new();
@@ -493,6 +537,8 @@ fn main() {
         rounds,
         p1,
         p1_cpu,
+        floor,
+        floor_cpu,
         ceiling,
         ceiling_cpu,
         med: &med,
@@ -535,6 +581,9 @@ struct Figures<'a> {
     rounds: usize,
     p1: f64,
     p1_cpu: f64,
+    /// The floor script's keys per second and Redis CPU µs per key.
+    floor: f64,
+    floor_cpu: f64,
     ceiling: f64,
     ceiling_cpu: f64,
     med: Median<'a>,
@@ -608,7 +657,7 @@ fn write_section(f: &Figures<'_>) {
     }
     section.table(table);
     let mut ceiling = report::Table::new(
-        "redis-benchmark, EVALSHA of the seeds' script, 50 connections",
+        "redis-benchmark, 50 connections: EVALSHA of the seeds' script, and (c) the floor",
         &["pipeline", "requests/s", "Redis CPU µs/request"],
     );
     ceiling.row(&[
@@ -620,6 +669,11 @@ fn write_section(f: &Figures<'_>) {
         format!("-P 16 (the ceiling, median of {})", f.rounds),
         format!("{:.0}", f.ceiling),
         format!("{:.2}", f.ceiling_cpu),
+    ]);
+    ceiling.row(&[
+        format!("-P 16, (c) the floor: {FLOOR_BATCH} keys per call, per key"),
+        format!("{:.0}", f.floor),
+        format!("{:.2}", f.floor_cpu),
     ]);
     section.table(ceiling);
     let xs: Vec<f64> = CONCURRENCY.iter().map(|&c| c as f64).collect();
@@ -677,6 +731,12 @@ fn write_section(f: &Figures<'_>) {
         3.0 / cpu,
         1.0,
     );
+    section.ratio(
+        "Redis CPU budget 3 µs / the floor's Redis CPU per key (c)",
+        &format!("{FLOOR_BATCH} keys per call ({:.2} µs)", f.floor_cpu),
+        3.0 / f.floor_cpu,
+        1.0,
+    );
     let p99_64 = med(ci(64), Variant::Batched, &|r| r.p99.as_secs_f64() * 1e3);
     section.ratio(
         "p99 budget 2 ms / p99 of a decision",
@@ -687,6 +747,13 @@ fn write_section(f: &Figures<'_>) {
     section.note(
         "Redis CPU includes the server's network work (reading commands, writing replies): \
          batching divides it by the batch; the script column is the time inside EVAL/EVALSHA.",
+    );
+    section.note(
+        "(c) The floor: `redis-benchmark -P 16` running a script that only does the Redis work \
+         every batched decision needs, one `MGET` of its call's keys and one `SET ... PX` of a \
+         16-byte value per key, 16 keys per call, on the same server. No store can spend less \
+         Redis CPU per decision than that on this machine; the store's figure above it is the \
+         decision itself (Lua) and reading the call.",
     );
     let mut cluster = report::Table::new(
         format!(

@@ -12,10 +12,13 @@
 //! ([`ShardCell::read_unlocked`]) notes an even version, copies the key's slot (fingerprint,
 //! quota tag and state, all atomics: see `slot`) without the lock, and keeps the copy only if
 //! the version is the same afterwards: then no locked access overlapped the copy, and it is the
-//! key's state as a locked read at that instant would have seen it. The table only uses such a
-//! copy to *refuse*, a decision that writes nothing under the lock either; any other check is
-//! decided under the lock, as before. A reader writes no shared memory, so refusals on several
-//! cores share the shard's cache lines instead of trading them.
+//! key's state as a locked read at that instant would have seen it. The table answers a refusal
+//! from such a copy (a refusal writes nothing under the lock either). An allowed check decides
+//! on the copy too, then locks, and stores its charged copy only if the guard's starting version
+//! is still the one the copy was read at ([`ShardGuard::unchanged_since`]: no other locked
+//! access came in between, so the slot is exactly what was copied); otherwise it is decided
+//! again under the lock. A reader writes no shared memory, so refusals on several cores share
+//! the shard's cache lines instead of trading them.
 //!
 //! The slots never move while the shard lives (see `slots`): a growing table allocates its new
 //! slots and places its keys again, and publishes its new length under the version, so a

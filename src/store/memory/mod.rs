@@ -115,7 +115,7 @@
 //! recover completely: [`Algorithm::idle_timeout_micros`](crate::algorithm::Algorithm::idle_timeout_micros)
 //! at most) is ever forgotten, and then freely: a new key takes the slot of such a key among the
 //! 8 at the shard's clock hand, which walks the keys oldest first and prefers one not used since
-//! it last passed (a second chance: a hit sets a bit in the key's own slot, where an exact LRU
+//! it last passed (a second chance: an allowed check sets a bit in the key's own slot, where an exact LRU
 //! list would also write two neighbouring entries); while the shard still has room, the key at
 //! the hand is recycled if it has recovered, before the table grows. A key
 //! that has spent budget is kept until it has regained it by itself, however many other keys
@@ -151,8 +151,13 @@
 //! token bucket), in a table at most 4/5 full, plus 4 bytes of clock order: 44 bytes per
 //! token-bucket key in a full table (46 measured at a million keys, whose shards are not all
 //! full: see `benches/memory.rs`), about 4.4 MB for a full table at the default bound. The
-//! table grows by doubling but never past its full length (`⌈share × 5/4⌉ + 1` slots), and
-//! removing a key shifts its probe run back, so churn leaves no tombstones. A sliding log keeps its entries on the heap, outside the table: at most 16 bytes
+//! table's length grows by doubling but never past its full length (`⌈share × 5/4⌉ + 1`
+//! slots); its slots are allocated in equal segments of at least 256 slots and at most 1/64 of
+//! the full length each (see `slots.rs`), so a shard's first key allocates one segment (8 KB
+//! per shard for the token bucket at the default bound, 1.6 % of a full shard at most), and
+//! removing a key shifts its probe run back, so churn leaves no tombstones. Slots of states of
+//! three integers (sliding window) take 40 bytes, and a sliding log's 64 (56 before its state
+//! went behind a one-byte lock of its own, see `slot.rs`). A sliding log keeps its entries on the heap, outside the table: at most 16 bytes
 //! × `count` per key (`count` is at most [`SlidingLog::MAX_COUNT`](crate::algorithm::SlidingLog::MAX_COUNT)),
 //! counted by [`MemoryStore::memory_usage`].
 //!

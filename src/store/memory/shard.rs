@@ -27,9 +27,10 @@
 //!   home or an empty slot (backward-shift deletion), so there are no tombstones and the table
 //!   never degrades under churn.
 //!
-//! Recency is a second-chance clock: a hit sets its slot's referenced bit, in the cache line the
-//! check reads and writes anyway (a linked LRU list would write the two neighbouring entries
-//! too). Looking for room, a hand sweeps the table, clearing the bits
+//! Recency is a second-chance clock: an allowed check of a held key (or any check under the lock)
+//! sets its slot's referenced bit, in the cache line the check reads and writes anyway (a linked
+//! LRU list would write the two neighbouring entries too); a refusal answered without the lock
+//! (see `cell`) leaves it, as a refused key has spent budget and is never recycled anyway. Looking for room, a hand sweeps the table, clearing the bits
 //! it passes, and prefers a key whose bit was clear (not used since the hand last passed) among
 //! those as good as fresh. Which fresh key goes is only a matter of efficiency: a key as good as
 //! fresh decides exactly like a key never seen, so the order never changes a decision, only
@@ -65,7 +66,6 @@ pub(crate) enum Vacancy {
 /// One slot of the table. Its fields are atomics so that a reader without the shard's lock can
 /// copy a key's slot (see `cell`); every write happens under the lock, with relaxed stores.
 #[derive(Debug, Default)]
-#[repr(C, align(32))]
 pub(crate) struct Slot<S: SlotState> {
     /// The key's fingerprint (see the module docs of `store::memory`), never 0; 0: empty.
     fp: AtomicU64,
@@ -95,6 +95,16 @@ impl<S: SlotState> Slot<S> {
     #[inline(always)]
     fn place(&self) -> u32 {
         self.place.load(Relaxed)
+    }
+
+    /// Marks the key used since the clock hand last passed, writing only when that changes: a
+    /// key checked again and again then leaves its slot's cache line clean.
+    #[inline(always)]
+    fn mark_referenced(&self) {
+        let place = self.place();
+        if place & REFERENCED == 0 {
+            self.place.store(place | REFERENCED, Relaxed);
+        }
     }
 
     /// The contents, leaving the slot empty.
@@ -129,7 +139,8 @@ pub(crate) struct Shard<S: SlotState> {
     /// Every slot the table can have (allocated as it grows), shared with readers without the
     /// lock (see `cell`).
     table: Arc<SlotTable<S>>,
-    /// The table's length: 0 until the first key, then at least [`MIN_SLOTS`].
+    /// The table's length: 0 until the first key, then [`MIN_SLOTS`] or more (or the full
+    /// length, if that is less).
     len: usize,
     /// The slot of every key held, in the clock's order.
     clock: Vec<u32>,
@@ -153,6 +164,38 @@ impl<S: SlotState> fmt::Debug for Shard<S> {
 /// The table's length once a shard of `cap` keys is full: four fifths full at most.
 fn full_length(cap: u32) -> usize {
     (cap as usize * 5).div_ceil(4) + 1
+}
+
+/// The slot of the key `fp` among `n` slots that `slot_at` reads (`None`: not readable, the
+/// walk stops), and its index: from its home slot on, in Robin Hood order, so it stops at an
+/// empty slot or at a key closer to its home than the walk is. At most `n` slots, so the walk
+/// ends even over slots that change under it (see `cell`).
+#[inline(always)]
+fn probe<'a, S: SlotState>(
+    n: usize,
+    fp: u64,
+    slot_at: impl Fn(usize) -> Option<&'a Slot<S>>,
+) -> Option<(usize, &'a Slot<S>)> {
+    if n == 0 {
+        return None;
+    }
+    let fp = stored(fp);
+    let mut i = home(fp, n);
+    for dist in 0..n {
+        let slot = slot_at(i)?;
+        let here = slot.fp();
+        if here == fp {
+            return Some((i, slot));
+        }
+        if here == 0 || (dist > 0 && distance(here, i, n) < dist) {
+            return None;
+        }
+        i += 1;
+        if i == n {
+            i = 0;
+        }
+    }
+    None
 }
 
 /// The stored form of a fingerprint: never 0, which marks an empty slot.
@@ -223,7 +266,7 @@ impl<S: SlotState> Shard<S> {
         }
     }
 
-    /// Whether the table grew (was replaced) since the last call.
+    /// Whether the table's length grew since the last call.
     #[inline]
     pub(crate) fn take_grown(&mut self) -> bool {
         std::mem::take(&mut self.grown)
@@ -246,67 +289,22 @@ impl<S: SlotState> Shard<S> {
     // Always inlined: it is most of a check.
     #[inline(always)]
     pub(crate) fn lookup(&mut self, fp: u64) -> Option<u32> {
-        let fp = stored(fp);
         let slots = self.slots();
-        let n = slots.len();
-        if n == 0 {
-            return None;
-        }
-        let mut i = home(fp, n);
-        let mut dist = 0;
-        loop {
-            let slot = &slots[i];
-            let here = slot.fp();
-            if here == fp {
-                // Written only when it changes: a check that charges nothing (a refusal) then
-                // leaves the slot's cache line clean, shared by every core that reads it.
-                let place = slot.place();
-                if place & REFERENCED == 0 {
-                    slot.place.store(place | REFERENCED, Relaxed);
-                }
-                return Some(i as u32);
-            }
-            // Robin Hood order: `fp` would sit before any key closer to its home than this.
-            if here == 0 || (dist > 0 && distance(here, i, n) < dist) {
-                return None;
-            }
-            i += 1;
-            if i == n {
-                i = 0;
-            }
-            dist += 1;
-        }
+        let (i, slot) = probe(slots.len(), fp, |i| Some(&slots[i]))?;
+        slot.mark_referenced();
+        Some(i as u32)
     }
 
     /// The slot, state and quota tag of `fp` among the first `n` slots of `table`, copied by a
-    /// reader without the lock: the walk of [`lookup`](Self::lookup), at most `n` slots long,
-    /// as the slots may change under it. What it finds means something only if no write
-    /// overlapped the call (see `cell`). `None` if the key is not found, a slot is not
-    /// allocated (`n` is being published), or the state cannot be copied
-    /// ([`SlotState::COPYABLE`]).
+    /// reader without the lock: the walk of [`lookup`](Self::lookup), which may meet slots
+    /// changing under it. What it finds means something only if no write overlapped the call
+    /// (see `cell`). `None` if the key is not found, a slot is not allocated (`n` is being
+    /// published), or the state cannot be copied ([`SlotState::COPYABLE`]).
     #[inline(always)]
     pub(crate) fn peek(table: &SlotTable<S>, n: usize, fp: u64) -> Option<(&Slot<S>, S, u32)> {
-        let fp = stored(fp);
-        if n == 0 {
-            return None;
-        }
-        let mut i = home(fp, n);
-        for dist in 0..n {
-            let slot = table.get(i)?;
-            let here = slot.fp();
-            if here == fp {
-                let tag = slot.tag.load(Relaxed);
-                return S::copy(&slot.state).map(|state| (slot, state, tag));
-            }
-            if here == 0 || (dist > 0 && distance(here, i, n) < dist) {
-                return None;
-            }
-            i += 1;
-            if i == n {
-                i = 0;
-            }
-        }
-        None
+        let (_, slot) = probe(n, fp, |i| table.get(i))?;
+        let tag = slot.tag.load(Relaxed);
+        S::copy(&slot.state).map(|state| (slot, state, tag))
     }
 
     /// Stores `state` in `slot` and marks its key referenced, as a check that found it there
@@ -314,10 +312,7 @@ impl<S: SlotState> Shard<S> {
     /// (see `cell`).
     #[inline(always)]
     pub(crate) fn commit(&mut self, slot: &Slot<S>, state: S) {
-        let place = slot.place();
-        if place & REFERENCED == 0 {
-            slot.place.store(place | REFERENCED, Relaxed);
-        }
+        slot.mark_referenced();
         S::store(&slot.state, state);
     }
 

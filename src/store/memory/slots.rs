@@ -1,6 +1,7 @@
 //! A shard's slots, in segments that are allocated as the table grows and never move or go
 //! away while the shard lives: a reader without the shard's lock (see `cell`) can hold a slot
-//! without a reference count, and a table that grows needs no second copy of itself.
+//! without a reference count, and a table that grows keeps its slots where they are (its keys are
+//! taken out into a temporary list and placed again).
 //!
 //! Segments are all one size, a power of two: at least [`MIN_SEGMENT`] slots, and large enough
 //! that a full shard needs at most [`MAX_SEGMENTS`] of them, so finding a slot's segment is a

@@ -79,7 +79,8 @@ impl<C: Clock> MemoryStore<C> {
     /// Checks `key` against the limit at index `limit` (its position in the slice given to
     /// [`Backend::build`](crate::store::Backend::build)) and charges `cost` if allowed.
     ///
-    /// This is the direct API: one clock read, one hash, one lock. The decision is attributed to
+    /// This is the direct API: one clock read, one hash, no lock for a refusal of a held key
+    /// and one for a charge (see the module docs). The decision is attributed to
     /// the limit's name. The only error is an out-of-range `limit`. The check is decided at
     /// the limit's quota; [`check_all`](Self::check_all) takes a [`LimitCheck`] with a
     /// [`PlanQuota`] of its own.
