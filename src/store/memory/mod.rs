@@ -81,8 +81,8 @@
 //! sliding log's state owns a heap buffer and is always read under the lock.
 //!
 //! **Several limits, all-or-nothing.** A check of several limits hashes every key, reads the
-//! clock once, then locks the involved shards in ascending limit order (one global order, so
-//! concurrent checks cannot deadlock), decides every limit, and charges them only if every one
+//! clock once, then locks the involved shards in one global order (of their tables' identities,
+//! which the stores that a reload makes share, so concurrent checks cannot deadlock), decides every limit, and charges them only if every one
 //! allowed, all before unlocking. The whole check is therefore atomic: no other check observes a
 //! partial charge, and a rejected request leaves every limit's state exactly as it was (the
 //! keys only become more recently used). When one limit rejects, the decisions of the limits

@@ -258,8 +258,9 @@ impl<C: Clock> MemoryStore<C> {
         Ok(position)
     }
 
-    /// Several limits, atomically: lock every involved shard in ascending limit order (a
-    /// global order, so two checks cannot deadlock), decide all, apply all only if all allow.
+    /// Several limits, atomically: lock every involved shard in the order of its table's
+    /// identity (a global order, shared with every store that shares the table after a reload,
+    /// so two checks cannot deadlock), decide all, apply all only if all allow.
     fn check_many(
         &self,
         checks: &[LimitCheck<'_>],
@@ -277,12 +278,22 @@ impl<C: Clock> MemoryStore<C> {
         let mut nows = [clock_now; MAX_LIMITS];
 
         let mut locked: [Option<AnyLocked<'_>>; MAX_LIMITS] = Default::default();
-        for (limit, &i) in self.limits.iter().zip(&position) {
+        // Tables locked in the order of their identity, which stores sharing them agree on.
+        let mut order = [(usize::MAX, NONE, NONE); MAX_LIMITS];
+        let mut n = 0;
+        for (index, (limit, &i)) in self.limits.iter().zip(&position).enumerate() {
             if i != NONE {
-                let quota = checks[i].quota.or(limit.quota.as_ref());
-                nows[i] = self.now_for(&limit.table, quota, clock_now);
-                locked[i] = Some(limit.table.lock(fps[i], nows[i], checks[i].cost, quota)?);
+                order[n] = (limit.table.identity(), index, i);
+                n += 1;
             }
+        }
+        let order = &mut order[..n];
+        order.sort_unstable();
+        for &(_, index, i) in order.iter() {
+            let limit = &self.limits[index];
+            let quota = checks[i].quota.or(limit.quota.as_ref());
+            nows[i] = self.now_for(&limit.table, quota, clock_now);
+            locked[i] = Some(limit.table.lock(fps[i], nows[i], checks[i].cost, quota)?);
         }
         let locked = &mut locked[..checks.len()];
 
@@ -1121,6 +1132,45 @@ mod tests {
             }
         });
         assert_eq!(admitted.into_inner(), capacity);
+    }
+
+    #[test]
+    fn a_reload_that_reorders_limits_cannot_deadlock_checks_in_flight() {
+        // The old store checks (a, b), the reloaded one (b, a): the same two tables, which
+        // both lock in one order, so neither can hold one table's shard waiting for the other.
+        let limits = [
+            tb("a", Quota::per_hour(1_000_000)),
+            tb("b", Quota::per_hour(1_000_000)),
+        ];
+        let (old, _) = store_with(&limits, MemoryBackend::new());
+        let new = old.reconfigure(&[limits[1], limits[0]]).unwrap();
+        let stores = std::sync::Arc::new((old, new));
+        let (done, finished) = std::sync::mpsc::channel();
+        for t in 0..4 {
+            let (stores, done) = (std::sync::Arc::clone(&stores), done.clone());
+            std::thread::spawn(move || {
+                let store = if t % 2 == 0 { &stores.0 } else { &stores.1 };
+                let checks = [
+                    LimitCheck::new(0, Key::global(), 1),
+                    LimitCheck::new(1, Key::global(), 1),
+                ];
+                let allowed = (0..20_000)
+                    .filter(|_| check(store, &checks).allowed())
+                    .count();
+                done.send(allowed).unwrap();
+            });
+        }
+        let allowed: usize = (0..4)
+            .map(|_| {
+                finished
+                    .recv_timeout(std::time::Duration::from_secs(60))
+                    .expect("checks on the old and the reloaded store deadlocked")
+            })
+            .sum();
+        assert_eq!(allowed, 80_000);
+        let (old, new) = &*stores;
+        assert_eq!(remaining(old, 0, &Key::global()), 1_000_000 - 80_000);
+        assert_eq!(remaining(new, 0, &Key::global()), 1_000_000 - 80_000);
     }
 
     #[test]

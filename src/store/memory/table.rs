@@ -409,7 +409,8 @@ impl<A: Compiled> Table<A> {
 
     /// Locks the shard of `fp`, for a check of `cost` at `now` at `plan`'s quota across several
     /// limits, and the overflow bucket too if that check will need it (this keeps one global
-    /// lock order: tables in ascending order, and within a table its shard, then its overflow
+    /// lock order: tables in the order of their [`AnyTable::identity`], and within a table its
+    /// shard, then its overflow
     /// bucket). A held key's state is converted to `plan`'s quota here, once.
     #[inline]
     pub(crate) fn lock<'a>(
@@ -653,6 +654,14 @@ impl AnyTable {
         quota: Option<&PlanQuota>,
     ) -> Result<Decision, StoreError> {
         dispatch!(AnyTable, self, t => Ok(t.refund(fp, reserved_at, now, cost, t.plan(quota)?)))
+    }
+
+    /// Which keys this table holds, the same in every store that shares them (see
+    /// [`share`](Self::share)): the order in which checks across several limits lock tables,
+    /// so that checks on a store and on the store a reload made from it (whose limits may be in
+    /// another order) lock shared tables in the same order and cannot deadlock.
+    pub(crate) fn identity(&self) -> usize {
+        dispatch!(AnyTable, self, t => Arc::as_ptr(&t.shards).cast::<u8>() as usize)
     }
 
     /// Whether a check at `quota` can be decided by this table (its algorithm is the table's).
