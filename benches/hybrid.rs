@@ -12,17 +12,19 @@
 //! BENCH_SECS=3 BENCH_ROUNDS=5 cargo bench --features redis --bench hybrid
 //! ```
 
+#[path = "common/seed.rs"]
+mod seed;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
 #[path = "common/report.rs"]
 mod report;
 
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use seed::{run_redis_benchmark, seed_command, SEED_TOKEN_BUCKET};
 use tollgate::algorithm::AlgorithmKind;
 use tollgate::key::Key;
 use tollgate::store::hybrid::HybridBackend;
@@ -36,24 +38,6 @@ const RATE: u64 = 500;
 /// Both stores wait this long for Redis (the default 5 ms trips the breaker on a busy 2-core
 /// machine, and answers by the failure policy are not decisions).
 const TIMEOUT: Duration = Duration::from_millis(50);
-
-/// The seeds' token bucket (as in benches/redis.rs), for the `redis-benchmark` ceiling.
-const SEED_TOKEN_BUCKET: &str = r#"
-local capacity = tonumber(ARGV[1])
-local rate     = tonumber(ARGV[2])
-local cost     = tonumber(ARGV[3])
-local t   = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local state  = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
-local tokens = tonumber(state[1]) or capacity
-local ts     = tonumber(state[2]) or now
-tokens = math.min(capacity, tokens + (now - ts) / 1000 * rate)
-local allowed = tokens >= cost
-if allowed then tokens = tokens - cost end
-redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', now)
-redis.call('PEXPIRE', KEYS[1], math.ceil(capacity / rate * 1000) + 1000)
-return { allowed and 1 or 0, math.floor(tokens), 0 }
-"#;
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Point {
@@ -172,38 +156,9 @@ async fn drive<S: Store + Clone>(
     }
 }
 
+/// The `redis-benchmark -P 16` ceiling of the seeds' script, requests per second.
 fn redis_benchmark(server: &support::RedisServer, sha: &str) -> f64 {
-    let out = Command::new("redis-benchmark")
-        .args(["-h", "127.0.0.1", "-p", &server.port().to_string()])
-        .args([
-            "-c",
-            "50",
-            "-n",
-            "300000",
-            "-P",
-            "16",
-            "-r",
-            &KEYS.to_string(),
-        ])
-        .args([
-            "--csv",
-            "EVALSHA",
-            sha,
-            "1",
-            "rl:__rand_int__",
-            "100000",
-            "1000",
-            "1",
-        ])
-        .output()
-        .expect("run redis-benchmark (Debian package redis-tools / redis-server)");
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .filter(|l| l.starts_with("\"EVALSHA"))
-        .filter_map(|l| l.split(',').nth(1))
-        .filter_map(|v| v.trim_matches('"').parse::<f64>().ok())
-        .next()
-        .unwrap_or_else(|| panic!("cannot parse redis-benchmark output:\n{text}"))
+    run_redis_benchmark(server, &seed_command(sha), 300_000, 16, KEYS).0
 }
 
 fn median(mut v: Vec<Point>) -> Point {

@@ -20,6 +20,8 @@
 
 #[path = "common/report.rs"]
 mod report;
+#[path = "common/seed.rs"]
+mod seed;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -28,36 +30,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use seed::{cpu_of, run_redis_benchmark, seed_command, SEED_TOKEN_BUCKET};
 use tollgate::algorithm::AlgorithmKind;
 use tollgate::key::Key;
 use tollgate::store::redis::{RedisBackend, RedisStore};
 use tollgate::store::{Backend, Checked, FailurePolicy, LimitCheck, LimitSpec, Store};
 use tollgate::{PolicyName, Quota};
-
-/// The token bucket of the seeds (`001`), verbatim: server `TIME` in ms, a hash per key.
-const SEED_TOKEN_BUCKET: &str = r#"
-local capacity = tonumber(ARGV[1])
-local rate     = tonumber(ARGV[2])
-local cost     = tonumber(ARGV[3])
-
-local t   = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-
-local state  = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
-local tokens = tonumber(state[1]) or capacity
-local ts     = tonumber(state[2]) or now
-
-tokens = math.min(capacity, tokens + (now - ts) / 1000 * rate)
-local allowed = tokens >= cost
-if allowed then tokens = tokens - cost end
-
-redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', now)
-redis.call('PEXPIRE', KEYS[1], math.ceil(capacity / rate * 1000) + 1000)
-
-local retry_ms = 0
-if not allowed then retry_ms = math.ceil((cost - tokens) / rate * 1000) end
-return { allowed and 1 or 0, math.floor(tokens), retry_ms }
-"#;
 
 /// The least Redis work a batched decision can take, for the floor: per key, its share of one
 /// `MGET` of the call's keys and one `SET` of a 16-byte state with an expiry (what the store's
@@ -259,17 +237,7 @@ async fn bench_eval(sample: &Sampler, url: &str, concurrency: usize) -> Result {
 /// redis-server CPU µs per request.
 fn redis_benchmark(server: &support::RedisServer, sha: &str, pipeline: u32) -> (f64, f64) {
     let n = if pipeline > 1 { 600_000 } else { 200_000 };
-    let args = [
-        "EVALSHA",
-        sha,
-        "1",
-        "rl:__rand_int__",
-        "100000",
-        "1000",
-        "1",
-    ]
-    .map(String::from);
-    run_redis_benchmark(server, &args, n, pipeline, KEYS)
+    run_redis_benchmark(server, &seed_command(sha), n, pipeline, KEYS)
 }
 
 /// `redis-benchmark -P 16` with [`FLOOR_SCRIPT`] on [`FLOOR_BATCH`] random keys per call (of
@@ -283,44 +251,6 @@ fn redis_floor(server: &support::RedisServer, sha: &str) -> (f64, f64) {
     args.extend((0..FLOOR_BATCH).map(|i| format!("floor{i}:__rand_int__")));
     let (rps, cpu) = run_redis_benchmark(server, &args, 60_000, 16, KEYS / FLOOR_BATCH);
     (rps * FLOOR_BATCH as f64, cpu / FLOOR_BATCH as f64)
-}
-
-/// `redis-benchmark -c 50 -n n -P pipeline -r keys` of one command; requests per second and
-/// redis-server CPU µs per request.
-fn run_redis_benchmark(
-    server: &support::RedisServer,
-    command: &[String],
-    n: u64,
-    pipeline: u32,
-    keys: u64,
-) -> (f64, f64) {
-    let port = server.port();
-    let cpu0 = redis_cpu(server);
-    let out = Command::new("redis-benchmark")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-c", "50"])
-        .args([
-            "-n",
-            &n.to_string(),
-            "-P",
-            &pipeline.to_string(),
-            "-r",
-            &keys.to_string(),
-            "--csv",
-        ])
-        .args(command)
-        .output()
-        .expect("run redis-benchmark (Debian package redis-tools / redis-server)");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let redis_us = (redis_cpu(server) - cpu0) * 1e6 / n as f64;
-    // "test","rps","avg_latency_ms",...  then one row per test.
-    let rps = text
-        .lines()
-        .filter(|l| l.starts_with("\"EVALSHA"))
-        .filter_map(|l| l.split(',').nth(1))
-        .filter_map(|v| v.trim_matches('"').parse::<f64>().ok())
-        .next()
-        .unwrap_or_else(|| panic!("cannot parse redis-benchmark output:\n{text}"));
-    (rps, redis_us)
 }
 
 /// CPU seconds this process has used so far (user + system), from /proc/self/stat.
@@ -342,11 +272,6 @@ fn own_cpu() -> f64 {
     (ticks(14) + ticks(15)) / 100.0
 }
 
-/// CPU seconds redis-server has used so far (user + system).
-fn redis_cpu(server: &support::RedisServer) -> f64 {
-    cpu_of(&server.cmd::<String>(&["INFO", "cpu"]))
-}
-
 /// One server's CPU seconds (`INFO cpu`) and the µs its scripts ran (`INFO commandstats`).
 fn server_cpu(url: &str) -> (f64, f64) {
     let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
@@ -356,13 +281,6 @@ fn server_cpu(url: &str) -> (f64, f64) {
         .query(&mut conn)
         .unwrap();
     (cpu_of(&cpu), script_usec(&stats))
-}
-
-fn cpu_of(info: &str) -> f64 {
-    info.lines()
-        .filter(|l| l.starts_with("used_cpu_user:") || l.starts_with("used_cpu_sys:"))
-        .filter_map(|l| l.split(':').nth(1)?.trim().parse::<f64>().ok())
-        .sum()
 }
 
 fn main() {
