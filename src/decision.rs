@@ -99,8 +99,8 @@ impl fmt::Display for PolicyName {
 /// ```
 // Times are held as whole microseconds (the unit of all limiter arithmetic), `retry_after` with
 // `NEVER` for "impossible" and 0 for "allowed" (a rejection's is at least 1 µs, so no flag is
-// needed), so that a decision is 48 bytes: it is copied into the store's answer, the request and
-// the response extensions on every request.
+// needed), so that a decision is 48 bytes: it is copied into the store's answer and the
+// request's extensions on every request.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Decision {
     limit: u64,

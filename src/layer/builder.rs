@@ -47,6 +47,7 @@ pub struct RateLimitLayerBuilder<B = MemoryBackend> {
     audit: Option<Box<AuditFn>>,
     near_limit: Result<NearLimit, ConfigError>,
     max_waiting: usize,
+    response_extensions: bool,
 }
 
 impl RateLimitLayerBuilder<MemoryBackend> {
@@ -61,6 +62,7 @@ impl RateLimitLayerBuilder<MemoryBackend> {
             audit: None,
             near_limit: Ok(NearLimit::DEFAULT),
             max_waiting: super::shaping::DEFAULT_MAX_WAITING,
+            response_extensions: false,
         }
     }
 }
@@ -103,6 +105,7 @@ impl<B> RateLimitLayerBuilder<B> {
             audit: self.audit,
             near_limit: self.near_limit,
             max_waiting: self.max_waiting,
+            response_extensions: self.response_extensions,
         }
     }
 
@@ -158,6 +161,40 @@ impl<B> RateLimitLayerBuilder<B> {
     /// How `X-RateLimit-Reset` is expressed (default: Unix seconds).
     pub fn reset_format(mut self, format: ResetFormat) -> Self {
         self.headers = self.headers.reset_format(format);
+        self
+    }
+
+    /// Whether allowed responses carry the reported [`Decision`](crate::Decision) in their
+    /// extensions, for logging or metrics middleware further out (default: no).
+    ///
+    /// The request always carries it (handlers read it there), and so does every response the
+    /// layer refuses with. An allowed response carries it anyway when this layer is nested in
+    /// another rate-limit layer, which then merges the two decisions; otherwise it is off by
+    /// default because a response's first extension costs three allocations.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use http::{Request, Response};
+    /// use tollgate::key::GlobalKey;
+    /// use tollgate::{Decision, Limit, Quota, RateLimitLayer};
+    /// use tower::{service_fn, Layer, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = RateLimitLayer::builder()
+    ///     .limit(Limit::new("burst", Quota::per_second(5)).key(GlobalKey))
+    ///     .response_extensions(true)
+    ///     .build()?;
+    /// let svc = layer.layer(service_fn(|_req: Request<()>| async {
+    ///     Ok::<_, Infallible>(Response::new(()))
+    /// }));
+    /// let res = svc.oneshot(Request::new(())).await?;
+    /// assert_eq!(res.extensions().get::<Decision>().map(Decision::remaining), Some(4));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn response_extensions(mut self, enabled: bool) -> Self {
+        self.response_extensions = enabled;
         self
     }
 
@@ -219,6 +256,7 @@ impl<B: Backend> RateLimitLayerBuilder<B> {
                 near_limit,
                 reloading: std::sync::Mutex::new(0),
                 waiting: super::shaping::Waiting::new(self.max_waiting),
+                response_extensions: self.response_extensions,
             }),
         })
     }

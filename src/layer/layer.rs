@@ -46,6 +46,8 @@ pub(crate) struct Shared<St> {
     pub(crate) reloading: std::sync::Mutex<u64>,
     /// Shaping: the bound on requests waiting for their turn, across keys.
     pub(crate) waiting: super::shaping::Waiting,
+    /// Whether allowed responses carry the reported decision in their extensions.
+    pub(crate) response_extensions: bool,
 }
 
 /// The store of a [`RateLimitLayer`], as of the call: it derefs to the store. After a

@@ -526,6 +526,17 @@ pub(crate) struct CompiledLimit {
 }
 
 impl CompiledLimit {
+    /// Whether the limit is only a key and a cost: no `when`, plans, shadow mode, charge by
+    /// outcome or shaping (what most limits are, and what the layer's short path handles).
+    #[inline]
+    pub(crate) fn is_plain(&self) -> bool {
+        self.when.is_none()
+            && self.resolver.is_none()
+            && self.shape.is_none()
+            && !self.mode.is_shadow()
+            && !self.charge.by_outcome()
+    }
+
     #[inline]
     pub(crate) fn cost(&self, req: &RequestView<'_>) -> u64 {
         match &self.cost {

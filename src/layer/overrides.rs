@@ -40,6 +40,11 @@ impl OverrideTable {
         if self.len.load(Ordering::Relaxed) == 0 {
             return None;
         }
+        self.lookup(limit, key)
+    }
+
+    #[inline(never)]
+    fn lookup(&self, limit: PolicyName, key: &Key<'_>) -> Option<Active> {
         let mut bytes = Vec::with_capacity(32);
         key.write_canonical(&mut bytes);
         let map = self.map.load();

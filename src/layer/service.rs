@@ -39,9 +39,11 @@ use crate::store::{Checked, Decisions, LimitCheck, PlanQuota, Store, MAX_LIMITS}
 ///
 /// Allowed requests reach `S` with the reported [`Decision`] in their extensions, and all
 /// [`Decisions`] too when the layer holds more than one limit or layers are nested (with a
-/// single limit, the `Decision` is the only one); responses get rate-limit headers and the reported [`Decision`] in their
-/// extensions (for logging or metrics middleware further out). Refused requests never
-/// reach `S`: they are answered by the layer's [`Rejection`](crate::response::Rejection).
+/// single limit, the `Decision` is the only one); responses get rate-limit headers, and the
+/// reported [`Decision`] in their extensions when they are refusals or when
+/// [`response_extensions`](crate::layer::RateLimitLayerBuilder::response_extensions) is on (for
+/// logging or metrics middleware further out). Refused requests never reach `S`: they are
+/// answered by the layer's [`Rejection`](crate::response::Rejection).
 pub struct RateLimit<S, St = MemoryStore> {
     inner: S,
     shared: Arc<Shared<St>>,
@@ -201,7 +203,7 @@ impl Applied {
 
 /// A check that outlives the request: a shadow limit checked after the enforcing ones, or a
 /// charge to give back when the response says so.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct OwnedCheck {
     limit: usize,
     key: Key<'static>,
@@ -248,6 +250,7 @@ pub(crate) struct FollowupData<St> {
     shadow_at: Option<u64>,
     near: NearLimit,
     headers: RateLimitHeaders,
+    response_extensions: bool,
     /// Shaping: the checks of the shaped limits, and what a waiting request reserved.
     shaped: Vec<OwnedCheck>,
     /// Shaping: the request's other enforcing checks (kept in a layer with a shaped limit), given
@@ -325,6 +328,7 @@ impl<St: Store> Followup<St> {
                     reported,
                     ietf: None,
                     shaped: None,
+                    extension: self.response_extensions,
                 });
             }
         }
@@ -375,6 +379,9 @@ pub(crate) struct Outcome {
     ietf: Option<Box<(HeaderValue, HeaderValue)>>,
     /// How long the request waited for its turn (shaping).
     shaped: Option<ShapedDelay>,
+    /// Whether the response gets the reported decision in its extensions: opted in, a refusal,
+    /// or a layer nested in another (which merges the decisions).
+    extension: bool,
 }
 
 impl Outcome {
@@ -408,7 +415,14 @@ impl Outcome {
             reported,
             ietf,
             shaped: None,
+            extension: shared.response_extensions,
         }
+    }
+
+    /// The outcome of a refused request: its response always carries the decision.
+    fn refusal(mut self) -> Self {
+        self.extension = true;
+        self
     }
 
     /// Adds shadow decisions that show in headers: the tighter one wins `X-RateLimit-*`.
@@ -431,9 +445,10 @@ impl Outcome {
         }
     }
 
-    /// Writes rate-limit headers and the reported decision on `response`, merging with what a
-    /// nested rate-limit layer already wrote: the more pressing decision wins `X-RateLimit-*`
-    /// and the extension, and the IETF lists are appended to.
+    /// Writes rate-limit headers and, when it should, the reported decision on `response`,
+    /// merging with what a nested rate-limit layer already wrote (it puts its decision in the
+    /// response's extensions when it sees ours in the request's): the more pressing decision
+    /// wins `X-RateLimit-*` and the extension, and the IETF lists are appended to.
     pub(crate) fn apply<B>(self, response: &mut Response<B>) {
         if let Some(shaped) = self.shaped {
             response.extensions_mut().insert(shaped);
@@ -447,7 +462,9 @@ impl Outcome {
                 wins
             }
             None => {
-                response.extensions_mut().insert(self.reported);
+                if self.extension {
+                    response.extensions_mut().insert(self.reported);
+                }
                 true
             }
         };
@@ -478,13 +495,14 @@ fn more_pressing(a: &Decision, b: &Decision) -> bool {
 /// there, and all decisions when there may be more than one: when this layer holds several
 /// limits (`several`), or a nested layer already decided. A single-limit layer alone inserts
 /// only its `Decision`, which is then the one and only decision (this saves boxing the whole
-/// `Decisions` on the common path).
+/// `Decisions` on the common path). Returns whether another layer had decided (this one is
+/// nested in it).
 fn merge_extensions(
     ext: &mut Extensions,
     decisions: &Decisions,
     reported: &Decision,
     several: bool,
-) {
+) -> bool {
     let theirs = match ext.get_mut::<Decision>() {
         Some(existing) => {
             let theirs = *existing;
@@ -511,7 +529,7 @@ fn merge_extensions(
                 if several {
                     ext.insert(decisions.clone());
                 }
-                return;
+                return false;
             };
             // A `Decision` without `Decisions`: a single-limit layer decided before us.
             let mut all = Decisions::new();
@@ -524,6 +542,7 @@ fn merge_extensions(
             ext.insert(all);
         }
     }
+    theirs.is_some()
 }
 
 /// The first step of a request, done in `call`.
@@ -572,10 +591,82 @@ pub(crate) fn begin<ReqBody, St: Store>(
     // burst and a quota, or a route and a ceiling) the next; building (and dropping) eight
     // `LimitCheck`s for them costs more than the check itself.
     let snapshot = shared.current.load();
-    match snapshot.limits.len() {
-        1 => begin_with::<1, _, _>(shared, &snapshot, req, lookups),
-        2 => begin_with::<2, _, _>(shared, &snapshot, req, lookups),
+    match &*snapshot.limits {
+        [limit] if limit.is_plain() => begin_plain(shared, &snapshot, req),
+        [_] => begin_with::<1, _, _>(shared, &snapshot, req, lookups),
+        [_, _] => begin_with::<2, _, _>(shared, &snapshot, req, lookups),
         _ => begin_with::<MAX_LIMITS, _, _>(shared, &snapshot, req, lookups),
+    }
+}
+
+/// [`begin`] for the most common layer: one [plain](super::limit::CompiledLimit::is_plain)
+/// limit, a key and a cost. It decides as [`begin_with`] does (the same steps in the same
+/// order, the same [`finish`]) with a fraction of its code, so that what every request runs
+/// stays small: the rarer parts of a request (a missing key, an override) are functions of
+/// their own.
+#[inline]
+fn begin_plain<ReqBody, St: Store>(
+    shared: &Arc<Shared<St>>,
+    snapshot: &Arc<Snapshot<St>>,
+    req: Request<ReqBody>,
+) -> Begin<ReqBody, St> {
+    let limit = &snapshot.limits[0];
+    let view = RequestView::new(&req);
+    if let Some(skip) = &shared.skip {
+        if skip(&view) {
+            return Begin::Proceed(req, None, None);
+        }
+    }
+    let key = match limit.key.extract(&view) {
+        Ok(key) => key,
+        Err(error) => {
+            return match missing_key(shared, limit, view, &error) {
+                None => Begin::Proceed(req, None, None),
+                Some(response) => Begin::Reject(response),
+            }
+        }
+    };
+    let (plan, overridden) = match shared.overrides.get(limit.name, &key) {
+        None => (NO_PLAN, None),
+        Some(Active::Quota(q)) => (OVERRIDDEN, Some(q)),
+        Some(Active::Exempt) => return Begin::Proceed(req, None, None),
+        Some(Active::Block) => {
+            return match blocked(shared, limit, view) {
+                None => Begin::Proceed(req, None, None),
+                Some(response) => Begin::Reject(response),
+            }
+        }
+    };
+    let cost = limit.cost(&view);
+    let mut applied = Applied::new();
+    applied.len = 1;
+    applied.cost[0] = cost;
+    applied.plan[0] = plan;
+    let capacity = overridden.map_or(limit.capacity, |q| q.capacity());
+    if cost > capacity {
+        // The request can never pass: charge nothing, only read the limit for the headers.
+        applied.too_costly = Some(0);
+    }
+    applied.override_quota = overridden.map(|q| *q.quota());
+    let check = LimitCheck::new(0, key, if cost > capacity { 0 } else { cost });
+    let check = match &overridden {
+        Some(q) => check.with_quota(q),
+        None if limit.explicit_quota => check.with_quota(&limit.base),
+        None => check,
+    };
+    let checked = snapshot.store.check(std::slice::from_ref(&check));
+    drop(check);
+    match checked {
+        Checked::Ready(result) => {
+            let mut req = req;
+            match finish(shared, snapshot, &mut req, &applied, result, None) {
+                Finish::Proceed(outcome) => Begin::Proceed(req, Some(outcome), None),
+                Finish::Reject(response) => Begin::Reject(response),
+            }
+        }
+        Checked::Pending(future) => {
+            Begin::Pending(future, req, applied, Arc::clone(snapshot), None)
+        }
     }
 }
 
@@ -591,6 +682,10 @@ fn refuse<St>(
 }
 
 /// [`begin`] with room for `N` checks (`N >= snapshot.limits.len()`).
+///
+/// What an allowed request does is kept here; what it rarely needs (a missing key, an
+/// override, a plan, work after the response) is in functions of their own, out of line, so
+/// the code every request runs stays compact.
 fn begin_with<const N: usize, ReqBody, St: Store>(
     shared: &Arc<Shared<St>>,
     snapshot: &Arc<Snapshot<St>>,
@@ -621,92 +716,33 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
         }
         let key = match limit.key.extract(&view) {
             Ok(key) => key,
-            Err(error) => match limit.on_missing_key.status_for(&error) {
-                None => {
-                    if error.is_misconfiguration() {
-                        tracing::warn!(policy = %limit.name, reason = %error, "no rate-limit key (server misconfigured); limit skipped");
-                    } else {
-                        tracing::trace!(policy = %limit.name, reason = %error, "no rate-limit key; limit skipped");
-                    }
-                    continue;
-                }
-                Some(status) if limit.mode.is_shadow() => {
-                    tracing::debug!(policy = %limit.name, reason = %error, %status, "no rate-limit key; a shadow limit would have refused the request");
-                    continue;
-                }
-                Some(status) => {
-                    if error.is_misconfiguration() {
-                        tracing::warn!(policy = %limit.name, reason = %error, %status, "no rate-limit key (server misconfigured); request refused");
-                    } else {
-                        tracing::debug!(policy = %limit.name, reason = %error, %status, "no rate-limit key; request refused");
-                    }
-                    let reason = RejectReason::MissingKey {
-                        policy: limit.name,
-                        error: &error,
-                        status,
-                    };
-                    return Begin::Reject(refuse(shared, view, reason));
-                }
+            Err(error) => match missing_key(shared, limit, view, &error) {
+                None => continue,
+                Some(response) => return Begin::Reject(response),
             },
         };
         // Per-key overrides first (they outrank plans), then the plan.
         let mut plan = NO_PLAN;
         match shared.overrides.get(limit.name, &key) {
-            Some(Active::Exempt) => continue,
-            Some(Active::Block) if limit.mode.is_shadow() => {
-                tracing::debug!(policy = %limit.name, "key blocked by an override; a shadow limit would have refused the request");
-                continue;
-            }
-            Some(Active::Block) => {
-                tracing::debug!(policy = %limit.name, "key blocked by an override; request refused");
-                return Begin::Reject(refuse(
-                    shared,
-                    view,
-                    RejectReason::Blocked { policy: limit.name },
-                ));
-            }
+            None if limit.resolver.is_none() => {}
+            None => match plan_of(shared, limit, view, &key, lookups) {
+                PlanStep::Plan(p) => plan = p,
+                PlanStep::Skip => continue,
+                PlanStep::Reject(response) => return Begin::Reject(response),
+                PlanStep::Lookup(lookup) => {
+                    drop((key, keys, checks));
+                    return Begin::Resolve(lookup, req, lookups + 1);
+                }
+            },
             Some(Active::Quota(q)) => {
                 overridden[n] = Some(q);
                 plan = OVERRIDDEN;
             }
-            None => {
-                if let Some(resolver) = &limit.resolver {
-                    let resolution = match resolver.resolve(&view, &key) {
-                        Resolution::Lookup(lookup) if lookups < MAX_LOOKUPS => {
-                            drop((key, keys, checks));
-                            return Begin::Resolve(lookup, req, lookups + 1);
-                        }
-                        Resolution::Lookup(_) => Resolution::Unknown,
-                        other => other,
-                    };
-                    let known = match resolution {
-                        Resolution::Plan(name) => limit.plans.iter().position(|p| p.name == name),
-                        Resolution::Default => None,
-                        _ => None,
-                    };
-                    match (known, resolution) {
-                        (Some(p), _) => plan = p as u8,
-                        (None, Resolution::Default) => {}
-                        (None, _) => {
-                            if let UnknownPlan::Reject { status } = limit.on_unknown_plan {
-                                if limit.mode.is_shadow() {
-                                    tracing::debug!(policy = %limit.name, %status, "no plan for this request; a shadow limit would have refused it");
-                                    continue;
-                                }
-                                tracing::debug!(policy = %limit.name, %status, "no plan for this request; refused");
-                                return Begin::Reject(refuse(
-                                    shared,
-                                    view,
-                                    RejectReason::UnknownPlan {
-                                        policy: limit.name,
-                                        status,
-                                    },
-                                ));
-                            }
-                        }
-                    }
-                }
-            }
+            Some(Active::Exempt) => continue,
+            Some(Active::Block) => match blocked(shared, limit, view) {
+                None => continue,
+                Some(response) => return Begin::Reject(response),
+            },
         }
         let cost = limit.cost(&view);
         let capacity = match plan {
@@ -714,49 +750,34 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
             OVERRIDDEN => overridden[n].map_or(limit.capacity, |q| q.capacity()),
             p => limit.plans[usize::from(p)].quota.capacity(),
         };
-        let plan_name = limit.plans.get(usize::from(plan)).map(|p| p.name);
-        let shaped = limit.shape.is_some() && plan == NO_PLAN;
         if limit.mode.is_shadow() || limit.charge.by_outcome() || shaping {
-            let owned = || OwnedCheck {
+            let quota = match plan {
+                NO_PLAN if limit.explicit_quota => Some(limit.base),
+                NO_PLAN => None,
+                OVERRIDDEN => overridden[n],
+                p => Some(limit.plans[usize::from(p)].quota),
+            };
+            let check = OwnedCheck {
                 limit: i,
                 key: key.clone().into_owned(),
                 // A shadow check above its capacity is decided (impossible: a would-be
                 // refusal) and charges nothing; an enforcing one refuses the request first.
                 cost,
-                quota: match plan {
-                    NO_PLAN if limit.explicit_quota => Some(limit.base),
-                    NO_PLAN => None,
-                    OVERRIDDEN => overridden[n],
-                    p => Some(limit.plans[usize::from(p)].quota),
-                },
-                plan: plan_name,
+                quota,
+                plan: limit.plans.get(usize::from(plan)).map(|p| p.name),
             };
-            let f = followup.get_or_insert_with(|| {
-                Followup(Box::new(FollowupData {
-                    snapshot: Arc::clone(snapshot),
-                    shadow: Vec::new(),
-                    by_outcome: Vec::new(),
-                    reserved_at: None,
-                    shadow_at: None,
-                    near: shared.near_limit,
-                    headers: shared.headers,
-                    shaped: Vec::new(),
-                    unshaped: Vec::new(),
-                    reservation: None,
-                }))
-            });
-            if limit.mode.is_shadow() {
-                // Decided on its own after the enforcing limits allowed: never refuses.
-                f.shadow.push(owned());
+            let shaped = limit.shape.is_some() && plan == NO_PLAN;
+            if follow_up(
+                shared,
+                snapshot,
+                &mut followup,
+                limit,
+                check,
+                shaped,
+                shaping,
+            ) {
+                // A shadow limit: decided on its own after the enforcing limits allowed.
                 continue;
-            }
-            if shaped {
-                f.shaped.push(owned());
-            } else if shaping {
-                f.unshaped.push(owned());
-            }
-            if limit.charge.by_outcome() {
-                f.by_outcome.push(owned());
             }
         }
         if cost > capacity && applied.too_costly.is_none() {
@@ -825,6 +846,169 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
     }
 }
 
+/// `limit` found no key in the request: the refusal its [`MissingKey`](super::MissingKey)
+/// setting asks for, or `None` to skip the limit.
+#[cold]
+#[inline(never)]
+fn missing_key<St>(
+    shared: &Shared<St>,
+    limit: &super::limit::CompiledLimit,
+    view: RequestView<'_>,
+    error: &crate::key::KeyError,
+) -> Option<Response<RejectionBody>> {
+    match limit.on_missing_key.status_for(error) {
+        None => {
+            if error.is_misconfiguration() {
+                tracing::warn!(policy = %limit.name, reason = %error, "no rate-limit key (server misconfigured); limit skipped");
+            } else {
+                tracing::trace!(policy = %limit.name, reason = %error, "no rate-limit key; limit skipped");
+            }
+            None
+        }
+        Some(status) if limit.mode.is_shadow() => {
+            tracing::debug!(policy = %limit.name, reason = %error, %status, "no rate-limit key; a shadow limit would have refused the request");
+            None
+        }
+        Some(status) => {
+            if error.is_misconfiguration() {
+                tracing::warn!(policy = %limit.name, reason = %error, %status, "no rate-limit key (server misconfigured); request refused");
+            } else {
+                tracing::debug!(policy = %limit.name, reason = %error, %status, "no rate-limit key; request refused");
+            }
+            let reason = RejectReason::MissingKey {
+                policy: limit.name,
+                error,
+                status,
+            };
+            Some(refuse(shared, view, reason))
+        }
+    }
+}
+
+/// The key is blocked by an override: the refusal, or `None` for a shadow limit (skipped).
+#[cold]
+#[inline(never)]
+fn blocked<St>(
+    shared: &Shared<St>,
+    limit: &super::limit::CompiledLimit,
+    view: RequestView<'_>,
+) -> Option<Response<RejectionBody>> {
+    if limit.mode.is_shadow() {
+        tracing::debug!(policy = %limit.name, "key blocked by an override; a shadow limit would have refused the request");
+        return None;
+    }
+    tracing::debug!(policy = %limit.name, "key blocked by an override; request refused");
+    Some(refuse(
+        shared,
+        view,
+        RejectReason::Blocked { policy: limit.name },
+    ))
+}
+
+/// What a limit with plans does next.
+enum PlanStep {
+    /// Decide at this plan (an index into the limit's plans), or [`NO_PLAN`].
+    Plan(u8),
+    /// A shadow limit that would refuse: skip it.
+    Skip,
+    /// Refuse the request (an unknown plan).
+    Reject(Response<RejectionBody>),
+    /// Wait for this lookup, then begin again.
+    Lookup(Pin<Box<dyn Future<Output = ()> + Send>>),
+}
+
+/// The plan `limit` decides `key` at (its resolver's answer).
+#[inline(never)]
+fn plan_of<St>(
+    shared: &Shared<St>,
+    limit: &super::limit::CompiledLimit,
+    view: RequestView<'_>,
+    key: &Key<'_>,
+    lookups: u8,
+) -> PlanStep {
+    let Some(resolver) = &limit.resolver else {
+        return PlanStep::Plan(NO_PLAN);
+    };
+    let resolution = match resolver.resolve(&view, key) {
+        Resolution::Lookup(lookup) if lookups < MAX_LOOKUPS => return PlanStep::Lookup(lookup),
+        Resolution::Lookup(_) => Resolution::Unknown,
+        other => other,
+    };
+    let known = match resolution {
+        Resolution::Plan(name) => limit.plans.iter().position(|p| p.name == name),
+        Resolution::Default => None,
+        _ => None,
+    };
+    match (known, resolution) {
+        (Some(p), _) => PlanStep::Plan(p as u8),
+        (None, Resolution::Default) => PlanStep::Plan(NO_PLAN),
+        (None, _) => match limit.on_unknown_plan {
+            UnknownPlan::Reject { status } if limit.mode.is_shadow() => {
+                tracing::debug!(policy = %limit.name, %status, "no plan for this request; a shadow limit would have refused it");
+                PlanStep::Skip
+            }
+            UnknownPlan::Reject { status } => {
+                tracing::debug!(policy = %limit.name, %status, "no plan for this request; refused");
+                PlanStep::Reject(refuse(
+                    shared,
+                    view,
+                    RejectReason::UnknownPlan {
+                        policy: limit.name,
+                        status,
+                    },
+                ))
+            }
+            _ => PlanStep::Plan(NO_PLAN),
+        },
+    }
+}
+
+/// Records `check` for the work after the enforcing check (a shadow limit, charges decided by
+/// the response, shaping). Returns whether the limit is a shadow one (checked later, not now).
+#[inline(never)]
+fn follow_up<St: Store>(
+    shared: &Shared<St>,
+    snapshot: &Arc<Snapshot<St>>,
+    followup: &mut Option<Followup<St>>,
+    limit: &super::limit::CompiledLimit,
+    check: OwnedCheck,
+    shaped: bool,
+    shaping: bool,
+) -> bool {
+    let f = followup.get_or_insert_with(|| {
+        Followup(Box::new(FollowupData {
+            snapshot: Arc::clone(snapshot),
+            shadow: Vec::new(),
+            by_outcome: Vec::new(),
+            reserved_at: None,
+            shadow_at: None,
+            near: shared.near_limit,
+            headers: shared.headers,
+            response_extensions: shared.response_extensions,
+            shaped: Vec::new(),
+            unshaped: Vec::new(),
+            reservation: None,
+        }))
+    });
+    if limit.mode.is_shadow() {
+        f.shadow.push(check);
+        return true;
+    }
+    if limit.charge.by_outcome() {
+        if shaped {
+            f.shaped.push(check.clone());
+        } else if shaping {
+            f.unshaped.push(check.clone());
+        }
+        f.by_outcome.push(check);
+    } else if shaped {
+        f.shaped.push(check);
+    } else if shaping {
+        f.unshaped.push(check);
+    }
+    false
+}
+
 /// Checks the shadow limits of a request the enforcing limits allowed.
 pub(crate) fn shadow_step<ReqBody, St: Store>(
     _shared: &Arc<Shared<St>>,
@@ -857,185 +1041,236 @@ pub(crate) fn shadow_done<St: Store>(
 }
 
 /// Turns the store's answer into a rejection, or a request ready for the inner service.
+///
+/// The allowed path is kept short; refusals, store errors and shaping live in functions of
+/// their own, out of line, so that the code an allowed request runs stays compact (it shares
+/// the instruction cache with the application's).
 pub(crate) fn finish<ReqBody, St: Store>(
     shared: &Arc<Shared<St>>,
     snapshot: &Snapshot<St>,
     req: &mut Request<ReqBody>,
     applied: &Applied,
     result: Result<Decisions, StoreError>,
-    mut followup: Option<&mut Followup<St>>,
+    followup: Option<&mut Followup<St>>,
 ) -> Finish {
-    // shaping hook: the longest wait among the shaped limits, and which check it is.
-    let mut shaped = (Duration::ZERO, 0);
-    let result = result.and_then(|mut decisions| {
-        if decisions.len() != usize::from(applied.len) {
-            return Err(StoreError::new(
+    let mut decisions = match result {
+        Ok(decisions) if decisions.len() == usize::from(applied.len) => decisions,
+        Ok(decisions) => {
+            let error = StoreError::new(
                 StoreErrorKind::InvalidResponse,
                 format!(
                     "store returned {} decisions for {} checks",
                     decisions.len(),
                     applied.len
                 ),
-            ));
-        }
-        // Attribute every decision to its limit and plan, whatever the store did.
-        for (j, (d, (limit, _))) in decisions
-            .as_mut_slice()
-            .iter_mut()
-            .zip(applied.checks())
-            .enumerate()
-        {
-            if let (Some(shape), NO_PLAN) = (&snapshot.limits[limit].shape, applied.plan[j]) {
-                let (own, wait) = shape.unwiden(*d);
-                *d = own;
-                // A request that spends nothing (cost 0) never waits.
-                if wait > shaped.0 && applied.cost[j] > 0 {
-                    shaped = (wait, j);
-                }
-            }
-            *d = d.with_policy(snapshot.limits[limit].name);
-            if let Some(plan) = applied.plan(snapshot, j) {
-                *d = d.with_plan(plan.name);
-            }
-        }
-        Ok(decisions)
-    });
-
-    let mut decisions = match result {
-        Ok(decisions) => decisions,
-        Err(error) => {
-            let empty = Decisions::new();
-            let view = RequestView::new(req);
-            if let Some(i) = applied.too_costly {
-                // Refused whatever the store says; without its numbers, report capacity only.
-                let i = usize::from(i);
-                let limit = &snapshot.limits[usize::from(applied.limit[i])];
-                let quota = applied.quota(snapshot, i);
-                let decision = Decision::impossible(quota.burst_size(), 0, Duration::ZERO)
-                    .with_policy(limit.name);
-                let rejected = Rejected::new(
-                    view,
-                    RejectReason::CostExceedsCapacity {
-                        decision: &decision,
-                        quota,
-                        cost: applied.cost[i],
-                    },
-                    &empty,
-                );
-                tracing::debug!(policy = %limit.name, cost = applied.cost[i], capacity = quota.burst_size(), "request costs more than the limit holds");
-                return Finish::Reject(shared.rejection.reject(&rejected));
-            }
-            tracing::warn!(error = %error, "rate-limit store failed; request refused");
-            let rejected = Rejected::new(
-                view,
-                RejectReason::StoreUnavailable { error: &error },
-                &empty,
             );
-            let mut response = shared.rejection.reject(&rejected);
-            if let Some(secs) = rejected.retry_after_secs() {
-                set_retry_after_if_absent(response.headers_mut(), secs);
-            }
-            return Finish::Reject(response);
+            return refuse_on_error(shared, snapshot, req, applied, error);
         }
+        Err(error) => return refuse_on_error(shared, snapshot, req, applied, error),
     };
+    // Attribute every decision to its limit and plan, whatever the store did.
+    // shaping hook: the longest wait among the shaped limits, and which check it is.
+    let mut shaped = (Duration::ZERO, 0);
+    for (j, (d, (limit, _))) in decisions
+        .as_mut_slice()
+        .iter_mut()
+        .zip(applied.checks())
+        .enumerate()
+    {
+        if let (Some(shape), NO_PLAN) = (&snapshot.limits[limit].shape, applied.plan[j]) {
+            let (own, wait) = shape.unwiden(*d);
+            *d = own;
+            // A request that spends nothing (cost 0) never waits.
+            if wait > shaped.0 && applied.cost[j] > 0 {
+                shaped = (wait, j);
+            }
+        }
+        *d = d.with_policy(snapshot.limits[limit].name);
+        if let Some(plan) = applied.plan(snapshot, j) {
+            *d = d.with_plan(plan.name);
+        }
+    }
 
     // Which decision refuses the request, if any: a cost above capacity first, then the
     // store's first rejection.
     let refusal = match applied.too_costly {
-        Some(i) => {
-            let i = usize::from(i);
-            let d = decisions.as_slice()[i];
-            decisions.as_mut_slice()[i] =
-                Decision::impossible(d.limit(), d.remaining(), d.reset()).with_policy(d.policy());
-            Some(i)
-        }
+        Some(i) => Some(usize::from(i)),
         None => decisions.as_slice().iter().position(|d| !d.allowed()),
     };
+    if let Some(i) = refusal {
+        return refuse_by(shared, snapshot, req, applied, decisions, i);
+    }
 
-    match refusal {
-        None => {
-            // There is at least one decision, so `reported` is `Some`.
-            let reported = decisions
-                .reported()
-                .copied()
-                .unwrap_or_else(|| Decision::allowed_with(0, 0, Duration::ZERO));
-            for d in decisions.as_slice() {
-                metrics::record_decision(d, false, shared.near_limit);
+    // There is at least one decision, so `reported` is `Some`.
+    let reported = decisions
+        .reported()
+        .copied()
+        .unwrap_or_else(|| Decision::allowed_with(0, 0, Duration::ZERO));
+    for d in decisions.as_slice() {
+        metrics::record_decision(d, false, shared.near_limit);
+    }
+    let mut outcome = Outcome::new(shared, snapshot, applied, &decisions, reported);
+    if let Some(f) = followup {
+        f.reserved_at = decisions.decided_at();
+        // shaping hook: a request that must wait takes a place among the waiting ones.
+        if !shaped.0.is_zero() {
+            if let Err(mut response) = take_turn(
+                shared,
+                snapshot,
+                req,
+                applied,
+                &decisions,
+                shaped,
+                f,
+                &mut outcome,
+            ) {
+                outcome.refusal().apply(&mut response);
+                return Finish::Reject(response);
             }
-            if let Some(f) = followup.as_deref_mut() {
-                f.reserved_at = decisions.decided_at();
-            }
-            let mut outcome = Outcome::new(shared, snapshot, applied, &decisions, reported);
-            // shaping hook: a request that must wait takes a place among the waiting ones.
-            if let (false, Some(f)) = (shaped.0.is_zero(), followup) {
-                let j = shaped.1;
-                let decision = decisions.as_slice()[j];
-                let quota = applied.quota(snapshot, j);
-                let checks = (mem::take(&mut f.shaped), mem::take(&mut f.unshaped));
-                match shaping::reserve(
-                    &shared.waiting,
-                    &*shared.rejection,
-                    &f.snapshot,
-                    req,
-                    checks,
-                    f.reserved_at,
-                    shaped.0,
-                    (&decision, quota),
-                    &decisions,
-                ) {
-                    Ok(reservation) => {
-                        outcome.shaped = Some(ShapedDelay::new(reservation.delay()));
-                        f.reservation = Some(reservation);
-                    }
-                    Err(mut response) => {
-                        outcome.apply(&mut response);
-                        return Finish::Reject(response);
-                    }
-                }
-            }
-            let several = snapshot.limits.len() > 1;
-            merge_extensions(req.extensions_mut(), &decisions, &reported, several);
-            Finish::Proceed(outcome)
-        }
-        Some(i) => {
-            let decision = decisions.as_slice()[i];
-            let limit = &snapshot.limits[usize::from(applied.limit[i])];
-            let quota = applied.quota(snapshot, i);
-            let plan = applied.plan(snapshot, i);
-            let plan_name = plan.map_or("", |p| p.name.as_str());
-            let view = RequestView::new(req);
-            let reason = if decision.is_impossible() {
-                tracing::debug!(policy = %limit.name, plan = plan_name, cost = applied.cost[i], capacity = quota.burst_size(), "request costs more than the limit holds");
-                RejectReason::CostExceedsCapacity {
-                    decision: &decision,
-                    quota,
-                    cost: applied.cost[i],
-                }
-            } else {
-                // Only the refusing limit counts: the others charged nothing.
-                metrics::record_decision(&decision, false, shared.near_limit);
-                tracing::debug!(
-                    policy = %limit.name,
-                    plan = plan_name,
-                    remaining = decision.remaining(),
-                    retry_after_ms = decision.retry_after().map_or(0, |d| d.as_millis() as u64),
-                    "request rate limited"
-                );
-                RejectReason::RateLimited {
-                    decision: &decision,
-                    quota,
-                }
-            };
-            let mut rejected = Rejected::new(view, reason, &decisions);
-            if let Some(plan) = plan {
-                rejected = rejected.with_plan(plan.name, plan.link.as_deref());
-            }
-            let mut response = shared.rejection.reject(&rejected);
-            if let Some(secs) = rejected.retry_after_secs() {
-                set_retry_after_if_absent(response.headers_mut(), secs);
-            }
-            Outcome::new(shared, snapshot, applied, &decisions, decision).apply(&mut response);
-            Finish::Reject(response)
         }
     }
+    let several = snapshot.limits.len() > 1;
+    if merge_extensions(req.extensions_mut(), &decisions, &reported, several) {
+        outcome.extension = true;
+    }
+    Finish::Proceed(outcome)
+}
+
+/// Shaping: reserves the request's turn for the `shaped` wait, or gives the response refusing
+/// it (the caller writes the outcome on it).
+#[inline(never)]
+#[allow(clippy::too_many_arguments, clippy::result_large_err)]
+fn take_turn<ReqBody, St: Store>(
+    shared: &Arc<Shared<St>>,
+    snapshot: &Snapshot<St>,
+    req: &mut Request<ReqBody>,
+    applied: &Applied,
+    decisions: &Decisions,
+    (wait, j): (Duration, usize),
+    f: &mut Followup<St>,
+    outcome: &mut Outcome,
+) -> Result<(), Response<RejectionBody>> {
+    let decision = decisions.as_slice()[j];
+    let quota = applied.quota(snapshot, j);
+    let checks = (mem::take(&mut f.shaped), mem::take(&mut f.unshaped));
+    match shaping::reserve(
+        &shared.waiting,
+        &*shared.rejection,
+        &f.snapshot,
+        req,
+        checks,
+        f.reserved_at,
+        wait,
+        (&decision, quota),
+        decisions,
+    ) {
+        Ok(reservation) => {
+            outcome.shaped = Some(ShapedDelay::new(reservation.delay()));
+            f.reservation = Some(reservation);
+            Ok(())
+        }
+        Err(response) => Err(response),
+    }
+}
+
+/// The store failed (or answered nonsense): refuses, as the layer's rejection says.
+#[cold]
+#[inline(never)]
+fn refuse_on_error<ReqBody, St: Store>(
+    shared: &Arc<Shared<St>>,
+    snapshot: &Snapshot<St>,
+    req: &Request<ReqBody>,
+    applied: &Applied,
+    error: StoreError,
+) -> Finish {
+    let empty = Decisions::new();
+    let view = RequestView::new(req);
+    if let Some(i) = applied.too_costly {
+        // Refused whatever the store says; without its numbers, report capacity only.
+        let i = usize::from(i);
+        let limit = &snapshot.limits[usize::from(applied.limit[i])];
+        let quota = applied.quota(snapshot, i);
+        let decision =
+            Decision::impossible(quota.burst_size(), 0, Duration::ZERO).with_policy(limit.name);
+        let rejected = Rejected::new(
+            view,
+            RejectReason::CostExceedsCapacity {
+                decision: &decision,
+                quota,
+                cost: applied.cost[i],
+            },
+            &empty,
+        );
+        tracing::debug!(policy = %limit.name, cost = applied.cost[i], capacity = quota.burst_size(), "request costs more than the limit holds");
+        return Finish::Reject(shared.rejection.reject(&rejected));
+    }
+    tracing::warn!(error = %error, "rate-limit store failed; request refused");
+    let rejected = Rejected::new(
+        view,
+        RejectReason::StoreUnavailable { error: &error },
+        &empty,
+    );
+    let mut response = shared.rejection.reject(&rejected);
+    if let Some(secs) = rejected.retry_after_secs() {
+        set_retry_after_if_absent(response.headers_mut(), secs);
+    }
+    Finish::Reject(response)
+}
+
+/// Refuses because of decision `i` (a cost above capacity, or the store's first rejection).
+#[cold]
+#[inline(never)]
+fn refuse_by<ReqBody, St: Store>(
+    shared: &Arc<Shared<St>>,
+    snapshot: &Snapshot<St>,
+    req: &Request<ReqBody>,
+    applied: &Applied,
+    mut decisions: Decisions,
+    i: usize,
+) -> Finish {
+    if applied.too_costly.is_some() {
+        let d = decisions.as_slice()[i];
+        decisions.as_mut_slice()[i] =
+            Decision::impossible(d.limit(), d.remaining(), d.reset()).with_policy(d.policy());
+    }
+    let decision = decisions.as_slice()[i];
+    let limit = &snapshot.limits[usize::from(applied.limit[i])];
+    let quota = applied.quota(snapshot, i);
+    let plan = applied.plan(snapshot, i);
+    let plan_name = plan.map_or("", |p| p.name.as_str());
+    let view = RequestView::new(req);
+    let reason = if decision.is_impossible() {
+        tracing::debug!(policy = %limit.name, plan = plan_name, cost = applied.cost[i], capacity = quota.burst_size(), "request costs more than the limit holds");
+        RejectReason::CostExceedsCapacity {
+            decision: &decision,
+            quota,
+            cost: applied.cost[i],
+        }
+    } else {
+        // Only the refusing limit counts: the others charged nothing.
+        metrics::record_decision(&decision, false, shared.near_limit);
+        tracing::debug!(
+            policy = %limit.name,
+            plan = plan_name,
+            remaining = decision.remaining(),
+            retry_after_ms = decision.retry_after().map_or(0, |d| d.as_millis() as u64),
+            "request rate limited"
+        );
+        RejectReason::RateLimited {
+            decision: &decision,
+            quota,
+        }
+    };
+    let mut rejected = Rejected::new(view, reason, &decisions);
+    if let Some(plan) = plan {
+        rejected = rejected.with_plan(plan.name, plan.link.as_deref());
+    }
+    let mut response = shared.rejection.reject(&rejected);
+    if let Some(secs) = rejected.retry_after_secs() {
+        set_retry_after_if_absent(response.headers_mut(), secs);
+    }
+    Outcome::new(shared, snapshot, applied, &decisions, decision)
+        .refusal()
+        .apply(&mut response);
+    Finish::Reject(response)
 }

@@ -136,8 +136,10 @@ async fn quickstart_sequence(mode: Mode) {
         );
         assert!(!res.headers().contains_key(RETRY_AFTER));
         assert!(!res.body().is_rejection());
-        let d = res.extensions().get::<Decision>().unwrap();
-        assert_eq!(d.remaining().to_string(), remaining);
+        assert!(
+            res.extensions().get::<Decision>().is_none(),
+            "allowed responses carry the decision only when opted in"
+        );
     }
     let res = svc.clone().oneshot(from_peer("192.0.2.1")).await.unwrap();
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -626,6 +628,72 @@ async fn nested_layers_report_the_most_pressing_decision() {
     assert_eq!(header(&res, "x-seen-count"), "2");
     let lines: Vec<_> = res.headers().get_all(RATELIMIT).iter().collect();
     assert_eq!(lines, [r#""route";r=9;t=1"#, r#""global";r=2;t=1"#]);
+    assert_eq!(
+        res.extensions().get::<Decision>().map(Decision::limit),
+        Some(3),
+        "the nested layer's response carries its decision, the outer one replaces it"
+    );
+}
+
+#[tokio::test]
+async fn a_nested_layer_tighter_than_the_outer_one_keeps_its_headers() {
+    let clock = ManualClock::new();
+    let outer = builder(&clock, Mode::Ready)
+        .limit(Limit::new("global", Quota::per_second(100)).key(GlobalKey))
+        .build()
+        .unwrap();
+    let inner = builder(&clock, Mode::Ready)
+        .limit(Limit::new("route", Quota::per_second(2)).key(client()))
+        .build()
+        .unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(outer)
+        .layer(inner)
+        .service_fn(handler);
+    for remaining in ["1", "0"] {
+        let res = svc.clone().oneshot(get("/", "a")).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        // route 1/2 (then 0/2) is tighter than global 99/100 (then 98/100): the outer layer
+        // must not overwrite the inner one's headers.
+        assert_eq!(header(&res, X_RATELIMIT_LIMIT), "2");
+        assert_eq!(header(&res, X_RATELIMIT_REMAINING), remaining);
+        assert_eq!(
+            res.extensions()
+                .get::<Decision>()
+                .map(|d| d.policy().as_str()),
+            Some("route")
+        );
+    }
+    let res = svc.clone().oneshot(get("/", "a")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, X_RATELIMIT_LIMIT), "2");
+    assert!(!res.extensions().get::<Decision>().unwrap().allowed());
+}
+
+#[tokio::test]
+async fn allowed_responses_carry_the_decision_when_opted_in() {
+    let clock = ManualClock::new();
+    for mode in [Mode::Ready, Mode::Pending] {
+        let svc = service(
+            builder(&clock, mode)
+                .response_extensions(true)
+                .limit(Limit::new("pair", Quota::per_hour(2)).key(client())),
+        );
+        for remaining in [1, 0] {
+            let res = svc.clone().oneshot(get("/", "a")).await.unwrap();
+            assert_eq!(res.status(), StatusCode::OK);
+            let d = res.extensions().get::<Decision>().unwrap();
+            assert_eq!((d.remaining(), d.policy().as_str()), (remaining, "pair"));
+        }
+        let res = svc.clone().oneshot(get("/", "a")).await.unwrap();
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(!res.extensions().get::<Decision>().unwrap().allowed());
+        let res = svc.clone().oneshot(get("/", "b")).await.unwrap();
+        assert_eq!(
+            res.extensions().get::<Decision>().map(Decision::remaining),
+            Some(1)
+        );
+    }
 }
 
 #[derive(Debug)]
