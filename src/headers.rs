@@ -176,9 +176,9 @@ impl RateLimitHeaders {
             ResetFormat::UnixSeconds => unix_reset_secs(SystemTime::now(), decision.reset()),
         };
         let values = [
-            number(decision.limit()),
-            number(decision.remaining()),
-            number(reset),
+            number_value(decision.limit()),
+            number_value(decision.remaining()),
+            number_value(reset),
         ];
         if headers.is_empty() {
             // A response without headers (yet): start from a map that already holds the three
@@ -187,15 +187,12 @@ impl RateLimitHeaders {
             // each name again (HeaderMap hashes custom names byte by byte).
             *headers = X_RATELIMIT_TEMPLATE.clone();
             for (slot, value) in headers.values_mut().zip(values) {
-                *slot = value;
+                // The template's placeholders are static: there is nothing to free.
+                std::mem::forget(std::mem::replace(slot, value));
             }
             return;
         }
-        let [limit, remaining, reset] = values;
-        headers.reserve(3);
-        headers.insert(X_RATELIMIT_LIMIT, limit);
-        headers.insert(X_RATELIMIT_REMAINING, remaining);
-        headers.insert(X_RATELIMIT_RESET, reset);
+        insert_x_ratelimit(headers, values);
     }
 
     /// Appends `RateLimit-Policy` and `RateLimit` items for every `(decision, quota)` pair, if
@@ -333,6 +330,22 @@ pub(crate) fn number(n: u64) -> HeaderValue {
         Some(digits) => HeaderValue::from_static(digits),
         None => large_number(n),
     }
+}
+
+/// [`number`], out of line: the three values of a response share one copy of the code.
+#[inline(never)]
+fn number_value(n: u64) -> HeaderValue {
+    number(n)
+}
+
+/// Sets `X-RateLimit-Limit`, `-Remaining` and `-Reset` to `values` in a map that has other
+/// headers already.
+#[inline(never)]
+fn insert_x_ratelimit(headers: &mut HeaderMap, [limit, remaining, reset]: [HeaderValue; 3]) {
+    headers.reserve(3);
+    headers.insert(X_RATELIMIT_LIMIT, limit);
+    headers.insert(X_RATELIMIT_REMAINING, remaining);
+    headers.insert(X_RATELIMIT_RESET, reset);
 }
 
 /// `X-RateLimit-Limit`, `-Remaining` and `-Reset` (in that order) with placeholder values, as

@@ -310,20 +310,10 @@ where
                 }
                 StateProj::Inner { future } => {
                     let response = ready!(future.poll(cx))?;
-                    let refunds = match this.followup.as_ref() {
-                        Some(f) => f.refunds(response.status()),
+                    let mut pending = match this.followup.as_ref() {
+                        Some(f) => refund(f, response.status()),
                         None => Vec::new(),
                     };
-                    let mut pending = Vec::new();
-                    for refund in refunds {
-                        match refund {
-                            Checked::Pending(f) => pending.push(f),
-                            Checked::Ready(Err(error)) => {
-                                tracing::warn!(error = %error, "rate-limit store could not give a charge back");
-                            }
-                            Checked::Ready(Ok(_)) => {}
-                        }
-                    }
                     if let Some(refund) = pending.pop() {
                         this.state.set(State::Refunding {
                             refund,
@@ -377,6 +367,23 @@ where
             }
         }
     }
+}
+
+/// Gives back the charges a response with `status` does not keep; the store calls still to
+/// wait for.
+#[inline(never)]
+fn refund<St: Store>(followup: &Followup<St>, status: http::StatusCode) -> Vec<St::Future> {
+    let mut pending = Vec::new();
+    for refund in followup.refunds(status) {
+        match refund {
+            Checked::Pending(f) => pending.push(f),
+            Checked::Ready(Err(error)) => {
+                tracing::warn!(error = %error, "rate-limit store could not give a charge back");
+            }
+            Checked::Ready(Ok(_)) => {}
+        }
+    }
+    pending
 }
 
 /// Writes the headers on the inner service's response.
