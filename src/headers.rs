@@ -173,7 +173,7 @@ impl RateLimitHeaders {
         }
         let reset = match self.reset {
             ResetFormat::DeltaSeconds => ceil_secs(decision.reset()),
-            ResetFormat::UnixSeconds => unix_reset_secs(SystemTime::now(), decision.reset()),
+            ResetFormat::UnixSeconds => unix_reset_secs(crate::clock::wall_now(), decision.reset()),
         };
         let values = [
             number_value(decision.limit()),
@@ -399,12 +399,32 @@ fn large_number(n: u64) -> HeaderValue {
     cached.ok().flatten().unwrap_or_else(|| format_number(n))
 }
 
-/// `n` as a header value in one allocation of exactly its digits (`HeaderValue::from(u64)`
-/// takes two: a 20-byte buffer, then the reference count `Bytes` needs for a partly used one).
+/// Bytes of the per-thread buffer large numbers are written to (about 40 Unix times).
+const DIGITS_CHUNK: usize = 512;
+
+/// `n` as a header value, its digits written to a per-thread buffer that many values share:
+/// a value is a slice of it (a reference count to raise, and to lower when the response is
+/// dropped), not an allocation of its own. `HeaderValue::from(u64)` takes two allocations. A
+/// buffer is freed with the last value cut from it, so a response kept alive holds at most
+/// [`DIGITS_CHUNK`] bytes more than its digits.
 fn format_number(n: u64) -> HeaderValue {
+    use std::cell::RefCell;
+    thread_local!(static DIGITS: RefCell<bytes::BytesMut> = RefCell::new(bytes::BytesMut::new()));
     let mut buf = [0u8; 20];
-    HeaderValue::from_maybe_shared(bytes::Bytes::copy_from_slice(decimal(n, &mut buf)))
-        .unwrap_or_else(|_| HeaderValue::from(n))
+    let digits = decimal(n, &mut buf);
+    let shared = DIGITS.try_with(|chunk| {
+        let mut chunk = chunk.try_borrow_mut().ok()?;
+        if chunk.capacity() < digits.len() {
+            *chunk = bytes::BytesMut::with_capacity(DIGITS_CHUNK);
+        }
+        chunk.extend_from_slice(digits);
+        Some(chunk.split().freeze())
+    });
+    let bytes = match shared {
+        Ok(Some(bytes)) => bytes,
+        _ => bytes::Bytes::copy_from_slice(digits),
+    };
+    HeaderValue::from_maybe_shared(bytes).unwrap_or_else(|_| HeaderValue::from(n))
 }
 
 /// The decimal digits of `n`, written at the end of `buf` (20 bytes hold `u64::MAX`).
@@ -652,6 +672,24 @@ mod tests {
         }
         let other = std::thread::spawn(|| number(1_700_000_001)).join().unwrap();
         assert_eq!(other, "1700000001");
+    }
+
+    #[test]
+    fn formatted_numbers_keep_their_digits_across_shared_buffers() {
+        // Far more digits than one buffer holds, every value kept alive while later ones are
+        // written (and buffers replaced): each keeps its own digits.
+        let kept: Vec<(u64, HeaderValue)> = (0..2_000u64)
+            .map(|i| {
+                let n = 1_700_000_000 + i * 104_729;
+                (n, format_number(n))
+            })
+            .collect();
+        for (n, value) in &kept {
+            assert_eq!(value, n.to_string().as_str());
+        }
+        drop(kept);
+        assert_eq!(format_number(u64::MAX), u64::MAX.to_string().as_str());
+        assert_eq!(format_number(10_000), "10000");
     }
 
     #[test]
