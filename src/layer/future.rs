@@ -137,9 +137,14 @@ where
     }
 
     /// A request waiting for a lookup or the store (`begin` is neither `Proceed` nor `Reject`).
-    pub(crate) fn waiting(begin: Begin<ReqBody, St>, inner: S, shared: Arc<Shared<St>>) -> Self {
+    pub(crate) fn waiting(
+        begin: Begin<St>,
+        req: Request<ReqBody>,
+        inner: S,
+        shared: Arc<Shared<St>>,
+    ) -> Self {
         Self {
-            state: waiting_state(begin, inner, shared),
+            state: waiting_state(begin, req, inner, shared),
             outcome: None,
             followup: None,
         }
@@ -173,7 +178,8 @@ where
 /// The state of a future waiting for the lookup or store call `begin` names.
 #[allow(clippy::type_complexity)]
 fn waiting_state<S, ReqBody, St>(
-    begin: Begin<ReqBody, St>,
+    begin: Begin<St>,
+    req: Request<ReqBody>,
     inner: S,
     shared: Arc<Shared<St>>,
 ) -> State<St::Future, S::Future, Box<Waiting<S, ReqBody, St>>, S::Response>
@@ -181,8 +187,8 @@ where
     S: Service<Request<ReqBody>>,
     St: Store,
 {
-    let (req, step, check) = match begin {
-        Begin::Resolve(lookup, req, lookups) => {
+    let (step, check) = match begin {
+        Begin::Resolve(lookup, lookups) => {
             return State::Resolving {
                 lookup: Some(lookup),
                 waiting: Some(Box::new(Waiting {
@@ -193,12 +199,10 @@ where
                 })),
             }
         }
-        Begin::Pending(check, req, applied, snapshot, followup) => {
-            (req, Step::Check(applied, snapshot, followup), check)
+        Begin::Pending(check, applied, snapshot, followup) => {
+            (Step::Check(applied, snapshot, followup), check)
         }
-        Begin::Shadow(check, req, outcome, followup) => {
-            (req, Step::Shadow(outcome, followup), check)
-        }
+        Begin::Shadow(check, outcome, followup) => (Step::Shadow(outcome, followup), check),
         Begin::Proceed(..) | Begin::Reject(..) => {
             unreachable!("a future waits only for a lookup or a store call")
         }
@@ -245,7 +249,7 @@ where
         let mut this = self.project();
         loop {
             // What the pending step produced: the next `Begin`, to be turned into a state.
-            let next: Begin<ReqBody, St>;
+            let next: Begin<St>;
             let waiting: Box<Waiting<S, ReqBody, St>>;
             match this.state.as_mut().project() {
                 StateProj::Resolving { lookup, waiting: w } => {
@@ -255,7 +259,7 @@ where
                     *lookup = None;
                     waiting = w.take().expect("ResponseFuture polled after completion");
                     let Waiting {
-                        req,
+                        mut req,
                         inner,
                         shared,
                         step,
@@ -264,22 +268,21 @@ where
                         Step::Lookup(n) => n,
                         _ => u8::MAX,
                     };
-                    next = begin(&shared, req, lookups);
-                    advance(&mut this, next, inner, shared);
+                    next = begin(&shared, &mut req, lookups);
+                    advance(&mut this, next, req, inner, shared);
                     continue;
                 }
                 StateProj::Checking { check, waiting: w } => {
                     let result = ready!(check.poll(cx));
                     waiting = w.take().expect("ResponseFuture polled after completion");
                     let Waiting {
-                        req,
+                        mut req,
                         inner,
                         shared,
                         step,
                     } = *waiting;
                     next = match step {
                         Step::Check(applied, snapshot, mut followup) => {
-                            let mut req = req;
                             match finish(
                                 &shared,
                                 &snapshot,
@@ -290,22 +293,22 @@ where
                             ) {
                                 Finish::Proceed(outcome) => match followup {
                                     Some(f) if !f.shadow_is_empty() => {
-                                        shadow_step(&shared, req, Some(outcome), f)
+                                        shadow_step(&shared, Some(outcome), f)
                                     }
-                                    f => Begin::Proceed(req, Some(outcome), f),
+                                    f => Begin::Proceed(Some(outcome), f),
                                 },
                                 Finish::Reject(response) => Begin::Reject(response),
                             }
                         }
                         Step::Shadow(mut outcome, mut followup) => {
                             shadow_done(&mut followup, result, &mut outcome);
-                            Begin::Proceed(req, outcome, Some(followup))
+                            Begin::Proceed(outcome, Some(followup))
                         }
                         Step::Lookup(_) | Step::Shaped => {
                             unreachable!("a lookup or a wait is not a store check")
                         }
                     };
-                    advance(&mut this, next, inner, shared);
+                    advance(&mut this, next, req, inner, shared);
                     continue;
                 }
                 StateProj::Inner { future } => {
@@ -400,7 +403,8 @@ fn respond<B>(
 /// Moves the future to the state for `next`.
 fn advance<S, ReqBody, St>(
     this: &mut FutureProj<'_, S, ReqBody, St>,
-    next: Begin<ReqBody, St>,
+    next: Begin<St>,
+    req: Request<ReqBody>,
     mut inner: S,
     shared: Arc<Shared<St>>,
 ) where
@@ -409,13 +413,13 @@ fn advance<S, ReqBody, St>(
 {
     match next {
         // shaping hook: a request that must wait for its turn waits here.
-        Begin::Proceed(req, outcome, followup) if shaping_wait(&followup).is_some() => {
+        Begin::Proceed(outcome, followup) if shaping_wait(&followup).is_some() => {
             let state = shaping_state(req, inner, shared, &followup);
             *this.outcome = outcome;
             *this.followup = followup;
             this.state.set(state);
         }
-        Begin::Proceed(req, outcome, followup) => {
+        Begin::Proceed(outcome, followup) => {
             let future = inner.call(req);
             *this.outcome = outcome;
             *this.followup = followup;
@@ -426,6 +430,6 @@ fn advance<S, ReqBody, St>(
                 response: Some(response),
             });
         }
-        waiting => this.state.set(waiting_state(waiting, inner, shared)),
+        waiting => this.state.set(waiting_state(waiting, req, inner, shared)),
     }
 }

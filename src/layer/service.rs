@@ -114,15 +114,15 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        match begin(&self.shared, req, 0) {
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+        match begin(&self.shared, &mut req, 0) {
             // shaping hook: a request that must wait for its turn waits in the future.
-            Begin::Proceed(req, outcome, followup) if shaping_wait(&followup).is_some() => {
+            Begin::Proceed(outcome, followup) if shaping_wait(&followup).is_some() => {
                 let clone = self.inner.clone();
                 let inner = mem::replace(&mut self.inner, clone);
                 ResponseFuture::shaped(req, inner, Arc::clone(&self.shared), outcome, followup)
             }
-            Begin::Proceed(req, outcome, followup) => {
+            Begin::Proceed(outcome, followup) => {
                 ResponseFuture::inner(self.inner.call(req), outcome, followup)
             }
             Begin::Reject(response) => ResponseFuture::rejected(response),
@@ -132,7 +132,7 @@ where
                 // before its own call).
                 let clone = self.inner.clone();
                 let inner = mem::replace(&mut self.inner, clone);
-                ResponseFuture::waiting(begin, inner, Arc::clone(&self.shared))
+                ResponseFuture::waiting(begin, req, inner, Arc::clone(&self.shared))
             }
         }
     }
@@ -545,31 +545,22 @@ fn merge_extensions(
     theirs.is_some()
 }
 
-/// The first step of a request, done in `call`.
+/// The first step of a request, done in `call`. The request stays with the caller (it is
+/// moved once, to the inner service or the future, not through every step).
 // Large variants by design: boxing the decisions would allocate on every request, and these
 // values only live on the stack between the store check and the future.
 #[allow(clippy::large_enum_variant)]
-pub(crate) enum Begin<ReqBody, St: Store> {
+pub(crate) enum Begin<St: Store> {
     /// Call the inner service (with an outcome to report, unless no limit applied).
-    Proceed(Request<ReqBody>, Option<Outcome>, Option<Followup<St>>),
+    Proceed(Option<Outcome>, Option<Followup<St>>),
     /// Answer with this response without calling the inner service.
     Reject(Response<RejectionBody>),
     /// Wait for the store.
-    Pending(
-        St::Future,
-        Request<ReqBody>,
-        Applied,
-        Arc<Snapshot<St>>,
-        Option<Followup<St>>,
-    ),
+    Pending(St::Future, Applied, Arc<Snapshot<St>>, Option<Followup<St>>),
     /// Wait for the shadow limits' check, then call the inner service.
-    Shadow(St::Future, Request<ReqBody>, Option<Outcome>, Followup<St>),
+    Shadow(St::Future, Option<Outcome>, Followup<St>),
     /// Wait for a plan lookup, then begin again (the lookups so far).
-    Resolve(
-        Pin<Box<dyn Future<Output = ()> + Send>>,
-        Request<ReqBody>,
-        u8,
-    ),
+    Resolve(Pin<Box<dyn Future<Output = ()> + Send>>, u8),
 }
 
 /// The result of a store check.
@@ -584,9 +575,9 @@ pub(crate) enum Finish {
 #[inline(always)]
 pub(crate) fn begin<ReqBody, St: Store>(
     shared: &Arc<Shared<St>>,
-    req: Request<ReqBody>,
+    req: &mut Request<ReqBody>,
     lookups: u8,
-) -> Begin<ReqBody, St> {
+) -> Begin<St> {
     // Size the on-stack check buffer to the layer: one limit is the common case and two (a
     // burst and a quota, or a route and a ceiling) the next; building (and dropping) eight
     // `LimitCheck`s for them costs more than the check itself.
@@ -608,20 +599,20 @@ pub(crate) fn begin<ReqBody, St: Store>(
 fn begin_plain<ReqBody, St: Store>(
     shared: &Arc<Shared<St>>,
     snapshot: &Arc<Snapshot<St>>,
-    req: Request<ReqBody>,
-) -> Begin<ReqBody, St> {
+    req: &mut Request<ReqBody>,
+) -> Begin<St> {
     let limit = &snapshot.limits[0];
-    let view = RequestView::new(&req);
+    let view = RequestView::new(req);
     if let Some(skip) = &shared.skip {
         if skip(&view) {
-            return Begin::Proceed(req, None, None);
+            return Begin::Proceed(None, None);
         }
     }
     let key = match limit.key.extract(&view) {
         Ok(key) => key,
         Err(error) => {
             return match missing_key(shared, limit, view, &error) {
-                None => Begin::Proceed(req, None, None),
+                None => Begin::Proceed(None, None),
                 Some(response) => Begin::Reject(response),
             }
         }
@@ -629,10 +620,10 @@ fn begin_plain<ReqBody, St: Store>(
     let (plan, overridden) = match shared.overrides.get(limit.name, &key) {
         None => (NO_PLAN, None),
         Some(Active::Quota(q)) => (OVERRIDDEN, Some(q)),
-        Some(Active::Exempt) => return Begin::Proceed(req, None, None),
+        Some(Active::Exempt) => return Begin::Proceed(None, None),
         Some(Active::Block) => {
             return match blocked(shared, limit, view) {
-                None => Begin::Proceed(req, None, None),
+                None => Begin::Proceed(None, None),
                 Some(response) => Begin::Reject(response),
             }
         }
@@ -657,16 +648,11 @@ fn begin_plain<ReqBody, St: Store>(
     let checked = snapshot.store.check(std::slice::from_ref(&check));
     drop(check);
     match checked {
-        Checked::Ready(result) => {
-            let mut req = req;
-            match finish(shared, snapshot, &mut req, &applied, result, None) {
-                Finish::Proceed(outcome) => Begin::Proceed(req, Some(outcome), None),
-                Finish::Reject(response) => Begin::Reject(response),
-            }
-        }
-        Checked::Pending(future) => {
-            Begin::Pending(future, req, applied, Arc::clone(snapshot), None)
-        }
+        Checked::Ready(result) => match finish(shared, snapshot, req, &applied, result, None) {
+            Finish::Proceed(outcome) => Begin::Proceed(Some(outcome), None),
+            Finish::Reject(response) => Begin::Reject(response),
+        },
+        Checked::Pending(future) => Begin::Pending(future, applied, Arc::clone(snapshot), None),
     }
 }
 
@@ -689,13 +675,13 @@ fn refuse<St>(
 fn begin_with<const N: usize, ReqBody, St: Store>(
     shared: &Arc<Shared<St>>,
     snapshot: &Arc<Snapshot<St>>,
-    req: Request<ReqBody>,
+    req: &mut Request<ReqBody>,
     lookups: u8,
-) -> Begin<ReqBody, St> {
-    let view = RequestView::new(&req);
+) -> Begin<St> {
+    let view = RequestView::new(req);
     if let Some(skip) = &shared.skip {
         if skip(&view) {
-            return Begin::Proceed(req, None, None);
+            return Begin::Proceed(None, None);
         }
     }
     let mut checks: [LimitCheck<'_>; N] =
@@ -731,7 +717,7 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
                 PlanStep::Reject(response) => return Begin::Reject(response),
                 PlanStep::Lookup(lookup) => {
                     drop((key, keys, checks));
-                    return Begin::Resolve(lookup, req, lookups + 1);
+                    return Begin::Resolve(lookup, lookups + 1);
                 }
             },
             Some(Active::Quota(q)) => {
@@ -796,8 +782,8 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
     if n == 0 {
         drop((keys, checks));
         return match followup {
-            Some(f) if !f.shadow.is_empty() => shadow_step(shared, req, None, f),
-            f => Begin::Proceed(req, None, f),
+            Some(f) if !f.shadow.is_empty() => shadow_step(shared, None, f),
+            f => Begin::Proceed(None, f),
         };
     }
     for (j, key) in keys.iter_mut().enumerate().take(n) {
@@ -824,25 +810,15 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
     drop((keys, checks));
     match checked {
         Checked::Ready(result) => {
-            let mut req = req;
-            match finish(
-                shared,
-                snapshot,
-                &mut req,
-                &applied,
-                result,
-                followup.as_mut(),
-            ) {
+            match finish(shared, snapshot, req, &applied, result, followup.as_mut()) {
                 Finish::Proceed(outcome) => match followup {
-                    Some(f) if !f.shadow.is_empty() => shadow_step(shared, req, Some(outcome), f),
-                    f => Begin::Proceed(req, Some(outcome), f),
+                    Some(f) if !f.shadow.is_empty() => shadow_step(shared, Some(outcome), f),
+                    f => Begin::Proceed(Some(outcome), f),
                 },
                 Finish::Reject(response) => Begin::Reject(response),
             }
         }
-        Checked::Pending(future) => {
-            Begin::Pending(future, req, applied, Arc::clone(snapshot), followup)
-        }
+        Checked::Pending(future) => Begin::Pending(future, applied, Arc::clone(snapshot), followup),
     }
 }
 
@@ -1010,12 +986,11 @@ fn follow_up<St: Store>(
 }
 
 /// Checks the shadow limits of a request the enforcing limits allowed.
-pub(crate) fn shadow_step<ReqBody, St: Store>(
+pub(crate) fn shadow_step<St: Store>(
     _shared: &Arc<Shared<St>>,
-    req: Request<ReqBody>,
     mut outcome: Option<Outcome>,
     followup: Followup<St>,
-) -> Begin<ReqBody, St> {
+) -> Begin<St> {
     // The shadow limits of a request decide together, all-or-nothing among themselves (as
     // they would if they enforced), and never with the enforcing limits.
     let checks: Vec<LimitCheck<'_>> = followup.shadow.iter().map(OwnedCheck::as_check).collect();
@@ -1025,9 +1000,9 @@ pub(crate) fn shadow_step<ReqBody, St: Store>(
         Checked::Ready(result) => {
             let mut followup = followup;
             followup.record_shadow(result, &mut outcome);
-            Begin::Proceed(req, outcome, Some(followup))
+            Begin::Proceed(outcome, Some(followup))
         }
-        Checked::Pending(future) => Begin::Shadow(future, req, outcome, followup),
+        Checked::Pending(future) => Begin::Shadow(future, outcome, followup),
     }
 }
 
