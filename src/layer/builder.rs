@@ -164,13 +164,14 @@ impl<B> RateLimitLayerBuilder<B> {
         self
     }
 
-    /// Whether allowed responses carry the reported [`Decision`](crate::Decision) in their
-    /// extensions, for logging or metrics middleware further out (default: no).
+    /// Whether the responses this layer decides (allowed or refused) carry the reported
+    /// [`Decision`](crate::Decision) in their extensions, for logging or metrics middleware
+    /// further out (default: no).
     ///
-    /// The request always carries it (handlers read it there), and so does every response the
-    /// layer refuses with. An allowed response carries it anyway when this layer is nested in
-    /// another rate-limit layer, which then merges the two decisions; otherwise it is off by
-    /// default because a response's first extension costs three allocations.
+    /// The request always carries it (handlers read it there). A response carries it anyway
+    /// when this layer is nested in another rate-limit layer, which then merges the two
+    /// decisions; otherwise it is off by default because a response's first extension costs
+    /// three allocations, the largest single cost of an allowed request.
     ///
     /// ```
     /// use std::convert::Infallible;

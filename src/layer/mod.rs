@@ -16,12 +16,12 @@
 //!    all [`Decisions`](crate::store::Decisions) too when the layer holds several limits or
 //!    layers are nested (a single limit's `Decision` is the only one);
 //! 5. writes the rate-limit [headers](crate::headers) on every response it decided, allowed or
-//!    refused, and puts the reported `Decision` in the extensions of refusals (and of allowed
-//!    responses too with
-//!    [`response_extensions(true)`](RateLimitLayerBuilder::response_extensions)). When layers
-//!    are nested, the inner one's responses carry its decision, the more pressing decision (a
-//!    rejection, else the one closer to exhaustion) wins `X-RateLimit-*` and the extensions,
-//!    and each layer appends its IETF items.
+//!    refused, and with
+//!    [`response_extensions(true)`](RateLimitLayerBuilder::response_extensions) puts the
+//!    reported `Decision` in the response extensions. When layers are nested, the inner one's
+//!    responses carry its decision, the more pressing decision (a rejection, else the one
+//!    closer to exhaustion) wins `X-RateLimit-*` and the extensions, and each layer appends its
+//!    IETF items.
 //!
 //! With the in-memory store the check is synchronous: the response future is the inner
 //! service's future plus the headers to write, with no allocation. With a networked store the

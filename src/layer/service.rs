@@ -40,9 +40,9 @@ use crate::store::{Checked, Decisions, LimitCheck, PlanQuota, Store, MAX_LIMITS}
 /// Allowed requests reach `S` with the reported [`Decision`] in their extensions, and all
 /// [`Decisions`] too when the layer holds more than one limit or layers are nested (with a
 /// single limit, the `Decision` is the only one); responses get rate-limit headers, and the
-/// reported [`Decision`] in their extensions when they are refusals or when
+/// reported [`Decision`] in their extensions when
 /// [`response_extensions`](crate::layer::RateLimitLayerBuilder::response_extensions) is on (for
-/// logging or metrics middleware further out). Refused requests never reach `S`: they are
+/// logging or metrics middleware further out) or the layer is nested in another. Refused requests never reach `S`: they are
 /// answered by the layer's [`Rejection`](crate::response::Rejection).
 pub struct RateLimit<S, St = MemoryStore> {
     inner: S,
@@ -419,9 +419,11 @@ impl Outcome {
         }
     }
 
-    /// The outcome of a refused request: its response always carries the decision.
-    fn refusal(mut self) -> Self {
-        self.extension = true;
+    /// The outcome of refusing `req`: its response carries the decision when this layer is
+    /// nested in another one (which put its decision in the request's extensions), so that the
+    /// outer layer leaves this refusal's headers alone.
+    fn refusal<B>(mut self, req: &Request<B>) -> Self {
+        self.extension |= req.extensions().get::<Decision>().is_some();
         self
     }
 
@@ -1099,7 +1101,7 @@ pub(crate) fn finish<ReqBody, St: Store>(
                 f,
                 &mut outcome,
             ) {
-                outcome.refusal().apply(&mut response);
+                outcome.refusal(req).apply(&mut response);
                 return Finish::Reject(response);
             }
         }
@@ -1245,7 +1247,7 @@ fn refuse_by<ReqBody, St: Store>(
         set_retry_after_if_absent(response.headers_mut(), secs);
     }
     Outcome::new(shared, snapshot, applied, &decisions, decision)
-        .refusal()
+        .refusal(req)
         .apply(&mut response);
     Finish::Reject(response)
 }

@@ -148,7 +148,10 @@ async fn quickstart_sequence(mode: Mode) {
     assert_eq!(header(&res, X_RATELIMIT_REMAINING), "0");
     assert_eq!(header(&res, X_RATELIMIT_RESET), "5");
     assert_eq!(header(&res, CONTENT_TYPE), "application/problem+json");
-    assert!(!res.extensions().get::<Decision>().unwrap().allowed());
+    assert!(
+        res.extensions().get::<Decision>().is_none(),
+        "refusals too carry the decision only when opted in"
+    );
     let body = body_json(res).await;
     assert_eq!(body["status"], 429);
     assert_eq!(body["policy"], "burst");
@@ -428,6 +431,7 @@ async fn cost_above_capacity_is_413_without_retry_after_and_charges_nothing() {
         let svc = service(
             builder(&clock, mode)
                 .ietf_headers(true)
+                .response_extensions(true)
                 .limit(burst5().cost(cost))
                 .limit(Limit::new("global", Quota::per_second(100)).key(GlobalKey)),
         );

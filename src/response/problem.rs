@@ -70,17 +70,6 @@ impl ProblemDetails {
         Self { status, json }
     }
 
-    /// Adds a string member made of `parts`, each escaped as it needs (no intermediate string,
-    /// and no formatting machinery for literals and numbers).
-    #[must_use]
-    pub(crate) fn member_parts(mut self, name: &str, parts: &[Part<'_>]) -> Self {
-        self.push_name(name);
-        self.json.push('"');
-        push_parts(&mut self.json, parts);
-        self.json.push('"');
-        self
-    }
-
     /// Adds `detail`: an explanation specific to this occurrence.
     #[must_use]
     pub fn detail(self, detail: &str) -> Self {
@@ -100,6 +89,33 @@ impl ProblemDetails {
     pub fn member_u64(mut self, name: &str, value: u64) -> Self {
         self.push_name(name);
         push_u64(&mut self.json, value);
+        self
+    }
+
+    /// Appends a member whose separator, name and colon are `lead` (`,"name":`), written as
+    /// is: for the default rejection's own member names, which need no escaping.
+    #[must_use]
+    pub(crate) fn lead_u64(mut self, lead: &'static str, value: u64) -> Self {
+        self.json.push_str(lead);
+        push_u64(&mut self.json, value);
+        self
+    }
+
+    /// [`lead_u64`](Self::lead_u64) for a string value (escaped).
+    #[must_use]
+    pub(crate) fn lead_str(mut self, lead: &'static str, value: &str) -> Self {
+        self.json.push_str(lead);
+        push_json_string(&mut self.json, value);
+        self
+    }
+
+    /// [`lead_u64`](Self::lead_u64) for a value in parts, quoted.
+    #[must_use]
+    pub(crate) fn lead_parts(mut self, lead: &'static str, parts: &[Part<'_>]) -> Self {
+        self.json.push_str(lead);
+        self.json.push('"');
+        push_parts(&mut self.json, parts);
+        self.json.push('"');
         self
     }
 
@@ -169,15 +185,13 @@ fn push_json_display(out: &mut String, value: &dyn fmt::Display) {
     }
 }
 
-/// A piece of a JSON string member written by [`ProblemDetails::member_parts`].
+/// A piece of a JSON string member written by [`ProblemDetails::lead_parts`] (or of a type).
 #[derive(Clone, Copy)]
 pub(crate) enum Part<'a> {
     /// Text already escaped for JSON (a literal of the caller's), copied as is.
     Escaped(&'static str),
     /// Any text, escaped.
     Text(&'a str),
-    /// What a value displays as, escaped.
-    Display(&'a dyn fmt::Display),
     /// A number in decimal.
     U64(u64),
 }
@@ -188,7 +202,6 @@ fn push_parts(out: &mut String, parts: &[Part<'_>]) {
         match *part {
             Part::Escaped(s) => out.push_str(s),
             Part::Text(s) => push_json_chars(out, s),
-            Part::Display(v) => push_json_display(out, v),
             Part::U64(n) => push_u64(out, n),
         }
     }

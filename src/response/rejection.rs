@@ -23,8 +23,10 @@ use crate::store::Decisions;
 ///
 /// The layer calls it with a [`Rejected`] describing why, then adds the rate-limit headers
 /// (`X-RateLimit-*`, the IETF fields when enabled) and `Retry-After` when the response does not
-/// already carry one, and puts the [`Decision`] in the response extensions. So an implementation
-/// only chooses the status and the body.
+/// already carry one, and (with
+/// [`response_extensions`](crate::layer::RateLimitLayerBuilder::response_extensions)) puts the
+/// [`Decision`] in the response extensions. So an implementation only chooses the status and the
+/// body.
 ///
 /// [`DefaultRejection`] is used unless another is set with
 /// [`RateLimitLayerBuilder::rejection`](crate::layer::RateLimitLayerBuilder::rejection). Closures
@@ -217,7 +219,7 @@ impl<'a> Rejected<'a> {
     /// [`Decision::reset`], rounded up to a whole second. `None` when no limit decided.
     pub fn reset_at(&self) -> Option<SystemTime> {
         let decision = self.decision()?;
-        let now = self.now.unwrap_or_else(SystemTime::now);
+        let now = self.now.unwrap_or_else(crate::clock::wall_now);
         let secs = rfc3339::unix_secs_ceil(now, decision.reset());
         Some(UNIX_EPOCH + std::time::Duration::from_secs(secs))
     }
@@ -348,37 +350,38 @@ impl DefaultRejection {
                     .reset_at()
                     .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
                     .map_or(0, |d| d.as_secs());
-                // Written straight into the document (no intermediate strings): the same text
-                // as `format!`ing each member first.
+                // Written straight into the document (no intermediate strings but the quota's,
+                // rendered once for its two uses): the same text as `format!`ing each member.
                 // "Rate limit \"{name}\" ({quota}) is exhausted; retry in {retry} s."
+                let quota_text = quota.to_string();
                 let mut problem = ProblemDetails::typed_parts(
                     status,
                     &[Part::Text(&self.type_base), Part::Escaped("rate-limited")],
                     "Too Many Requests",
                 )
-                .member_parts(
-                    "detail",
+                .lead_parts(
+                    ",\"detail\":",
                     &[
                         Part::Escaped("Rate limit \\\""),
                         Part::Text(name.as_str()),
                         Part::Escaped("\\\" ("),
-                        Part::Display(quota),
+                        Part::Text(&quota_text),
                         Part::Escaped(") is exhausted; retry in "),
                         Part::U64(retry),
                         Part::Escaped(" s."),
                     ],
                 )
-                .member_str("policy", name.as_str())
-                .member_parts("quota", &[Part::Display(quota)])
-                .member_u64("limit", decision.limit())
-                .member_u64("window", policy_window_secs(quota))
-                .member_u64("remaining", decision.remaining())
-                .member_u64("retry_after", retry)
-                .member_str(
-                    "reset",
+                .lead_str(",\"policy\":", name.as_str())
+                .lead_str(",\"quota\":", &quota_text)
+                .lead_u64(",\"limit\":", decision.limit())
+                .lead_u64(",\"window\":", policy_window_secs(quota))
+                .lead_u64(",\"remaining\":", decision.remaining())
+                .lead_u64(",\"retry_after\":", retry)
+                .lead_str(
+                    ",\"reset\":",
                     std::str::from_utf8(&rfc3339::utc_bytes(reset_at)).unwrap_or_default(),
                 )
-                .member_u64("reset_seconds", ceil_secs(decision.reset()));
+                .lead_u64(",\"reset_seconds\":", ceil_secs(decision.reset()));
                 if let Some(plan) = rejected.plan() {
                     problem = problem.member_str("plan", plan.as_str());
                 }
