@@ -350,45 +350,46 @@ impl DefaultRejection {
                     .reset_at()
                     .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
                     .map_or(0, |d| d.as_secs());
-                // Written straight into the document (no intermediate strings but the quota's,
-                // rendered once for its two uses): the same text as `format!`ing each member.
+                // Written straight into the document (no intermediate strings; the quota's text
+                // comes from a per-thread cache): the same text as `format!`ing each member.
                 // "Rate limit \"{name}\" ({quota}) is exhausted; retry in {retry} s."
-                let quota_text = quota.to_string();
-                let mut problem = ProblemDetails::typed_parts(
-                    status,
-                    &[Part::Text(&self.type_base), Part::Escaped("rate-limited")],
-                    "Too Many Requests",
-                )
-                .lead_parts(
-                    ",\"detail\":",
-                    &[
-                        Part::Escaped("Rate limit \\\""),
-                        Part::Text(name.as_str()),
-                        Part::Escaped("\\\" ("),
-                        Part::Text(&quota_text),
-                        Part::Escaped(") is exhausted; retry in "),
-                        Part::U64(retry),
-                        Part::Escaped(" s."),
-                    ],
-                )
-                .lead_str(",\"policy\":", name.as_str())
-                .lead_str(",\"quota\":", &quota_text)
-                .lead_u64(",\"limit\":", decision.limit())
-                .lead_u64(",\"window\":", policy_window_secs(quota))
-                .lead_u64(",\"remaining\":", decision.remaining())
-                .lead_u64(",\"retry_after\":", retry)
-                .lead_str(
-                    ",\"reset\":",
-                    std::str::from_utf8(&rfc3339::utc_bytes(reset_at)).unwrap_or_default(),
-                )
-                .lead_u64(",\"reset_seconds\":", ceil_secs(decision.reset()));
-                if let Some(plan) = rejected.plan() {
-                    problem = problem.member_str("plan", plan.as_str());
-                }
-                if let Some(link) = rejected.link() {
-                    problem = problem.member_str("link", link);
-                }
-                problem
+                with_quota_text(quota, |quota_text| {
+                    let mut problem = ProblemDetails::typed_parts(
+                        status,
+                        &[Part::Text(&self.type_base), Part::Escaped("rate-limited")],
+                        "Too Many Requests",
+                    )
+                    .lead_parts(
+                        ",\"detail\":",
+                        &[
+                            Part::Escaped("Rate limit \\\""),
+                            Part::Text(name.as_str()),
+                            Part::Escaped("\\\" ("),
+                            Part::Text(quota_text),
+                            Part::Escaped(") is exhausted; retry in "),
+                            Part::U64(retry),
+                            Part::Escaped(" s."),
+                        ],
+                    )
+                    .lead_str(",\"policy\":", name.as_str())
+                    .lead_str(",\"quota\":", quota_text)
+                    .lead_u64(",\"limit\":", decision.limit())
+                    .lead_u64(",\"window\":", policy_window_secs(quota))
+                    .lead_u64(",\"remaining\":", decision.remaining())
+                    .lead_u64(",\"retry_after\":", retry)
+                    .lead_str(
+                        ",\"reset\":",
+                        std::str::from_utf8(&rfc3339::utc_bytes(reset_at)).unwrap_or_default(),
+                    )
+                    .lead_u64(",\"reset_seconds\":", ceil_secs(decision.reset()));
+                    if let Some(plan) = rejected.plan() {
+                        problem = problem.member_str("plan", plan.as_str());
+                    }
+                    if let Some(link) = rejected.link() {
+                        problem = problem.member_str("link", link);
+                    }
+                    problem
+                })
             }
             RejectReason::CostExceedsCapacity {
                 decision,
@@ -531,6 +532,28 @@ impl Rejection for DefaultRejection {
     }
 }
 
+/// Runs `f` with `quota`'s text (its `Display`), rendered once per thread for the quota last
+/// asked for: a refused request's body names its limit's quota twice, and a limit refuses many
+/// requests in a row.
+fn with_quota_text<R>(quota: &Quota, f: impl Fn(&str) -> R) -> R {
+    use std::cell::RefCell;
+    use std::fmt::Write as _;
+    thread_local!(static LAST: RefCell<Option<(Quota, String)>> = const { RefCell::new(None) });
+    LAST.try_with(|last| {
+        let mut last = last.try_borrow_mut().ok()?;
+        let (cached, text) = last.get_or_insert_with(|| (*quota, quota.to_string()));
+        if cached != quota {
+            *cached = *quota;
+            text.clear();
+            let _ = write!(text, "{quota}");
+        }
+        Some(f(text))
+    })
+    .ok()
+    .flatten()
+    .unwrap_or_else(|| f(&quota.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -571,6 +594,28 @@ mod tests {
         assert_eq!(v["window"], 5);
         assert_eq!(v["retry_after"], 1);
         assert!(v["detail"].as_str().unwrap().contains("\"burst\""));
+    }
+
+    #[test]
+    fn each_refusal_names_its_own_quota_whichever_came_before() {
+        let req = http::Request::get("/").body(()).unwrap();
+        let decisions = Decisions::new();
+        let quotas = [
+            (Quota::per_second(1).burst(5), "1/s burst 5"),
+            (Quota::per_minute(100), "100/min"),
+        ];
+        for (quota, text) in quotas.iter().chain(&quotas).chain(quotas.iter().rev()) {
+            let d = Decision::rejected(5, 0, Duration::from_secs(5), Duration::from_secs(1))
+                .with_policy(PolicyName::new("burst"));
+            let reason = RejectReason::RateLimited {
+                decision: &d,
+                quota,
+            };
+            let rejected = Rejected::new(RequestView::new(&req), reason, &decisions);
+            let v = json(DefaultRejection::new().reject(&rejected));
+            assert_eq!(v["quota"], *text);
+            assert!(v["detail"].as_str().unwrap().contains(&format!("({text})")), "{v}");
+        }
     }
 
     #[test]
