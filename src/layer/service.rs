@@ -250,6 +250,8 @@ pub(crate) struct FollowupData<St> {
     shadow_at: Option<u64>,
     near: NearLimit,
     headers: RateLimitHeaders,
+    /// Whether a response shadow limits alone decided carries their decision (opted in, or
+    /// the layer is nested in another).
     response_extensions: bool,
     /// Shaping: the checks of the shaped limits, and what a waiting request reserved.
     shaped: Vec<OwnedCheck>,
@@ -784,7 +786,12 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
     if n == 0 {
         drop((keys, checks));
         return match followup {
-            Some(f) if !f.shadow.is_empty() => shadow_step(shared, None, f),
+            Some(mut f) if !f.shadow.is_empty() => {
+                // Only shadow limits decide: nested in another layer, the response carries
+                // their decision for it to merge, as an enforcing one's would.
+                f.response_extensions |= req.extensions().get::<Decision>().is_some();
+                shadow_step(shared, None, f)
+            }
             f => Begin::Proceed(None, f),
         };
     }

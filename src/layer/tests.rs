@@ -675,6 +675,34 @@ async fn a_nested_layer_tighter_than_the_outer_one_keeps_its_headers() {
 }
 
 #[tokio::test]
+async fn a_nested_layer_of_shadow_limits_only_keeps_its_tighter_headers() {
+    let clock = ManualClock::new();
+    let outer = builder(&clock, Mode::Ready)
+        .limit(Limit::new("global", Quota::per_second(100)).key(GlobalKey))
+        .build()
+        .unwrap();
+    let inner = builder(&clock, Mode::Ready)
+        .limit(
+            Limit::new("trial", Quota::per_second(2))
+                .key(client())
+                .mode(crate::plan::Mode::Shadow { headers: true }),
+        )
+        .build()
+        .unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(outer)
+        .layer(inner)
+        .service_fn(handler);
+    for remaining in ["1", "0", "0"] {
+        let res = svc.clone().oneshot(get("/", "a")).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "a shadow limit never refuses");
+        // trial's 1/2, then 0/2, is tighter than global's 99/100: the outer layer keeps it.
+        assert_eq!(header(&res, X_RATELIMIT_LIMIT), "2");
+        assert_eq!(header(&res, X_RATELIMIT_REMAINING), remaining);
+    }
+}
+
+#[tokio::test]
 async fn allowed_responses_carry_the_decision_when_opted_in() {
     let clock = ManualClock::new();
     for mode in [Mode::Ready, Mode::Pending] {

@@ -614,7 +614,10 @@ mod tests {
             let rejected = Rejected::new(RequestView::new(&req), reason, &decisions);
             let v = json(DefaultRejection::new().reject(&rejected));
             assert_eq!(v["quota"], *text);
-            assert!(v["detail"].as_str().unwrap().contains(&format!("({text})")), "{v}");
+            assert!(
+                v["detail"].as_str().unwrap().contains(&format!("({text})")),
+                "{v}"
+            );
         }
     }
 
