@@ -109,6 +109,15 @@ fn unix_now_micros() -> u64 {
 /// How long a thread's reading of the wall clock serves [`wall_now`] (then it reads again).
 const WALL_REREAD_NANOS: u64 = 100_000_000;
 
+/// The counter [`wall_now`] advances its readings with.
+static COUNTER: std::sync::LazyLock<quanta::Clock> = std::sync::LazyLock::new(quanta::Clock::new);
+
+/// Creates [`wall_now`]'s counter now: the first one created in a process waits for quanta's
+/// calibration (10 to 20 ms), which belongs in building a layer, not in its first response.
+pub(crate) fn warm_wall_now() {
+    std::sync::LazyLock::force(&COUNTER);
+}
+
 /// The wall clock, for `X-RateLimit-Reset` as a Unix time. The system clock is read at most
 /// about every 100 ms per thread; in between, the time since that reading comes from the CPU's
 /// counter (quanta), a fraction of the cost of a `clock_gettime` call (35 against under 10 ns
@@ -117,8 +126,6 @@ const WALL_REREAD_NANOS: u64 = 100_000_000;
 /// show.
 pub(crate) fn wall_now() -> SystemTime {
     use std::cell::Cell;
-    use std::sync::LazyLock;
-    static COUNTER: LazyLock<quanta::Clock> = LazyLock::new(quanta::Clock::new);
     thread_local!(static LAST: Cell<(u64, SystemTime)> =
         const { Cell::new((0, SystemTime::UNIX_EPOCH)) });
     let counter = &*COUNTER;

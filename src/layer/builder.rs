@@ -239,6 +239,9 @@ impl<B: Backend> RateLimitLayerBuilder<B> {
         }
         let (limits, specs) = compile_limits(&self.limits)?;
         let store = self.backend.build(&specs)?;
+        if self.headers.reset() == ResetFormat::UnixSeconds {
+            crate::clock::warm_wall_now();
+        }
         let policy_header = policy_field(limits.iter().map(|l| (l.name.as_str(), &l.quota)));
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
