@@ -702,6 +702,101 @@ async fn a_nested_layer_of_shadow_limits_only_keeps_its_tighter_headers() {
     }
 }
 
+/// A layer of one plain limit takes the short path (`begin_plain`); the same limit with a `when`
+/// that always holds takes the general one (`begin_with`). They must answer alike.
+#[tokio::test]
+async fn the_short_path_decides_as_the_general_one() {
+    use crate::key::Key;
+    use crate::plan::Override;
+    let cost = |req: &RequestView<'_>| -> u64 {
+        req.headers()
+            .get("x-cost")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(1)
+    };
+    for pending in [false, true] {
+        let mode = || if pending { Mode::Pending } else { Mode::Ready };
+        let clock = ManualClock::new();
+        let limit = || burst5().cost(cost);
+        let layers = [
+            builder(&clock, mode()).limit(limit()).build().unwrap(),
+            builder(&clock, mode())
+                .limit(limit().when(|_| true))
+                .build()
+                .unwrap(),
+        ];
+        for layer in &layers {
+            let big = Override::Quota(Quota::per_second(1).burst(50));
+            layer
+                .set_override("burst", Key::string("big"), big, "t")
+                .unwrap();
+            let blocked = Key::string("blocked");
+            layer
+                .set_override("burst", blocked, Override::Block, "t")
+                .unwrap();
+            let exempt = Key::string("exempt");
+            layer
+                .set_override("burst", exempt, Override::Exempt, "t")
+                .unwrap();
+        }
+        let svcs = layers.map(|l| ServiceBuilder::new().layer(l).service_fn(handler));
+        let requests: [(Option<&str>, u64); 14] = [
+            (Some("a"), 1),
+            (Some("a"), 2),
+            (Some("a"), 6), // above the capacity: 413, nothing charged
+            (Some("a"), 2),
+            (Some("a"), 1), // refused: 429
+            (Some("big"), 20),
+            (Some("big"), 40), // above what is left of the override's 50: 429
+            (Some("blocked"), 1),
+            (Some("exempt"), 100),
+            (None, 1), // no key
+            (Some("b"), 0),
+            (Some("a"), 1),
+            (Some("b"), 5),
+            (Some("b"), 1),
+        ];
+        let mut statuses = Vec::new();
+        for (i, (client, cost)) in requests.into_iter().enumerate() {
+            if i == 11 {
+                clock.advance(Duration::from_millis(1500));
+            }
+            let mut seen = Vec::new();
+            for svc in &svcs {
+                let mut req = Request::get("/").body(()).unwrap();
+                if let Some(client) = client {
+                    req.headers_mut()
+                        .insert("x-client", client.parse().unwrap());
+                }
+                req.headers_mut().insert("x-cost", cost.into());
+                let res = svc.clone().oneshot(req).await.unwrap();
+                let mut headers: Vec<String> = res
+                    .headers()
+                    .iter()
+                    .map(|(k, v)| format!("{k}: {}", v.to_str().unwrap()))
+                    .collect();
+                headers.sort();
+                let status = res.status();
+                let body = res.into_body().collect().await.unwrap().to_bytes();
+                seen.push((status, headers, body));
+            }
+            assert_eq!(
+                seen[0], seen[1],
+                "request {i} ({client:?}, cost {cost}), pending {pending}"
+            );
+            statuses.push(seen[0].0);
+        }
+        for status in [
+            StatusCode::OK,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::FORBIDDEN,
+        ] {
+            assert!(statuses.contains(&status), "{status} among {statuses:?}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn allowed_responses_carry_the_decision_when_opted_in() {
     let clock = ManualClock::new();
