@@ -106,10 +106,11 @@ fn live_bytes() -> usize {
 
 const PER_HOUR: u32 = 1_000;
 const MILLION: usize = 1_000_000;
-/// Rounds per case; the figure is their median.
-const ROUNDS: usize = 7;
+/// Rounds per case; the figure is their median. Many short rounds rather than a few long ones:
+/// this VM's speed drifts within seconds, and each variant then samples every phase of it.
+const ROUNDS: usize = 21;
 /// Checks timed per variant and round (both threads together with 2 threads).
-const CHECKS: u64 = 1_500_000;
+const CHECKS: u64 = 500_000;
 
 fn spec() -> LimitSpec {
     LimitSpec::new(
@@ -408,19 +409,26 @@ fn report(results: &[Vec<f64>], memory: &MemoryFigures, load: &str) {
         "memory",
         "In-memory store against governor",
         "cargo bench --bench memory",
-        "One check through `Store::check` on `MemoryBackend::new()` (default clock and shards; \
-         for 1 000 000 keys the key bound is raised to 1 050 000 so every key stays held, as in \
-         governor's unbounded map) against governor's `DefaultKeyedRateLimiter` (its default \
-         clock), 1 000 per hour on both sides. Keys are IPv4 addresses in pseudo-random order \
-         (`splitmix64(counter) % N`); with 2 threads each thread has its own half of the keys \
-         and the figure is wall time / checks of both threads. Every variant is built and filled \
-         first, then each of 7 rounds times every variant once (1.5 million checks) in a \
-         rotating order; figures are the medians.",
+        &format!(
+            "One check through `Store::check` on `MemoryBackend::new()` (default clock and shards; \
+             for 1 000 000 keys the key bound is raised to 1 050 000 so every key stays held, as in \
+             governor's unbounded map) against governor's `DefaultKeyedRateLimiter` (its default \
+             clock), 1 000 per hour on both sides. Keys are IPv4 addresses in pseudo-random order \
+             (`splitmix64(counter) % N`); with 2 threads each thread has its own half of the keys \
+             and the figure is wall time / checks of both threads. Every variant is built and \
+             filled first, then each of {ROUNDS} rounds times every variant once ({CHECKS} checks) \
+             in a rotating order; figures are the medians. The benches build with the \
+             `metrics` feature (the examples' dev-dependency enables it): tollgate's check then \
+             also counts calls on a thread-local, to time one in 64."
+        ),
     );
     let mut columns = vec!["keys", "threads"];
     columns.extend(VARIANTS);
     columns.push("governor / tollgate");
-    let mut table = Table::new("ns per check (median of 7 alternating rounds)", &columns);
+    let mut table = Table::new(
+        format!("ns per check (median of {ROUNDS} alternating rounds)"),
+        &columns,
+    );
     let gov = 0;
     let ours = 1;
     for (&(label, _, threads), figures) in CASES.iter().zip(results) {

@@ -65,9 +65,10 @@ use tower_governor::GovernorLayer;
 /// Requests built per untimed setup step, then timed together.
 const CHUNK: usize = 1024;
 /// Requests timed per variant and round.
-const REQUESTS: usize = 40 * CHUNK;
-/// Rounds; figures are medians over them.
-const ROUNDS: usize = 15;
+const REQUESTS: usize = 14 * CHUNK;
+/// Rounds; figures are medians over them. Many short rounds rather than a few long ones: this
+/// VM's speed drifts within seconds, and each variant then samples every phase of it.
+const ROUNDS: usize = 45;
 /// Peers, visited in pseudo-random order.
 const PEERS: u64 = 1_000;
 /// The never-refusing quota's burst (see the module docs): more than one peer's requests in a
@@ -387,18 +388,22 @@ fn report(variants: &[Variant], ns: &[f64], by: &dyn Fn(&str) -> f64, load: &str
         "layer",
         "The layer against tower_governor",
         "cargo bench --bench service",
-        "One request through `ready` + `call` of a pre-built service wrapping an empty `200` \
-         (`tower::service_fn`), its future polled once, the response checked and dropped inside \
-         the timed loop; requests built outside it, from 1 000 peers in pseudo-random order \
-         (`splitmix64(counter) % 1000`). tollgate in its defaults (in-memory store, default \
-         headers `X-RateLimit-Limit`/`-Remaining`/`-Reset`), tower_governor with `use_headers()` \
-         (`x-ratelimit-limit`/`-remaining`) unless said. Allowed: a burst of 9 999 refilled one \
-         a minute on both sides (each peer sees about 650 requests); rejected: one an hour, spent first. Each of 15 rounds times \
-         every variant once (40 960 requests) in a rotating order; figures are medians.",
+        &format!(
+            "One request through `ready` + `call` of a pre-built service wrapping an empty `200` \
+             (`tower::service_fn`), its future polled once, the response checked and dropped \
+             inside the timed loop; requests built outside it, from 1 000 peers in pseudo-random \
+             order (`splitmix64(counter) % 1000`). tollgate in its defaults (in-memory store, \
+             default headers `X-RateLimit-Limit`/`-Remaining`/`-Reset`; the benches build with \
+             the `metrics` feature, which the examples' dev-dependency enables), tower_governor \
+             with `use_headers()` (`x-ratelimit-limit`/`-remaining`) unless said. Allowed: a burst \
+             of 9 999 refilled one a minute on both sides (each peer sees about 650 requests); \
+             rejected: one an hour, spent first. Each of {ROUNDS} rounds times every variant once \
+             ({REQUESTS} requests) in a rotating order; figures are medians."
+        ),
     );
     let bare = by("bare");
     let mut table = Table::new(
-        "ns per request (median of 15 alternating rounds)",
+        format!("ns per request (median of {ROUNDS} alternating rounds)"),
         &[
             "variant",
             "ns per request",
