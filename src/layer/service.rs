@@ -1137,7 +1137,7 @@ fn take_turn<ReqBody, St: Store>(
     let decision = decisions.as_slice()[j];
     let quota = applied.quota(snapshot, j);
     let checks = (mem::take(&mut f.shaped), mem::take(&mut f.unshaped));
-    match shaping::reserve(
+    let reservation = shaping::reserve(
         &shared.waiting,
         &*shared.rejection,
         &f.snapshot,
@@ -1147,14 +1147,10 @@ fn take_turn<ReqBody, St: Store>(
         wait,
         (&decision, quota),
         decisions,
-    ) {
-        Ok(reservation) => {
-            outcome.shaped = Some(ShapedDelay::new(reservation.delay()));
-            f.reservation = Some(reservation);
-            Ok(())
-        }
-        Err(response) => Err(response),
-    }
+    )?;
+    outcome.shaped = Some(ShapedDelay::new(reservation.delay()));
+    f.reservation = Some(reservation);
+    Ok(())
 }
 
 /// The store failed (or answered nonsense): refuses, as the layer's rejection says.

@@ -603,23 +603,33 @@ async fn custom_rejection_closure_keeps_layer_headers() {
     assert_eq!(bytes, "slow down, tiny says no");
 }
 
+/// `handler` behind the layer `inner` builds, itself behind the one `outer` builds.
+fn nested(
+    outer: RateLimitLayerBuilder<TestBackend>,
+    inner: RateLimitLayerBuilder<TestBackend>,
+) -> impl Service<
+    Request<()>,
+    Response = Response<ResponseBody<ResponseBody<Full<Bytes>>>>,
+    Error = Infallible,
+    Future: Send,
+> + Clone {
+    ServiceBuilder::new()
+        .layer(outer.build().unwrap())
+        .layer(inner.build().unwrap())
+        .service_fn(handler)
+}
+
 #[tokio::test]
 async fn nested_layers_report_the_most_pressing_decision() {
     let clock = ManualClock::new();
-    let outer = builder(&clock, Mode::Ready)
-        .ietf_headers(true)
-        .limit(Limit::new("global", Quota::per_second(3)).key(GlobalKey))
-        .build()
-        .unwrap();
-    let inner = builder(&clock, Mode::Ready)
-        .ietf_headers(true)
-        .limit(Limit::new("route", Quota::per_second(10)).key(client()))
-        .build()
-        .unwrap();
-    let svc = ServiceBuilder::new()
-        .layer(outer)
-        .layer(inner)
-        .service_fn(handler);
+    let svc = nested(
+        builder(&clock, Mode::Ready)
+            .ietf_headers(true)
+            .limit(Limit::new("global", Quota::per_second(3)).key(GlobalKey)),
+        builder(&clock, Mode::Ready)
+            .ietf_headers(true)
+            .limit(Limit::new("route", Quota::per_second(10)).key(client())),
+    );
     let res = svc.clone().oneshot(get("/", "a")).await.unwrap();
     // global 2/3 is tighter than route 9/10.
     assert_eq!(header(&res, X_RATELIMIT_LIMIT), "3");
@@ -642,18 +652,11 @@ async fn nested_layers_report_the_most_pressing_decision() {
 #[tokio::test]
 async fn a_nested_layer_tighter_than_the_outer_one_keeps_its_headers() {
     let clock = ManualClock::new();
-    let outer = builder(&clock, Mode::Ready)
-        .limit(Limit::new("global", Quota::per_second(100)).key(GlobalKey))
-        .build()
-        .unwrap();
-    let inner = builder(&clock, Mode::Ready)
-        .limit(Limit::new("route", Quota::per_second(2)).key(client()))
-        .build()
-        .unwrap();
-    let svc = ServiceBuilder::new()
-        .layer(outer)
-        .layer(inner)
-        .service_fn(handler);
+    let svc = nested(
+        builder(&clock, Mode::Ready)
+            .limit(Limit::new("global", Quota::per_second(100)).key(GlobalKey)),
+        builder(&clock, Mode::Ready).limit(Limit::new("route", Quota::per_second(2)).key(client())),
+    );
     for remaining in ["1", "0"] {
         let res = svc.clone().oneshot(get("/", "a")).await.unwrap();
         assert_eq!(res.status(), StatusCode::OK);
@@ -677,22 +680,15 @@ async fn a_nested_layer_tighter_than_the_outer_one_keeps_its_headers() {
 #[tokio::test]
 async fn a_nested_layer_of_shadow_limits_only_keeps_its_tighter_headers() {
     let clock = ManualClock::new();
-    let outer = builder(&clock, Mode::Ready)
-        .limit(Limit::new("global", Quota::per_second(100)).key(GlobalKey))
-        .build()
-        .unwrap();
-    let inner = builder(&clock, Mode::Ready)
-        .limit(
+    let svc = nested(
+        builder(&clock, Mode::Ready)
+            .limit(Limit::new("global", Quota::per_second(100)).key(GlobalKey)),
+        builder(&clock, Mode::Ready).limit(
             Limit::new("trial", Quota::per_second(2))
                 .key(client())
                 .mode(crate::plan::Mode::Shadow { headers: true }),
-        )
-        .build()
-        .unwrap();
-    let svc = ServiceBuilder::new()
-        .layer(outer)
-        .layer(inner)
-        .service_fn(handler);
+        ),
+    );
     for remaining in ["1", "0", "0"] {
         let res = svc.clone().oneshot(get("/", "a")).await.unwrap();
         assert_eq!(res.status(), StatusCode::OK, "a shadow limit never refuses");
