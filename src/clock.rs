@@ -125,9 +125,14 @@ pub(crate) fn warm_wall_now() {
 /// wall clock drift apart by well under a millisecond in that time, which whole seconds do not
 /// show.
 pub(crate) fn wall_now() -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_nanos(unix_now_nanos())
+}
+
+/// [`wall_now`] as nanoseconds since the Unix epoch (0 before it), without building a
+/// `SystemTime`: what a header needs.
+pub(crate) fn unix_now_nanos() -> u64 {
     use std::cell::Cell;
-    thread_local!(static LAST: Cell<(u64, SystemTime)> =
-        const { Cell::new((0, SystemTime::UNIX_EPOCH)) });
+    thread_local!(static LAST: Cell<(u64, u64)> = const { Cell::new((0, 0)) });
     let counter = &*COUNTER;
     let raw = counter.raw();
     LAST.try_with(|last| {
@@ -135,13 +140,20 @@ pub(crate) fn wall_now() -> SystemTime {
         // A counter read behind `at` (another core's) counts as no time at all.
         let since = counter.delta_as_nanos(at, raw);
         if at != 0 && since < WALL_REREAD_NANOS {
-            return wall + Duration::from_nanos(since);
+            return wall.saturating_add(since);
         }
-        let wall = SystemTime::now();
+        let wall = system_unix_nanos();
         last.set((raw, wall));
         wall
     })
-    .unwrap_or_else(|_| SystemTime::now())
+    .unwrap_or_else(|_| system_unix_nanos())
+}
+
+/// The system's wall clock in ns since the Unix epoch (0 before it; saturating in 2554).
+fn system_unix_nanos() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
 /// The Unix time (µs) of an origin taken at monotonic instant `origin`, read now.

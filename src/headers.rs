@@ -62,7 +62,7 @@
 //! [`Decisions::reported`]: crate::store::Decisions::reported
 
 use std::fmt::Write as _;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderName, HeaderValue};
@@ -173,7 +173,9 @@ impl RateLimitHeaders {
         }
         let reset = match self.reset {
             ResetFormat::DeltaSeconds => ceil_secs(decision.reset()),
-            ResetFormat::UnixSeconds => unix_reset_secs(crate::clock::wall_now(), decision.reset()),
+            ResetFormat::UnixSeconds => {
+                unix_reset_secs(crate::clock::unix_now_nanos(), decision.reset())
+            }
         };
         let values = [
             number_value(decision.limit()),
@@ -441,9 +443,8 @@ pub(crate) fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
 }
 
 /// Unix seconds at `now + reset`, rounded up.
-fn unix_reset_secs(now: SystemTime, reset: Duration) -> u64 {
-    let since_epoch = now.duration_since(UNIX_EPOCH).unwrap_or_default();
-    ceil_secs(since_epoch.saturating_add(reset))
+fn unix_reset_secs(now_nanos: u64, reset: Duration) -> u64 {
+    ceil_secs(Duration::from_nanos(now_nanos).saturating_add(reset))
 }
 
 /// Appends `name` as a structured-field string: quoted, with `"` and `\` escaped. Limit names are
@@ -511,6 +512,7 @@ fn to_header_value(s: String) -> Option<HeaderValue> {
 mod tests {
     use super::*;
     use crate::decision::PolicyName;
+    use std::time::{SystemTime, UNIX_EPOCH};
 
     fn named(d: Decision, name: &str) -> Decision {
         d.with_policy(PolicyName::new(name))
@@ -539,7 +541,7 @@ mod tests {
 
     #[test]
     fn unix_reset_is_now_plus_reset_rounded_up() {
-        let now = UNIX_EPOCH + Duration::from_millis(1_700_000_000_250);
+        let now = 1_700_000_000_250_000_000;
         assert_eq!(unix_reset_secs(now, Duration::ZERO), 1_700_000_001);
         assert_eq!(
             unix_reset_secs(now, Duration::from_millis(750)),
@@ -549,7 +551,7 @@ mod tests {
             unix_reset_secs(now, Duration::from_millis(751)),
             1_700_000_002
         );
-        let exact = UNIX_EPOCH + Duration::from_secs(100);
+        let exact = 100_000_000_000;
         assert_eq!(unix_reset_secs(exact, Duration::from_secs(5)), 105);
 
         let mut h = HeaderMap::new();

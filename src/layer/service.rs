@@ -507,19 +507,14 @@ fn merge_extensions(
     reported: &Decision,
     several: bool,
 ) -> bool {
-    let theirs = match ext.get_mut::<Decision>() {
-        Some(existing) => {
-            let theirs = *existing;
-            if more_pressing(reported, existing) {
-                *existing = *reported;
-            }
-            Some(theirs)
+    // One lookup on the common path (no outer layer): insert, and put an outer layer's
+    // decision back if it is the more pressing one.
+    let theirs = ext.insert(*reported);
+    if let Some(theirs) = theirs {
+        if !more_pressing(reported, &theirs) {
+            ext.insert(theirs);
         }
-        None => {
-            ext.insert(*reported);
-            None
-        }
-    };
+    }
     match ext.get_mut::<Decisions>() {
         Some(existing) => {
             for d in decisions.as_slice() {

@@ -4,7 +4,8 @@
 //! list and makes the recorder look the key up; the handles are cached per thread instead,
 //! keyed by the interned names' addresses, for the recorder they came from. No lock, no atomic:
 //! each thread has its own. Bounded by [`MAX_CACHED`] entries (the label sets are bounded by the
-//! configuration anyway).
+//! configuration anyway). The decision counters a thread used last are checked first, without
+//! hashing: a layer with one limit (or a run of requests of one plan) finds them with one compare.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -22,12 +23,48 @@ pub(super) struct DecisionCounters {
     pub(super) near: Counter,
 }
 
+/// A limit's and plan's interned names' addresses (`0` for no plan).
+type DecisionId = (usize, usize);
+
 #[derive(Default)]
 struct Cache {
     /// The address of the recorder the handles belong to.
     recorder: usize,
-    decisions: HashMap<(usize, usize), DecisionCounters, foldhash::fast::FixedState>,
+    /// The counters, in the order they were registered.
+    decisions: Vec<(DecisionId, DecisionCounters)>,
+    /// Where each id's counters are in `decisions`.
+    index: HashMap<DecisionId, usize, foldhash::fast::FixedState>,
+    /// The entry of `decisions` used last (out of range when there is none).
+    last: usize,
     keys: HashMap<usize, Gauge, foldhash::fast::FixedState>,
+}
+
+impl Cache {
+    fn clear(&mut self) {
+        self.decisions.clear();
+        self.index.clear();
+        self.keys.clear();
+    }
+
+    /// The entry of `decisions` for `id`, registered now if it is new; it becomes `last`.
+    #[cold]
+    #[inline(never)]
+    fn find(&mut self, id: DecisionId, limit: PolicyName, plan: Option<PolicyName>) -> usize {
+        let at = match self.index.get(&id) {
+            Some(&at) => at,
+            None => {
+                if self.decisions.len() >= MAX_CACHED {
+                    self.decisions.clear();
+                    self.index.clear();
+                }
+                self.decisions.push((id, register(limit, plan)));
+                self.index.insert(id, self.decisions.len() - 1);
+                self.decisions.len() - 1
+            }
+        };
+        self.last = at;
+        at
+    }
 }
 
 thread_local!(static CACHE: RefCell<Cache> = RefCell::new(Cache::default()));
@@ -45,8 +82,7 @@ fn with_cache<R>(f: impl FnOnce(&mut Cache) -> R) -> R {
     CACHE.with(|cache| {
         let mut cache = cache.borrow_mut();
         if cache.recorder != recorder {
-            cache.decisions.clear();
-            cache.keys.clear();
+            cache.clear();
             cache.recorder = recorder;
         }
         f(&mut cache)
@@ -58,14 +94,11 @@ pub(super) fn with_decision_counters(decision: &Decision, f: impl FnOnce(&Decisi
     let (limit, plan) = (decision.policy(), decision.plan());
     let id = (limit.id(), plan.map_or(0, PolicyName::id));
     with_cache(|cache| {
-        if cache.decisions.len() >= MAX_CACHED && !cache.decisions.contains_key(&id) {
-            cache.decisions.clear();
-        }
-        let counters = cache
-            .decisions
-            .entry(id)
-            .or_insert_with(|| register(limit, plan));
-        f(counters);
+        let at = match cache.decisions.get(cache.last) {
+            Some((last, _)) if *last == id => cache.last,
+            _ => cache.find(id, limit, plan),
+        };
+        f(&cache.decisions[at].1);
     });
 }
 

@@ -142,6 +142,27 @@ mod recorded {
     }
 
     #[test]
+    fn interleaved_limits_each_keep_their_own_counts() {
+        // The last counters used are checked first: every switch between limits must find the
+        // other limit's counters, and a run of one limit must keep hitting its own.
+        let recorder = DebuggingRecorder::new();
+        let names = ["m-memo-a", "m-memo-b", "m-memo-c"].map(PolicyName::new);
+        let pattern = [0, 1, 0, 0, 2, 1, 1, 1, 0, 2];
+        metrics::with_local_recorder(&recorder, || {
+            for &i in &pattern {
+                let d = Decision::allowed_with(10, 5, Duration::ZERO).with_policy(names[i]);
+                record_decision(&d, false, NearLimit::DEFAULT);
+            }
+        });
+        let m = snapshot(&recorder.snapshotter());
+        for (i, name) in ["m-memo-a", "m-memo-b", "m-memo-c"].iter().enumerate() {
+            let key = format!("tollgate_decisions_total{{limit={name},outcome=allowed,plan=}}");
+            let expected = pattern.iter().filter(|&&p| p == i).count() as u64;
+            assert_eq!(counter(&m, &key), expected, "{name}");
+        }
+    }
+
+    #[test]
     fn the_cache_stays_bounded() {
         let recorder = DebuggingRecorder::new();
         metrics::with_local_recorder(&recorder, || {
