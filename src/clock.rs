@@ -101,9 +101,14 @@ impl<C: Clock + ?Sized> Clock for Arc<C> {
 
 /// The system's wall clock, in µs since the Unix epoch (0 before it).
 fn unix_now_micros() -> u64 {
+    duration_to_micros(since_unix_epoch())
+}
+
+/// The system's wall clock as the time since the Unix epoch (zero before it).
+fn since_unix_epoch() -> Duration {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, duration_to_micros)
+        .unwrap_or_default()
 }
 
 /// How long a thread's reading of the wall clock serves [`wall_now`] (then it reads again).
@@ -151,9 +156,7 @@ pub(crate) fn unix_now_nanos() -> u64 {
 
 /// The system's wall clock in ns since the Unix epoch (0 before it; saturating in 2554).
 fn system_unix_nanos() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+    u64::try_from(since_unix_epoch().as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// The Unix time (µs) of an origin taken at monotonic instant `origin`, read now.

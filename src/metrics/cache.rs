@@ -34,7 +34,8 @@ struct Cache {
     decisions: Vec<(DecisionId, DecisionCounters)>,
     /// Where each id's counters are in `decisions`.
     index: HashMap<DecisionId, usize, foldhash::fast::FixedState>,
-    /// The entry of `decisions` used last (out of range when there is none).
+    /// The entry of `decisions` used last. After a clear it may be out of range or name another
+    /// id's entry: its id is compared before it is used.
     last: usize,
     keys: HashMap<usize, Gauge, foldhash::fast::FixedState>,
 }
