@@ -122,7 +122,7 @@ impl KeyEncoder {
             String::with_capacity(self.prefix.len() + 24 + alg.len() + name_enc.len() + 48);
         out.push_str(&self.prefix);
         out.push_str(":{");
-        out.extend(tag.iter().map(|&b| char::from(b)));
+        out.push_str(ascii(&tag));
         out.push_str("}:");
         out.push_str(alg);
         out.push(':');
@@ -141,10 +141,15 @@ impl KeyEncoder {
             let digest = self.hmac(b'k', scratch);
             let mut hex = [0u8; 32];
             hex_into(&digest[..16], &mut hex);
-            out.extend(hex.iter().map(|&b| char::from(b)));
+            out.push_str(ascii(&hex));
         }
         EncodedKey { key: out, tag }
     }
+}
+
+/// Hex digits as a `str` (they are ASCII).
+fn ascii(hex: &[u8]) -> &str {
+    std::str::from_utf8(hex).expect("hex digits are ASCII")
 }
 
 /// The key without its method/route scope: what the hash tag is derived from.

@@ -346,22 +346,30 @@ pub(crate) fn pack_args<'g>(
     }
 }
 
-/// One group's reply integers, inline (no allocation per call): its `now`, then 5 per limit.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Ints {
-    len: usize,
-    buf: [i64; 1 + 5 * MAX_LIMITS],
+/// One group's reply integers: its `now`, then 5 per limit. A group of one limit (the common
+/// case) is held inline, without an allocation; a larger group's are boxed, so that the reply
+/// stays small as it moves from the batcher to its caller.
+#[derive(Debug, Clone)]
+pub(crate) enum Ints {
+    One { len: usize, buf: [i64; ONE_LIMIT] },
+    Several(Box<[i64]>),
 }
+
+/// The reply integers of a group of one limit.
+const ONE_LIMIT: usize = 6;
 
 impl Ints {
     /// Copies `ints`, or `None` if they are more than a group can take.
     pub(crate) fn from_slice(ints: &[i64]) -> Option<Self> {
-        let mut buf = [0; 1 + 5 * MAX_LIMITS];
-        buf.get_mut(..ints.len())?.copy_from_slice(ints);
-        Some(Self {
-            len: ints.len(),
-            buf,
-        })
+        if ints.len() <= ONE_LIMIT {
+            let mut buf = [0; ONE_LIMIT];
+            buf[..ints.len()].copy_from_slice(ints);
+            return Some(Self::One {
+                len: ints.len(),
+                buf,
+            });
+        }
+        (ints.len() <= 1 + 5 * MAX_LIMITS).then(|| Self::Several(ints.into()))
     }
 }
 
@@ -369,7 +377,10 @@ impl std::ops::Deref for Ints {
     type Target = [i64];
 
     fn deref(&self) -> &[i64] {
-        &self.buf[..self.len]
+        match self {
+            Self::One { len, buf } => &buf[..*len],
+            Self::Several(ints) => ints,
+        }
     }
 }
 
@@ -427,6 +438,17 @@ pub(crate) fn decision(
 mod tests {
     use super::*;
     use crate::quota::Quota;
+
+    #[test]
+    fn reply_integers_keep_what_they_were_given_up_to_a_full_group() {
+        for len in [0, 1, 6, 7, 11, 1 + 5 * MAX_LIMITS] {
+            let given: Vec<i64> = (0..len as i64).map(|i| i * 7 - 3).collect();
+            let ints = Ints::from_slice(&given).expect("within a group's size");
+            assert_eq!(&ints[..], &given[..], "{len} integers");
+            assert_eq!(matches!(ints, Ints::One { .. }), len <= ONE_LIMIT);
+        }
+        assert!(Ints::from_slice(&[0; 2 + 5 * MAX_LIMITS]).is_none());
+    }
 
     #[test]
     fn assembles_only_the_algorithms_used() {

@@ -154,13 +154,7 @@ impl Store for RedisStore {
         for (slot, c) in limits.iter_mut().zip(checks) {
             *slot = c.limit;
         }
-        let fallback = Fallback {
-            limits,
-            n: checks.len(),
-            got: [None; MAX_LIMITS],
-            error: None,
-            applied: Vec::new(),
-        };
+        let n = checks.len();
         let node = inner.breakers.default_breaker();
         if !inner.cluster && node.is_open() {
             inner.stats.add_short_circuited();
@@ -168,7 +162,7 @@ impl Store for RedisStore {
             inner.spawn_probe(node, None);
             tracing::debug!("redis circuit breaker open; deciding by failure policy");
             let local: Vec<LocalCheck<'_>> = checks.iter().map(LocalCheck::from).collect();
-            return Checked::Ready(inner.degrade(fallback, &local));
+            return Checked::Ready(inner.degrade(Fallback::new(limits, n), &local));
         }
         let plan = inner.plan(checks, now, None);
         let local: Vec<LocalCheck<'static>> = checks
@@ -177,7 +171,7 @@ impl Store for RedisStore {
             .map(|c| LocalCheck::from(c).into_owned())
             .collect();
         Checked::Pending(RedisFuture {
-            inner: Box::pin(inner.clone().run(plan, fallback, local)),
+            inner: Box::pin(inner.clone().run(plan, (limits, n), local)),
         })
     }
 
@@ -344,18 +338,49 @@ impl<C: Clock> LocalStore for MemoryStore<C> {
     }
 }
 
-/// Which groups a request's checks fall in.
-struct Plan {
-    groups: Vec<Group>,
-    /// For each group, the breaker of its node and the node's address (`None`: the single node,
-    /// or a Cluster node not known yet).
-    nodes: Vec<(Arc<Breaker>, Option<String>)>,
-    /// For each group, the hash slot of its keys (Cluster; 0 on a single node).
-    slots: Vec<u16>,
-    /// For each group, the check index of each of its limits; empty on a single node, where the
-    /// only group holds every check in order.
-    positions: Vec<Vec<usize>>,
+/// One script call of a request: a group of its checks and the node that decides them.
+struct Planned {
+    group: Group,
+    /// The breaker of its node and the node's address (`None`: the single node, or a Cluster
+    /// node not known yet).
+    node: (Arc<Breaker>, Option<String>),
+    /// The hash slot of its keys (Cluster; 0 on a single node).
+    slot: u16,
+    /// The check index of each of its limits; empty when the group holds every check in order
+    /// (a single node's one group, or a Cluster request whose keys share a slot).
+    positions: Vec<usize>,
 }
+
+/// Which groups a request's checks fall in: one group (a single node, or one hash slot), which
+/// takes no allocation beyond the group's own, or several (a Cluster request over several slots).
+enum Plan {
+    One(Planned),
+    Several(Vec<Planned>),
+}
+
+/// A group as Redis answered it, with its check positions (empty: every check, in order).
+type Reply = (Group, Vec<usize>, Result<Ints, StoreError>);
+
+/// The replies of a plan's groups, in its order.
+type Replies = std::iter::Chain<std::option::IntoIter<Reply>, std::vec::IntoIter<Reply>>;
+
+/// The check index of each limit of `group`, from its `positions` (empty: every check in order).
+fn positions_of<'p>(group: &Group, positions: &'p [usize]) -> &'p [usize] {
+    if positions.is_empty() {
+        &IDENTITY[..group.len()]
+    } else {
+        positions
+    }
+}
+
+thread_local! {
+    /// The buffer a request's keys are encoded in (see [`KeyEncoder::encode`]), kept per thread
+    /// so that planning a request allocates nothing for it.
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The largest [`SCRATCH`] kept between requests, in bytes.
+const SCRATCH_KEEP: usize = 4096;
 
 /// Check positions of a single node's one group.
 const IDENTITY: [usize; MAX_LIMITS] = {
@@ -384,6 +409,19 @@ struct Fallback {
     /// Groups Redis charged, with the time it used and their check positions: refunded if the
     /// request ends up rejected.
     applied: Vec<Applied>,
+}
+
+impl Fallback {
+    /// Nothing decided yet for checks of `limits` (the first `n`).
+    fn new(limits: [usize; MAX_LIMITS], n: usize) -> Self {
+        Self {
+            limits,
+            n,
+            got: [None; MAX_LIMITS],
+            error: None,
+            applied: Vec::new(),
+        }
+    }
 }
 
 impl Inner {
@@ -504,92 +542,112 @@ impl Inner {
     /// The script call(s) for `checks`: a check (`reserved_at` `None`) or a refund of a check
     /// charged at `reserved_at`.
     fn plan(&self, checks: &[LimitCheck<'_>], now: Option<u64>, reserved_at: Option<u64>) -> Plan {
-        let mut scratch = Vec::with_capacity(64);
-        if !self.cluster {
-            // On a single node every limit goes in one script call, whatever its slot.
+        SCRATCH.with_borrow_mut(|scratch| {
+            let plan = self.plan_in(checks, now, reserved_at, scratch);
+            // A huge key may have grown the buffer: keep it small for the next request.
+            if scratch.capacity() > SCRATCH_KEEP {
+                *scratch = Vec::new();
+            }
+            plan
+        })
+    }
+
+    fn plan_in(
+        &self,
+        checks: &[LimitCheck<'_>],
+        now: Option<u64>,
+        reserved_at: Option<u64>,
+        scratch: &mut Vec<u8>,
+    ) -> Plan {
+        let arg = |c: &LimitCheck<'_>| LimitArg {
+            limit: c.limit,
+            cost: c.cost,
+            quota: quota_arg(c, &self.limits[c.limit]),
+        };
+        if !self.cluster || checks.len() == 1 {
+            // On a single node every limit goes in one script call, whatever its slot; so does
+            // a Cluster request of one limit.
             let mut group = Group {
                 keys: Vec::with_capacity(checks.len()),
                 limits: Vec::with_capacity(checks.len()),
                 now,
                 reserved_at,
             };
+            let mut tag = [0u8; 16];
             for c in checks {
                 let info = &self.limits[c.limit];
                 let enc = self
                     .keys
-                    .encode(info.short, &info.name_enc, &c.key, &mut scratch);
+                    .encode(info.short, &info.name_enc, &c.key, scratch);
+                tag = enc.tag;
                 group.keys.push(enc.key);
-                group.limits.push(LimitArg {
-                    limit: c.limit,
-                    cost: c.cost,
-                    quota: quota_arg(c, info),
-                });
+                group.limits.push(arg(c));
             }
-            return Plan {
-                groups: vec![group],
-                nodes: vec![(self.breakers.default_breaker().clone(), None)],
-                slots: vec![0],
-                positions: Vec::new(),
+            let (node, slot) = if self.cluster {
+                (self.node_of(&tag), slot_of_tag(&tag))
+            } else {
+                ((self.breakers.default_breaker().clone(), None), 0)
             };
+            return Plan::One(Planned {
+                group,
+                node,
+                slot,
+                positions: Vec::new(),
+            });
         }
-        let mut groups: Vec<Group> = Vec::with_capacity(1);
-        let mut nodes = Vec::with_capacity(1);
-        let mut slots = Vec::with_capacity(1);
-        let mut positions: Vec<Vec<usize>> = Vec::with_capacity(1);
+        let mut planned: Vec<Planned> = Vec::with_capacity(1);
         let mut tags: Vec<[u8; 16]> = Vec::with_capacity(1);
         for (i, c) in checks.iter().enumerate() {
             let info = &self.limits[c.limit];
             let enc = self
                 .keys
-                .encode(info.short, &info.name_enc, &c.key, &mut scratch);
+                .encode(info.short, &info.name_enc, &c.key, scratch);
             let g = match tags.iter().position(|t| *t == enc.tag) {
                 Some(g) => g,
                 None => {
                     tags.push(enc.tag);
-                    nodes.push(self.node_of(&enc.tag));
-                    slots.push(slot_of_tag(&enc.tag));
-                    groups.push(Group {
-                        now,
-                        reserved_at,
-                        ..Group::default()
+                    planned.push(Planned {
+                        group: Group {
+                            now,
+                            reserved_at,
+                            ..Group::default()
+                        },
+                        node: self.node_of(&enc.tag),
+                        slot: slot_of_tag(&enc.tag),
+                        positions: Vec::with_capacity(checks.len()),
                     });
-                    positions.push(Vec::with_capacity(checks.len()));
-                    groups.len() - 1
+                    planned.len() - 1
                 }
             };
-            groups[g].keys.push(enc.key);
-            groups[g].limits.push(LimitArg {
-                limit: c.limit,
-                cost: c.cost,
-                quota: quota_arg(c, info),
-            });
-            positions[g].push(i);
+            let p = &mut planned[g];
+            p.group.keys.push(enc.key);
+            p.group.limits.push(arg(c));
+            p.positions.push(i);
         }
-        Plan {
-            groups,
-            nodes,
-            slots,
-            positions,
+        if planned.len() == 1 {
+            let mut one = planned.pop().expect("one group");
+            one.positions.clear(); // every check, in order
+            return Plan::One(one);
         }
+        Plan::Several(planned)
     }
 
+    /// Decides `plan`, whose checks are of `limits` (the first `n`): by Redis, and by their
+    /// failure policies those Redis could not decide (`local`: those of a local fallback).
     async fn run(
         self: Arc<Self>,
         plan: Plan,
-        mut fb: Fallback,
+        (limits, n): ([usize; MAX_LIMITS], usize),
         local: Vec<LocalCheck<'static>>,
     ) -> Result<Decisions, StoreError> {
-        let several = plan.groups.len() > 1;
-        let results = self
-            .call_groups(plan.groups, plan.nodes, plan.slots, Mode::Check)
-            .await;
+        let several = matches!(plan, Plan::Several(_));
+        let replies = self.call_groups(plan, Mode::Check).await;
+        // Built after the call, so the future does not carry it while it waits.
+        let mut fb = Fallback::new(limits, n);
         // The earliest time Redis decided a group at (each master of a Cluster reads its own).
         let mut decided_at: Option<u64> = None;
-        for (g, (group, result)) in results.into_iter().enumerate() {
-            let positions = match plan.positions.get(g) {
-                Some(p) => &p[..],
-                None => &IDENTITY[..group.len()],
-            };
+        for (group, positions, result) in replies {
+            let positions = positions_of(&group, &positions);
             let parsed =
                 result.and_then(|ints| self.parse_group(&group, positions, &ints, &mut fb.got));
             if let Ok((now, _)) = parsed {
@@ -625,7 +683,8 @@ impl Inner {
         };
         let rejected = result.as_ref().map_or(true, |d| !d.allowed());
         if rejected && !applied.is_empty() {
-            self.refund(applied, &mut result).await;
+            // Boxed, as rare and large (see `call_one`).
+            Box::pin(self.refund(applied, &mut result)).await;
         }
         result
     }
@@ -634,17 +693,12 @@ impl Inner {
     /// limit as it stands after it. Fails with the first error; the groups that answered were
     /// refunded all the same.
     async fn give_back(self: Arc<Self>, plan: Plan, n: usize) -> Result<Decisions, StoreError> {
-        let results = self
-            .call_groups(plan.groups, plan.nodes, plan.slots, Mode::Refund)
-            .await;
+        let replies = self.call_groups(plan, Mode::Refund).await;
         let mut got = [None; MAX_LIMITS];
         let mut error = None;
         let mut at: Option<u64> = None;
-        for (g, (group, result)) in results.into_iter().enumerate() {
-            let positions = match plan.positions.get(g) {
-                Some(p) => &p[..],
-                None => &IDENTITY[..group.len()],
-            };
+        for (group, positions, result) in replies {
+            let positions = positions_of(&group, &positions);
             let parsed =
                 result.and_then(|ints| self.parse_group(&group, positions, &ints, &mut got));
             self.stats.add_refund(parsed.is_ok());
@@ -766,26 +820,24 @@ impl Inner {
     /// Sends every group within the timeout: a check joins its node's batcher (each master's on
     /// a Cluster), a refund goes on its own. A group whose node's breaker is open is not sent: it
     /// fails at once.
-    async fn call_groups(
-        self: &Arc<Self>,
-        mut groups: Vec<Group>,
-        mut nodes: Vec<(Arc<Breaker>, Option<String>)>,
-        slots: Vec<u16>,
-        mode: Mode,
-    ) -> Vec<(Group, Result<Ints, StoreError>)> {
-        if groups.len() == 1 {
-            let group = groups.pop().expect("one group");
-            let node = nodes.pop().expect("one node per group");
-            return vec![self.call_one(group, node, slots[0], mode).await];
+    async fn call_groups(self: &Arc<Self>, plan: Plan, mode: Mode) -> Replies {
+        match plan {
+            Plan::One(p) => {
+                let (group, result) = self.call_one(p.group, p.node, p.slot, mode).await;
+                Some((group, p.positions, result))
+                    .into_iter()
+                    .chain(Vec::new())
+            }
+            Plan::Several(planned) => {
+                let replies =
+                    futures_util::future::join_all(planned.into_iter().map(|p| async move {
+                        let (group, result) = self.call_one(p.group, p.node, p.slot, mode).await;
+                        (group, p.positions, result)
+                    }))
+                    .await;
+                None.into_iter().chain(replies)
+            }
         }
-        futures_util::future::join_all(
-            groups
-                .into_iter()
-                .zip(nodes)
-                .zip(slots)
-                .map(|((g, node), slot)| self.call_one(g, node, slot, mode)),
-        )
-        .await
     }
 
     async fn call_one(
@@ -821,15 +873,22 @@ impl Inner {
                     let batcher = batchers.get(addr.as_deref().unwrap_or(""));
                     self.send_batched(&batcher, group, slot, timeout).await
                 }
+                // Boxed: its future (a timer and the connection's) is large, and would make
+                // every batched call's future as large, which is moved as it is polled.
                 _ => {
-                    let result =
-                        match tokio::time::timeout(timeout, self.send(&handle.conn, &group, mode))
-                            .await
+                    Box::pin(async {
+                        let result = match tokio::time::timeout(
+                            timeout,
+                            self.send(&handle.conn, &group, mode),
+                        )
+                        .await
                         {
                             Ok(r) => r,
                             Err(_) => Err(CallError::Timeout),
                         };
-                    (group, result)
+                        (group, result)
+                    })
+                    .await
                 }
             },
         };
