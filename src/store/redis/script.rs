@@ -212,6 +212,19 @@ impl LuaScript {
             code,
             "-- Whether a batch reads its keys ahead with one MGET.\nlocal PREFETCH = {prefetch}\n"
         );
+        // A batch's checks of limit 0 at its own parameters take the fused path of a token
+        // bucket (driver.lua), which reads only what the batch read ahead.
+        let fast = match limits.first() {
+            Some((AlgorithmKind::TokenBucket, p)) if prefetch => format!(
+                "tb_fast, '{}', {}, {}, {}",
+                p.ttl_ms, p.p[0], p.p[1], p.p[2]
+            ),
+            _ => "false".to_owned(),
+        };
+        let _ = writeln!(
+            code,
+            "-- Limit 0's fused batch check (or false), with its ttl_ms and parameters.\nlocal FAST, FAST_TTL, FAST_P1, FAST_P2, FAST_P3 = {fast}\n"
+        );
         code.push_str(DRIVER);
         let sha = redis::Script::new(&code).get_hash().to_owned();
         Self { code, sha }
@@ -482,9 +495,15 @@ mod tests {
         assert!(buckets.contains("local PREFETCH = true\n"));
         let with_log = code(&[AlgorithmKind::TokenBucket, AlgorithmKind::SlidingLog]);
         assert!(with_log.contains("local PREFETCH = false\n"));
+        // Limit 0's fused path: a token bucket's, only where the batch reads ahead.
+        assert!(buckets.contains("local FAST, FAST_TTL, FAST_P1, FAST_P2, FAST_P3 = tb_fast, '"));
+        assert!(with_log.contains("local FAST, FAST_TTL, FAST_P1, FAST_P2, FAST_P3 = false\n"));
+        let window_first = code(&[AlgorithmKind::FixedWindow, AlgorithmKind::TokenBucket]);
+        assert!(window_first.contains("= false\n"));
         // Defined before the driver reads it.
         let at = |c: &str, s: &str| c.find(s).unwrap();
         assert!(at(&buckets, "local PREFETCH =") < at(&buckets, "if PREFETCH and"));
+        assert!(at(&buckets, "local FAST,") < at(&buckets, "local packed = FAST"));
     }
 
     #[test]

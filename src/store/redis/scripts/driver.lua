@@ -14,7 +14,9 @@
 -- Then 2 arguments per limit, in KEYS order: the limit's index in this store's configuration
 -- and the cost. LIMIT (generated from the configuration) maps an index to the algorithm's
 -- functions (load, decide, apply, refund, and check, decide-then-apply in one call where the
--- algorithm has it, else false) and the limit's ttl_ms and parameters p1..p3.
+-- algorithm has it, else false) and the limit's ttl_ms and parameters p1..p3. FAST (also
+-- generated) is limit 0's fused check for a 'b' call's common case, with its ttl_ms and
+-- parameters, or false: a token bucket's `tb_fast`.
 --
 -- A check at a quota other than the limit's own (a plan) names that quota's parameters: its
 -- index argument is "index:ttl:p1:p2:p3" (for 'b': "index:cost:ttl:p1:p2:p3"). Its key's state
@@ -180,7 +182,11 @@ if ARGV[1] == 'b' then
   end
   for i = 1, #KEYS do
     local arg, lim, cost, plan = ARGV[i + 1], 0, 1, nil
-    if arg ~= '1' then
+    -- The common case (limit 0, cost 1, state read ahead) in one call, when limit 0 has it.
+    local packed = FAST and arg == '1' and FAST(KEYS[i], FAST_TTL, now, FAST_P1, FAST_P2, FAST_P3)
+    if packed then
+      out[i + 1] = packed
+    elseif arg ~= '1' then
       local l, c = string.match(arg, '^(%d+):(%d+)$')
       if l then
         lim, cost = tonumber(l), tonumber(c)
@@ -195,7 +201,9 @@ if ARGV[1] == 'b' then
         end
       end
     end
-    out[i + 1] = single(KEYS[i], lim, cost, now, now, plan)
+    if not packed then
+      out[i + 1] = single(KEYS[i], lim, cost, now, now, plan)
+    end
   end
   return table.concat(out)
 end
