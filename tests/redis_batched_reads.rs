@@ -14,7 +14,7 @@ use common::{decide, one, prefix, spec};
 use tollgate::algorithm::AlgorithmKind;
 use tollgate::key::Key;
 use tollgate::store::redis::RedisBackend;
-use tollgate::store::{Backend, LimitCheck, Store};
+use tollgate::store::{Backend, LimitCheck};
 use tollgate::Quota;
 
 const CLIENTS: usize = 12;
