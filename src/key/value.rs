@@ -155,18 +155,8 @@ impl<'a> Key<'a> {
 }
 
 /// Appends `n` in decimal, as `Display` writes it.
-fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
-    let mut digits = [0u8; 20]; // u64::MAX has 20 digits
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[at..]);
+fn push_decimal(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(crate::headers::decimal(n, &mut [0; 20]));
 }
 
 impl fmt::Display for Key<'_> {
