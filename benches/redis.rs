@@ -8,7 +8,8 @@
 //! - (b) `redis-benchmark` running that script by `EVALSHA`, unpipelined and with `-P 16` (the
 //!   pipelined ceiling), parsed from its CSV output;
 //! - (c) the floor: `redis-benchmark -P 16` running a script that does only the Redis work a
-//!   batched decision needs (its share of one `MGET`, one `SET ... PX`), 16 keys per call;
+//!   batched decision needs (its share of one `MGET`, one `SET ... KEEPTTL`: the store's writes
+//!   keep the key's TTL while it covers the refill), 16 keys per call;
 //! - the store on a 3-master Redis Cluster (started by this bench on free loopback ports),
 //!   unbatched and batched per master, at concurrency 64 and 256, with the Redis CPU a decision
 //!   costs the master that decides it.
@@ -38,10 +39,10 @@ use tollgate::store::{Backend, Checked, FailurePolicy, LimitCheck, LimitSpec, St
 use tollgate::{PolicyName, Quota};
 
 /// The least Redis work a batched decision can take, for the floor: per key, its share of one
-/// `MGET` of the call's keys and one `SET` of a 16-byte state with an expiry (what the store's
-/// script does for a token-bucket key, without deciding anything).
+/// `MGET` of the call's keys and one `SET` of a 16-byte state that keeps the key's expiry (what
+/// the store's script does for most token-bucket keys of a batch, without deciding anything).
 const FLOOR_SCRIPT: &str = "redis.call('MGET', unpack(KEYS)) \
-     for i = 1, #KEYS do redis.call('SET', KEYS[i], '0123456789abcdef', 'PX', 100000) end \
+     for i = 1, #KEYS do redis.call('SET', KEYS[i], '0123456789abcdef', 'KEEPTTL') end \
      return 1";
 
 /// Keys per call of the floor script: about the store's mean batch at 64 callers.
@@ -668,10 +669,12 @@ fn write_section(f: &Figures<'_>) {
     );
     section.note(
         "(c) The floor: `redis-benchmark -P 16` running a script that only does the Redis work \
-         every batched decision needs, one `MGET` of its call's keys and one `SET ... PX` of a \
-         16-byte value per key, 16 keys per call, on the same server. No store can spend less \
-         Redis CPU per decision than that on this machine; the store's figure above it is the \
-         decision itself (Lua) and reading the call.",
+         every batched decision needs, one `MGET` of its call's keys and one `SET ... KEEPTTL` of \
+         a 16-byte value per key (a token bucket's batched write keeps the key's TTL while it \
+         covers the refill, and sets it about once per eighth of the TTL), 16 keys per call, on \
+         the same server. No store that writes every decided key can spend less Redis CPU per \
+         decision than that on this machine; the store's figure above it is the decision itself \
+         (Lua) and reading the call.",
     );
     let mut cluster = report::Table::new(
         format!(

@@ -15,10 +15,16 @@
 //!   or float conversion;
 //! - **time comes from Redis `TIME`**, so application clocks cannot mint tokens
 //!   ([`RedisBackend::clock`] passes an explicit time instead, for tests and simulations);
-//! - **idle keys expire**: every write sets `PEXPIRE` to the algorithm's
+//! - **idle keys expire**: a write sets the key's TTL to the algorithm's
 //!   [`idle_timeout_micros`](crate::algorithm::Algorithm::idle_timeout_micros) rounded up to
 //!   milliseconds, the time after which the state is indistinguishable from a fresh key. A
-//!   rejected request writes nothing;
+//!   rejected request writes nothing. A token bucket's batched checks keep the key's TTL
+//!   (`SET ... KEEPTTL`, a third cheaper for Redis than setting it) while it provably outlasts the
+//!   refill the write leaves (see `scripts/token_bucket.lua`); such a key is written with its TTL
+//!   at least once per eighth of it, so it lives at most that much past the idle timeout. This
+//!   assumes, as the state itself does, that every instance sharing the keys runs the limit at
+//!   the same quota (a different quota travels as a plan, whose writes always set the TTL), and
+//!   needs Redis 6.0 or later;
 //! - **one connection per store**: a multiplexed, auto-reconnecting
 //!   [`ConnectionManager`](redis::aio::ConnectionManager) for a node, the async Cluster
 //!   connection for a Cluster; never a connection per request. Concurrent checks are coalesced
@@ -113,7 +119,8 @@
 //! sliding log, which keeps one 16-byte entry per admission in its window and is therefore
 //! refused above [`MAX_SLIDING_LOG`] per window on Redis (at most 24 + 16 × (2 × count + 64)
 //! bytes per key, counting entries that left the window and await compaction). Every key
-//! expires once its state equals a fresh key's.
+//! expires once its state equals a fresh key's (a token bucket's, at most an eighth of its idle
+//! timeout later: see above).
 //!
 //! What Redis does when it reaches `maxmemory` decides whether a flood of distinct keys can
 //! reset a budget:

@@ -158,6 +158,21 @@ pub(crate) struct LuaScript {
     sha: String,
 }
 
+/// How far past `ttl_ms` the TTL-keeping writes of `tb_fast` may be: (the cell, the longest
+/// refill a write may leave and still keep the key's TTL), both in µs ("Expiry" in
+/// token_bucket.lua). A cell is an eighth of the ttl; the refill bound is the ttl less a cell and
+/// 2 ms (the millisecond Redis may stamp a write with before the script's `TIME`, and one more),
+/// and -1 (never keep) when nothing is left of it.
+pub(crate) fn keep_ttl_window(ttl_ms: u64) -> (u64, i64) {
+    let ttl = ttl_ms.saturating_mul(1000);
+    let cell = (ttl / 8).max(1);
+    let keep = ttl.saturating_sub(cell).saturating_sub(2000);
+    (
+        cell,
+        i64::try_from(keep).ok().filter(|&k| k > 0).unwrap_or(-1),
+    )
+}
+
 impl LuaScript {
     /// The prelude, the scripts of the algorithms `limits` use, `LIMIT` (each limit's
     /// parameters, as constants) and the driver. The SHA therefore names one configuration.
@@ -215,15 +230,20 @@ impl LuaScript {
         // A batch's checks of limit 0 at its own parameters take the fused path of a token
         // bucket (driver.lua), which reads only what the batch read ahead.
         let fast = match limits.first() {
-            Some((AlgorithmKind::TokenBucket, p)) if prefetch => format!(
-                "tb_fast, '{}', {}, {}, {}",
-                p.ttl_ms, p.p[0], p.p[1], p.p[2]
-            ),
+            Some((AlgorithmKind::TokenBucket, p)) if prefetch => {
+                let (cell, keep) = keep_ttl_window(p.ttl_ms);
+                format!(
+                    "tb_fast, '{}', {}, {}, {}, {cell}, {keep}",
+                    p.ttl_ms, p.p[0], p.p[1], p.p[2]
+                )
+            }
             _ => "false".to_owned(),
         };
         let _ = writeln!(
             code,
-            "-- Limit 0's fused batch check (or false), with its ttl_ms and parameters.\nlocal FAST, FAST_TTL, FAST_P1, FAST_P2, FAST_P3 = {fast}\n"
+            "-- Limit 0's fused batch check (or false), with its ttl_ms, parameters, and when its writes\n\
+             -- keep the key's TTL (\"Expiry\" in token_bucket.lua).\n\
+             local FAST, FAST_TTL, FAST_P1, FAST_P2, FAST_P3, FAST_CELL, FAST_KEEP = {fast}\n"
         );
         code.push_str(DRIVER);
         let sha = redis::Script::new(&code).get_hash().to_owned();
@@ -496,14 +516,37 @@ mod tests {
         let with_log = code(&[AlgorithmKind::TokenBucket, AlgorithmKind::SlidingLog]);
         assert!(with_log.contains("local PREFETCH = false\n"));
         // Limit 0's fused path: a token bucket's, only where the batch reads ahead.
-        assert!(buckets.contains("local FAST, FAST_TTL, FAST_P1, FAST_P2, FAST_P3 = tb_fast, '"));
-        assert!(with_log.contains("local FAST, FAST_TTL, FAST_P1, FAST_P2, FAST_P3 = false\n"));
+        assert!(buckets.contains(
+            "local FAST, FAST_TTL, FAST_P1, FAST_P2, FAST_P3, FAST_CELL, FAST_KEEP = tb_fast, '"
+        ));
+        assert!(with_log.contains(
+            "local FAST, FAST_TTL, FAST_P1, FAST_P2, FAST_P3, FAST_CELL, FAST_KEEP = false\n"
+        ));
         let window_first = code(&[AlgorithmKind::FixedWindow, AlgorithmKind::TokenBucket]);
         assert!(window_first.contains("= false\n"));
         // Defined before the driver reads it.
         let at = |c: &str, s: &str| c.find(s).unwrap();
         assert!(at(&buckets, "local PREFETCH =") < at(&buckets, "if PREFETCH and"));
         assert!(at(&buckets, "local FAST,") < at(&buckets, "local packed = FAST"));
+    }
+
+    #[test]
+    fn ttl_keeping_writes_stay_inside_the_ttl() {
+        // A 60 s ttl: cells of 7.5 s; a write keeps the TTL if the bucket refills within
+        // 60 - 7.5 - 0.002 s.
+        assert_eq!(keep_ttl_window(60_000), (7_500_000, 52_498_000));
+        // The bound plus a cell never reaches the ttl less 2 ms.
+        for ttl_ms in [1, 2, 3, 8, 17, 300, 1_001, 86_400_000, u64::MAX / 1000] {
+            let (cell, keep) = keep_ttl_window(ttl_ms);
+            assert!(cell >= 1);
+            if keep >= 0 {
+                let keep = u64::try_from(keep).unwrap();
+                assert!(keep + cell + 2000 <= ttl_ms * 1000, "{ttl_ms} ms");
+            }
+        }
+        // Too short to keep anything: every write sets the TTL.
+        assert_eq!(keep_ttl_window(2).1, -1);
+        assert_eq!(keep_ttl_window(0), (1, -1));
     }
 
     #[test]

@@ -183,7 +183,8 @@ if ARGV[1] == 'b' then
   for i = 1, #KEYS do
     local arg, lim, cost, plan = ARGV[i + 1], 0, 1, nil
     -- The common case (limit 0, cost 1, state read ahead) in one call, when limit 0 has it.
-    local packed = FAST and arg == '1' and FAST(KEYS[i], FAST_TTL, now, FAST_P1, FAST_P2, FAST_P3)
+    local packed = FAST and arg == '1' and FAST(KEYS[i], FAST_TTL, now, FAST_P1, FAST_P2, FAST_P3,
+      FAST_CELL, FAST_KEEP)
     if packed then
       out[i + 1] = packed
     elseif arg ~= '1' then

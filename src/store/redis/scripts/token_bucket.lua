@@ -20,6 +20,29 @@ end
 
 local tb_load = load2
 
+-- Expiry. A key must outlive its state: it may expire only once its bucket is full again (the
+-- state then equals a fresh key's), so every write leaves it alive until `last` + ttl at least
+-- (ttl covers a refill from empty). tb_store writes with `PX ttl`, later by the time `last` is
+-- ahead of `now` (Redis's clock went back). Setting the TTL is the dearest part of a write (Redis
+-- rewrites `SET ... PX` as `SET ... PXAT` for propagation), so tb_fast keeps the key's TTL
+-- (`KEEPTTL`, Redis 6.0) when that provably suffices: time is cut into cells of `cell` µs (an
+-- eighth of the ttl), and a write keeps the TTL only if it falls in the cell of the key's last
+-- write and not before it (`last` <= `now`), and leaves a bucket full again within `keep` µs
+-- (the ttl less a cell and 2 ms). Every write since the key's last TTL-setting write (whose state
+-- said `last` = L, with the key alive until L + ttl - 2 ms whatever millisecond Redis stamped the
+-- write with) is then in L's cell, so before L + cell, and its bucket is full before
+-- L + cell + keep = L + ttl - 2 ms: the key expires no earlier than that. A key is written with
+-- its TTL at least once a cell while it is used, so it lives at most a cell past the ttl.
+-- Writes by other code (plans, refunds, groups of several limits) all go through tb_store.
+
+-- Writes the state (deficit, last), alive for ttl (ms) past `last`.
+local function tb_store(key, ttl, now, deficit, last)
+  if last > now then
+    ttl = tonumber(ttl) + cdiv(last - now, 1000)
+  end
+  store2(key, ttl, deficit, last)
+end
+
 local function tb_decide(now, cost, unit, per, cap, deficit, last)
   deficit = tb_deficit(now, per, cap, deficit, last)
   local limit = cap / unit
@@ -41,7 +64,7 @@ local function tb_apply(key, ttl, now, cost, unit, per, cap, deficit, last)
   if now > last then
     last = now
   end
-  store2(key, ttl, deficit, last)
+  tb_store(key, ttl, now, deficit, last)
 end
 
 -- decide and, if allowed, apply, in one call: the single-limit fast path.
@@ -55,7 +78,7 @@ local function tb_check(key, ttl, now, cost, unit, per, cap, deficit, last)
     if now > last then
       last = now
     end
-    store2(key, ttl, after, last)
+    tb_store(key, ttl, now, after, last)
     return true, idiv(cap - after, unit), cdiv(after, per), 0
   end
   return false, idiv(cap - deficit, unit), cdiv(deficit, per), cdiv(after - cap, per)
@@ -66,8 +89,9 @@ end
 -- packed as the driver emits them (load2, tb_check and the driver's `single` fused, with the same
 -- arithmetic; a cost of 1 never exceeds the capacity, and every value stays at most cap, below
 -- 2^53), or nil, having touched nothing, for a key that needs the general path (not read ahead,
--- marked, or unreadable).
-local function tb_fast(key, ttl, now, unit, per, cap)
+-- marked, or unreadable). `cell` and `keep` (µs) decide when the write keeps the key's TTL: see
+-- "Expiry" above.
+local function tb_fast(key, ttl, now, unit, per, cap, cell, keep)
   local v = PREFETCHED[key]
   if not v or #v ~= 16 then
     return nil
@@ -88,11 +112,16 @@ local function tb_fast(key, ttl, now, unit, per, cap)
   end
   local after = deficit + unit
   if after <= cap then
-    if now > last then
-      last = now
+    local reset = cdiv(after, per)
+    if now >= last and reset <= keep and floor(now / cell) == floor(last / cell) then
+      redis.call('SET', key, struct.pack('<i8i8', after, now), 'KEEPTTL')
+    else
+      if now > last then
+        last = now
+      end
+      tb_store(key, ttl, now, after, last)
     end
-    redis.call('SET', key, struct.pack('<i8i8', after, last), 'PX', ttl)
-    return struct.pack('<i8i8i8i8i8', 1, idiv(cap - after, unit), cdiv(after, per), 0, 0)
+    return struct.pack('<i8i8i8i8i8', 1, idiv(cap - after, unit), reset, 0, 0)
   end
   -- Rejected: after > cap, so the wait is at least 1 µs, as Decision::rejected wants.
   return struct.pack('<i8i8i8i8i8', 0, idiv(cap - deficit, unit), cdiv(deficit, per),
@@ -118,7 +147,7 @@ local function tb_refund(key, ttl, at, now, cost, unit, per, cap, deficit, last)
       deficit = 0
     end
   end
-  store2(key, ttl, deficit, last)
+  tb_store(key, ttl, now, deficit, last)
   return deficit, last
 end
 
@@ -136,6 +165,6 @@ local function tb_rebase(key, ttl, now, ounit, oper, ocap, unit, _, cap, deficit
   if now > last then
     last = now
   end
-  store2(key, ttl, deficit, last)
+  tb_store(key, ttl, now, deficit, last)
   return deficit, last
 end
