@@ -40,7 +40,8 @@ use tollgate::{PolicyName, Quota};
 
 /// The least Redis work a batched decision can take, for the floor: per key, its share of one
 /// `MGET` of the call's keys and one `SET` of a 16-byte state that keeps the key's expiry (what
-/// the store's script does for most token-bucket keys of a batch, without deciding anything).
+/// the store's script does for a token-bucket key of a batch written again within an eighth of
+/// its TTL, as every key of this bench is, without deciding anything).
 const FLOOR_SCRIPT: &str = "redis.call('MGET', unpack(KEYS)) \
      for i = 1, #KEYS do redis.call('SET', KEYS[i], '0123456789abcdef', 'KEEPTTL') end \
      return 1";
@@ -671,7 +672,8 @@ fn write_section(f: &Figures<'_>) {
         "(c) The floor: `redis-benchmark -P 16` running a script that only does the Redis work \
          every batched decision needs, one `MGET` of its call's keys and one `SET ... KEEPTTL` of \
          a 16-byte value per key (a token bucket's batched write keeps the key's TTL while it \
-         covers the refill, and sets it about once per eighth of the TTL), 16 keys per call, on \
+         covers the refill, as it does for this bench's keys, written many times per eighth of \
+         their TTL), 16 keys per call, on \
          the same server. No store that writes every decided key can spend less Redis CPU per \
          decision than that on this machine; the store's figure above it is the decision itself \
          (Lua) and reading the call.",

@@ -19,12 +19,13 @@
 //!   [`idle_timeout_micros`](crate::algorithm::Algorithm::idle_timeout_micros) rounded up to
 //!   milliseconds, the time after which the state is indistinguishable from a fresh key. A
 //!   rejected request writes nothing. A token bucket's batched checks keep the key's TTL
-//!   (`SET ... KEEPTTL`, a third cheaper for Redis than setting it) while it provably outlasts the
-//!   refill the write leaves (see `scripts/token_bucket.lua`); such a key is written with its TTL
-//!   at least once per eighth of it, so it lives at most that much past the idle timeout. This
-//!   assumes, as the state itself does, that every instance sharing the keys runs the limit at
-//!   the same quota (a different quota travels as a plan, whose writes always set the TTL), and
-//!   needs Redis 6.0 or later;
+//!   (`SET ... KEEPTTL`, about 30 % less Redis CPU per write than setting it) while it provably
+//!   outlasts the refill the write leaves: the write falls within an eighth of the TTL of the
+//!   key's last write and leaves less than the TTL less that eighth to refill (see
+//!   `scripts/token_bucket.lua`). A key so written never lives longer than before, and expires
+//!   only once its bucket is full. This assumes, as the state itself does, that every instance
+//!   sharing the keys runs the limit at the same quota (a different quota travels as a plan,
+//!   whose writes always set the TTL), and needs Redis 6.0 or later (`KEEPTTL`);
 //! - **one connection per store**: a multiplexed, auto-reconnecting
 //!   [`ConnectionManager`](redis::aio::ConnectionManager) for a node, the async Cluster
 //!   connection for a Cluster; never a connection per request. Concurrent checks are coalesced
@@ -119,8 +120,8 @@
 //! sliding log, which keeps one 16-byte entry per admission in its window and is therefore
 //! refused above [`MAX_SLIDING_LOG`] per window on Redis (at most 24 + 16 × (2 × count + 64)
 //! bytes per key, counting entries that left the window and await compaction). Every key
-//! expires once its state equals a fresh key's (a token bucket's, at most an eighth of its idle
-//! timeout later: see above).
+//! expires once its state equals a fresh key's, and no later than its last write plus the idle
+//! timeout (a write after Redis's clock went back adds the step).
 //!
 //! What Redis does when it reaches `maxmemory` decides whether a flood of distinct keys can
 //! reset a budget:

@@ -15,8 +15,9 @@
 -- and the cost. LIMIT (generated from the configuration) maps an index to the algorithm's
 -- functions (load, decide, apply, refund, and check, decide-then-apply in one call where the
 -- algorithm has it, else false) and the limit's ttl_ms and parameters p1..p3. FAST (also
--- generated) is limit 0's fused check for a 'b' call's common case, with its ttl_ms and
--- parameters, or false: a token bucket's `tb_fast`.
+-- generated) is limit 0's fused check for a 'b' call's common case, with its ttl_ms,
+-- parameters, and the cell and refill bound (µs) of its TTL-keeping writes ("Expiry" in
+-- token_bucket.lua), or false: a token bucket's `tb_fast`.
 --
 -- A check at a quota other than the limit's own (a plan) names that quota's parameters: its
 -- index argument is "index:ttl:p1:p2:p3" (for 'b': "index:cost:ttl:p1:p2:p3"). Its key's state

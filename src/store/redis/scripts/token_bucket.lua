@@ -31,14 +31,17 @@ local tb_load = load2
 -- (the ttl less a cell and 2 ms). Every write since the key's last TTL-setting write (whose state
 -- said `last` = L, with the key alive until L + ttl - 2 ms whatever millisecond Redis stamped the
 -- write with) is then in L's cell, so before L + cell, and its bucket is full before
--- L + cell + keep = L + ttl - 2 ms: the key expires no earlier than that. A key is written with
--- its TTL at least once a cell while it is used, so it lives at most a cell past the ttl.
+-- L + cell + keep = L + ttl - 2 ms: the key expires no earlier than that. Keeping the TTL never
+-- makes a key live longer than the write that set it allowed; it may expire up to a cell sooner
+-- after its last write than before, and only ever once its bucket is full. A key written at least
+-- once a cell keeps most of its writes cheap; a sparser one sets the TTL on every write.
 -- Writes by other code (plans, refunds, groups of several limits) all go through tb_store.
 
--- Writes the state (deficit, last), alive for ttl (ms) past `last`.
+-- Writes the state (deficit, last), alive for ttl (ms) past `last`. The ttl stays a string of
+-- digits: Redis 7.2 and later format a Lua number as `1e+08` when it ends in many zeros.
 local function tb_store(key, ttl, now, deficit, last)
   if last > now then
-    ttl = tonumber(ttl) + cdiv(last - now, 1000)
+    ttl = string.format('%d', tonumber(ttl) + cdiv(last - now, 1000))
   end
   store2(key, ttl, deficit, last)
 end
