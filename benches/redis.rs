@@ -16,7 +16,7 @@
 //!
 //! ```text
 //! cargo bench --features redis --bench redis
-//! BENCH_SECS=5 BENCH_ROUNDS=5 cargo bench --features redis --bench redis   # longer runs
+//! BENCH_SECS=5 BENCH_ROUNDS=7 cargo bench --features redis --bench redis   # longer runs
 //! ```
 
 #[path = "common/report.rs"]
@@ -238,7 +238,7 @@ async fn bench_eval(sample: &Sampler, url: &str, concurrency: usize) -> Result {
 /// `redis-benchmark` with the seeds' script by EVALSHA; returns requests per second and
 /// redis-server CPU µs per request.
 fn redis_benchmark(server: &support::RedisServer, sha: &str, pipeline: u32) -> (f64, f64) {
-    let n = if pipeline > 1 { 600_000 } else { 200_000 };
+    let n = if pipeline > 1 { 300_000 } else { 200_000 };
     run_redis_benchmark(server, &seed_command(sha), n, pipeline, KEYS)
 }
 
@@ -360,10 +360,10 @@ fn main() {
     let rounds: usize = std::env::var("BENCH_ROUNDS")
         .ok()
         .and_then(|r| r.parse().ok())
-        .unwrap_or(3)
+        .unwrap_or(5)
         .max(1);
     println!(
-        "client runtime: {}; {rounds} rounds, each: the -P 16 ceiling, then every variant at every concurrency",
+        "client runtime: {}; {rounds} rounds, each: the -P 16 ceiling, the default store at 64 and 256, the ceiling again, then the other points",
         if current {
             "tokio current_thread"
         } else {
@@ -383,28 +383,53 @@ fn main() {
     // (concurrency, batched, result) of every round's Cluster points.
     let mut cluster_points: Vec<(usize, bool, Result)> = Vec::new();
     for round in 0..rounds {
-        let (p16, p16_cpu) = redis_benchmark(&server, &sha, 16);
+        let before = redis_benchmark(&server, &sha, 16);
+        let mut this = Vec::new();
+        let mut point = |v: Variant, c: usize| {
+            let ci = CONCURRENCY.iter().position(|&x| x == c).unwrap();
+            let r = match v {
+                Variant::Eval => rt.block_on(bench_eval(&sampler, &url, c)),
+                Variant::Unbatched => rt.block_on(bench_store(&sampler, &url, false, c)).0,
+                Variant::Batched => {
+                    let (mut r, mean) = rt.block_on(bench_store(&sampler, &url, true, c));
+                    r.mean_batch = mean;
+                    r
+                }
+            };
+            println!(
+                "  concurrency {c:>3}: {:<24}{}{}",
+                v.short(),
+                show(r),
+                if v == Variant::Batched {
+                    format!("  mean batch {:.1}", r.mean_batch)
+                } else {
+                    String::new()
+                }
+            );
+            this.push((ci, v, r));
+        };
+        // The default store at 64 and 256 callers between two runs of the ceiling, the
+        // round's ceiling being their mean: the machine's speed drifts within seconds.
         println!(
-            "round {}: (b) redis-benchmark -P 16: {p16:>8.0}/s (redis {p16_cpu:.2} µs CPU per request): the pipelined ceiling",
-            round + 1
+            "round {}: (b) redis-benchmark -P 16: {:>8.0}/s (redis {:.2} µs CPU per request): the pipelined ceiling, before",
+            round + 1,
+            before.0,
+            before.1
+        );
+        point(Variant::Batched, 64);
+        point(Variant::Batched, 256);
+        let after = redis_benchmark(&server, &sha, 16);
+        let (p16, p16_cpu) = ((before.0 + after.0) / 2.0, (before.1 + after.1) / 2.0);
+        println!(
+            "  (b) redis-benchmark -P 16: {:>8.0}/s (redis {:.2} µs CPU per request): after; the round's ceiling {p16:.0}/s, {p16_cpu:.2} µs",
+            after.0, after.1
         );
         ceilings.push((p16, p16_cpu));
-        let mut this = Vec::new();
-        for (ci, &c) in CONCURRENCY.iter().enumerate() {
-            let eval = rt.block_on(bench_eval(&sampler, &url, c));
-            let (direct, _) = rt.block_on(bench_store(&sampler, &url, false, c));
-            let (mut batched, mean) = rt.block_on(bench_store(&sampler, &url, true, c));
-            batched.mean_batch = mean;
-            println!("  concurrency {c}:");
-            println!("    (a) per-request EVAL  {}", show(eval));
-            println!("    store, unbatched      {}", show(direct));
-            println!(
-                "    store, batched        {}  mean batch {mean:.1}",
-                show(batched)
-            );
-            this.push((ci, Variant::Eval, eval));
-            this.push((ci, Variant::Unbatched, direct));
-            this.push((ci, Variant::Batched, batched));
+        point(Variant::Batched, 1);
+        for v in [Variant::Unbatched, Variant::Eval] {
+            for c in CONCURRENCY {
+                point(v, c);
+            }
         }
         points.push(this);
         for c in CLUSTER_CONCURRENCY {
@@ -434,15 +459,31 @@ fn main() {
                 .collect(),
         )
     };
+    // A point against its own round's ceiling, the median over the rounds: the ceiling and the
+    // store run minutes apart at most, so what slows the machine for a while slows both.
+    let paired = |ci: usize, v: Variant, g: &dyn Fn(&Result, (f64, f64)) -> f64| {
+        median(
+            points
+                .iter()
+                .zip(&ceilings)
+                .flat_map(|(round, &ceil)| {
+                    round
+                        .iter()
+                        .filter(move |(c, var, _)| *c == ci && *var == v)
+                        .map(move |(_, _, r)| g(r, ceil))
+                })
+                .collect(),
+        )
+    };
     let ci64 = CONCURRENCY.iter().position(|&c| c == 64).unwrap();
     let ci256 = CONCURRENCY.iter().position(|&c| c == 256).unwrap();
-    let batched_rate = |ci| med(ci, Variant::Batched, &|r| r.per_sec);
+    let vs_ceiling = |ci| paired(ci, Variant::Batched, &|r, ceil| r.per_sec / ceil.0);
     let p99_64 = med(ci64, Variant::Batched, &|r| r.p99.as_secs_f64() * 1e3);
     let cpu_64 = med(ci64, Variant::Batched, &|r| r.redis_us);
     println!(
-        "medians of {rounds} rounds: ceiling {ceiling:.0}/s; batched {:.2}x at 64, {:.2}x at 256; batched at 64: p99 {p99_64:.2} ms, redis CPU {cpu_64:.2} µs per decision",
-        batched_rate(ci64) / ceiling,
-        batched_rate(ci256) / ceiling,
+        "medians of {rounds} rounds: ceiling {ceiling:.0}/s; batched {:.2}x its round's ceiling at 64, {:.2}x at 256; batched at 64: p99 {p99_64:.2} ms, redis CPU {cpu_64:.2} µs per decision",
+        vs_ceiling(ci64),
+        vs_ceiling(ci256),
     );
     let cluster_med = |c: usize, batched: bool, f: &dyn Fn(&Result) -> f64| {
         median(
@@ -462,6 +503,7 @@ fn main() {
         ceiling,
         ceiling_cpu,
         med: &med,
+        paired: &paired,
         cluster: &cluster_med,
     });
 }
@@ -476,6 +518,14 @@ enum Variant {
 
 impl Variant {
     const ALL: [Variant; 3] = [Variant::Batched, Variant::Unbatched, Variant::Eval];
+
+    fn short(self) -> &'static str {
+        match self {
+            Variant::Eval => "(a) per-request EVAL",
+            Variant::Unbatched => "store, unbatched",
+            Variant::Batched => "store, batched",
+        }
+    }
 
     fn label(self) -> &'static str {
         match self {
@@ -507,9 +557,14 @@ struct Figures<'a> {
     ceiling: f64,
     ceiling_cpu: f64,
     med: Median<'a>,
+    /// Medians over the rounds of a point's figure against its round's ceiling (rate, Redis
+    /// CPU per request).
+    paired: Paired<'a>,
     /// Medians of the Cluster points: (concurrency, batched, figure).
     cluster: ClusterMedian<'a>,
 }
+
+type Paired<'a> = &'a dyn Fn(usize, Variant, &dyn Fn(&Result, (f64, f64)) -> f64) -> f64;
 
 type ClusterMedian<'a> = &'a dyn Fn(usize, bool, &dyn Fn(&Result) -> f64) -> f64;
 
@@ -525,8 +580,10 @@ fn write_section(f: &Figures<'_>) {
          `batching(false)`), or (a) as a per-request `EVAL` of the seeds' token-bucket script over \
          one multiplexed connection. The ceiling is (b) `redis-benchmark -c 50 -P 16` running that \
          script by `EVALSHA` on the same server: what one Redis does when the client costs \
-         nothing. {} rounds, each the ceiling then every variant at every concurrency; figures \
-         are medians over the rounds. Redis CPU per decision is the server's `used_cpu_user + \
+         nothing. {} rounds, each the ceiling, the default store at 64 and 256 callers, the \
+         ceiling again (the round's ceiling is the mean of the two), then the other points; \
+         figures are medians over the rounds, and a ratio to the ceiling is the median over the \
+         rounds of a point over its round's ceiling. Redis CPU per decision is the server's `used_cpu_user + \
          used_cpu_sys` (INFO cpu) over the point, divided by the decisions; script time is \
          `INFO commandstats` usec of EVAL/EVALSHA per decision.",
         redis_version(),
@@ -561,7 +618,7 @@ fn write_section(f: &Figures<'_>) {
                 c.to_string(),
                 v.label().to_string(),
                 format!("{rate:.0}"),
-                format!("{:.2}x", rate / f.ceiling),
+                format!("{:.2}x", (f.paired)(ci, v, &|r, ceil| r.per_sec / ceil.0)),
                 format!("{:.0} µs", med(ci, v, &|r| r.p50.as_secs_f64() * 1e6)),
                 format!("{:.0} µs", med(ci, v, &|r| r.p99.as_secs_f64() * 1e6)),
                 format!("{:.2}", med(ci, v, &|r| r.redis_us)),
@@ -627,22 +684,18 @@ fn write_section(f: &Figures<'_>) {
     );
     section.plot(rate).plot(p99);
     let ci = |c: usize| CONCURRENCY.iter().position(|&x| x == c).unwrap();
-    let batched = |c: usize| med(ci(c), Variant::Batched, &|r| r.per_sec);
-    let what = "RedisStore (default) / the -P 16 ceiling, decisions/s";
-    section.ratio(what, "concurrency 64", batched(64) / f.ceiling, 1.0);
-    section.ratio(what, "concurrency 256", batched(256) / f.ceiling, 1.5);
+    let what = "RedisStore (default) / its round's -P 16 ceiling, decisions/s";
+    for (c, target) in [(64, 1.0), (256, 1.5)] {
+        let ratio = (f.paired)(ci(c), Variant::Batched, &|r, ceil| r.per_sec / ceil.0);
+        section.ratio(what, &format!("concurrency {c}"), ratio, target);
+    }
     // The same comparison in Redis's own CPU, the resource that bounds both when Redis is the
     // bottleneck (one thread): capacity = 1 / CPU per decision. Other load on the machine moves
     // wall-clock rates far more than it moves CPU per decision.
-    let what = "Redis-bound capacity: ceiling's Redis CPU per request / RedisStore's per decision";
+    let what = "Redis-bound capacity: its round's ceiling's Redis CPU per request / RedisStore's per decision";
     for (c, target) in [(64, 1.0), (256, 1.5)] {
-        let cpu = med(ci(c), Variant::Batched, &|r| r.redis_us);
-        section.ratio(
-            what,
-            &format!("concurrency {c}"),
-            f.ceiling_cpu / cpu,
-            target,
-        );
+        let ratio = (f.paired)(ci(c), Variant::Batched, &|r, ceil| ceil.1 / r.redis_us);
+        section.ratio(what, &format!("concurrency {c}"), ratio, target);
     }
     let cpu = med(ci(64), Variant::Batched, &|r| r.redis_us);
     section.ratio(
