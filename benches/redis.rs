@@ -363,7 +363,7 @@ fn main() {
         .unwrap_or(5)
         .max(1);
     println!(
-        "client runtime: {}; {rounds} rounds, each: the -P 16 ceiling, the default store at 64 and 256, the ceiling again, then the other points",
+        "client runtime: {}; {rounds} rounds, each: the -P 16 ceiling, the default store at 64 and 256, the ceiling again, the floor, then the other points",
         if current {
             "tokio current_thread"
         } else {
@@ -373,11 +373,9 @@ fn main() {
     let (p1, p1_cpu) = redis_benchmark(&server, &sha, 1);
     println!("(b) redis-benchmark -P 1:  {p1:>8.0}/s (redis {p1_cpu:.2} µs CPU per request)");
     let floor_sha: String = server.cmd(&["SCRIPT", "LOAD", FLOOR_SCRIPT]);
-    let (floor, floor_cpu) = redis_floor(&server, &floor_sha);
-    println!(
-        "(c) floor, {FLOOR_BATCH} keys per call, -P 16: {floor:>8.0} keys/s (redis {floor_cpu:.2} µs CPU per key)"
-    );
     let mut ceilings = Vec::new();
+    // The floor of each round: (keys/s, Redis CPU µs per key).
+    let mut floors = Vec::new();
     // points[round][(concurrency index, variant)]
     let mut points: Vec<Vec<(usize, Variant, Result)>> = Vec::new();
     // (concurrency, batched, result) of every round's Cluster points.
@@ -425,6 +423,11 @@ fn main() {
             after.0, after.1
         );
         ceilings.push((p16, p16_cpu));
+        let (floor, floor_cpu) = redis_floor(&server, &floor_sha);
+        println!(
+            "  (c) floor, {FLOOR_BATCH} keys per call, -P 16: {floor:>8.0} keys/s (redis {floor_cpu:.2} µs CPU per key)"
+        );
+        floors.push((floor, floor_cpu));
         point(Variant::Batched, 1);
         for v in [Variant::Unbatched, Variant::Eval] {
             for c in CONCURRENCY {
@@ -448,6 +451,8 @@ fn main() {
     }
     let ceiling = median(ceilings.iter().map(|c| c.0).collect());
     let ceiling_cpu = median(ceilings.iter().map(|c| c.1).collect());
+    let floor = median(floors.iter().map(|f| f.0).collect());
+    let floor_cpu = median(floors.iter().map(|f| f.1).collect());
     // The median of each figure over the rounds.
     let med = |ci: usize, v: Variant, f: &dyn Fn(&Result) -> f64| {
         median(
@@ -480,6 +485,22 @@ fn main() {
     let vs_ceiling = |ci| paired(ci, Variant::Batched, &|r, ceil| r.per_sec / ceil.0);
     let p99_64 = med(ci64, Variant::Batched, &|r| r.p99.as_secs_f64() * 1e3);
     let cpu_64 = med(ci64, Variant::Batched, &|r| r.redis_us);
+    // The default store's Redis CPU per decision at 64 over its round's floor per key.
+    let over_floor = median(
+        points
+            .iter()
+            .zip(&floors)
+            .flat_map(|(round, floor)| {
+                round
+                    .iter()
+                    .filter(|(c, v, _)| *c == ci64 && *v == Variant::Batched)
+                    .map(move |(_, _, r)| r.redis_us / floor.1)
+            })
+            .collect(),
+    );
+    println!(
+        "floor (median of {rounds}): {floor_cpu:.2} µs of Redis CPU per key; the batched store at 64 spends {over_floor:.2}x its round's floor per decision"
+    );
     println!(
         "medians of {rounds} rounds: ceiling {ceiling:.0}/s; batched {:.2}x its round's ceiling at 64, {:.2}x at 256; batched at 64: p99 {p99_64:.2} ms, redis CPU {cpu_64:.2} µs per decision",
         vs_ceiling(ci64),
@@ -500,6 +521,7 @@ fn main() {
         p1_cpu,
         floor,
         floor_cpu,
+        over_floor,
         ceiling,
         ceiling_cpu,
         med: &med,
@@ -554,6 +576,9 @@ struct Figures<'a> {
     /// The floor script's keys per second and Redis CPU µs per key.
     floor: f64,
     floor_cpu: f64,
+    /// The default store's Redis CPU per decision at 64 callers over the floor's per key, the
+    /// median over the rounds of each round's pair.
+    over_floor: f64,
     ceiling: f64,
     ceiling_cpu: f64,
     med: Median<'a>,
@@ -581,7 +606,8 @@ fn write_section(f: &Figures<'_>) {
          one multiplexed connection. The ceiling is (b) `redis-benchmark -c 50 -P 16` running that \
          script by `EVALSHA` on the same server: what one Redis does when the client costs \
          nothing. {} rounds, each the ceiling, the default store at 64 and 256 callers, the \
-         ceiling again (the round's ceiling is the mean of the two), then the other points; \
+         ceiling again (the round's ceiling is the mean of the two), the floor (c), then the \
+         other points; \
          figures are medians over the rounds, and a ratio to the ceiling is the median over the \
          rounds of a point over its round's ceiling. Redis CPU per decision is the server's `used_cpu_user + \
          used_cpu_sys` (INFO cpu) over the point, divided by the decisions; script time is \
@@ -648,7 +674,10 @@ fn write_section(f: &Figures<'_>) {
         format!("{:.2}", f.ceiling_cpu),
     ]);
     ceiling.row(&[
-        format!("-P 16, (c) the floor: {FLOOR_BATCH} keys per call, per key"),
+        format!(
+            "-P 16, (c) the floor: {FLOOR_BATCH} keys per call, per key (median of {})",
+            f.rounds
+        ),
         format!("{:.0}", f.floor),
         format!("{:.2}", f.floor_cpu),
     ]);
@@ -727,10 +756,17 @@ fn write_section(f: &Figures<'_>) {
          a 16-byte value per key (a token bucket's batched write keeps the key's TTL while it \
          covers the refill, as it does for this bench's keys, written many times per eighth of \
          their TTL), 16 keys per call, on \
-         the same server. No store that writes every decided key can spend less Redis CPU per \
-         decision than that on this machine; the store's figure above it is the decision itself \
-         (Lua) and reading the call.",
+         the same server, once a round after the ceiling. No store that writes every decided key \
+         can spend less Redis CPU per decision than that on this machine; the store's figure \
+         above it is the decision itself (Lua) and reading the call.",
     );
+    section.note(format!(
+        "The default store at 64 callers spends {:.2}x the floor's Redis CPU per key on a \
+         decision (the median over the rounds of each round's store point over that round's \
+         floor): the 3 µs budget would need {:.2}x.",
+        f.over_floor,
+        3.0 / f.floor_cpu
+    ));
     let mut cluster = report::Table::new(
         format!(
             "Redis Cluster, 3 masters on this machine, medians of {} rounds",
