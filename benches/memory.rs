@@ -13,7 +13,9 @@
 //!   address bits, as a key extractor would), visited in a pseudo-random order: key
 //!   `splitmix64(counter) % N`. With 2 threads each thread has its own half of the N keys
 //!   (distinct key sets), and the figure is wall time / checks of both threads; the scaling
-//!   figure is the 1-thread time over the 2-thread time (2.0 would be perfect).
+//!   figure is the 1-thread time over the 2-thread time (2.0 would be perfect). A reference
+//!   that is not a limiter (arithmetic on the key's bits, no memory) is timed the same way: its
+//!   2-thread figure is the most this machine gives a second thread.
 //! - Both limiters are built and filled with every key before the rounds start; then each round
 //!   times every variant once, in an order that rotates from round to round, so that drift on a
 //!   shared machine hits all of them alike. The figure is the median of [`ROUNDS`] rounds.
@@ -207,9 +209,10 @@ const COARSE: &str = "tollgate CoarseClock";
 const QUANTA: &str = "tollgate QuantaClock";
 const SYSTEM: &str = "tollgate SystemClock";
 const DEFAULT_BOUND: &str = "tollgate bound 100 000";
+const REFERENCE: &str = "reference: shares nothing";
 
-/// Every variant: the headline pair first, then the secondary rows.
-const VARIANTS: [&str; 7] = [
+/// Every variant: the headline pair first, then the secondary rows, then the reference.
+const VARIANTS: [&str; 8] = [
     GOVERNOR,
     TOLLGATE,
     CHECK_ONE,
@@ -217,7 +220,24 @@ const VARIANTS: [&str; 7] = [
     QUANTA,
     SYSTEM,
     DEFAULT_BOUND,
+    REFERENCE,
 ];
+
+/// Not a limiter: a chain of dependent arithmetic on the key's bits, about as long as a check,
+/// that reads and writes no memory. Its 2-thread over 1-thread figure is what this machine gives
+/// a second thread that shares nothing with the first, the most a limiter could reach on it.
+struct SharesNothing;
+
+impl Limiter for SharesNothing {
+    #[inline]
+    fn check(&self, ip: u32) -> bool {
+        let mut x = u64::from(ip);
+        for _ in 0..12 {
+            x = splitmix64(x);
+        }
+        x & 1 == 0
+    }
+}
 
 fn build(variant: &str, keys: usize) -> Box<dyn Limiter> {
     match variant {
@@ -238,6 +258,7 @@ fn build(variant: &str, keys: usize) -> Box<dyn Limiter> {
                 .build(&[spec()])
                 .expect("valid configuration"),
         )),
+        REFERENCE => Box::new(SharesNothing),
         other => panic!("unknown variant {other}"),
     }
 }
@@ -448,16 +469,19 @@ fn report(results: &[Vec<f64>], memory: &MemoryFigures, load: &str) {
 
     let mut scaling = Table::new(
         "2-thread throughput over 1-thread (1-thread ns / 2-thread ns; 2.0 is perfect)",
-        &["keys", "tollgate", "governor"],
+        &["keys", "tollgate", "governor", "reference: shares nothing"],
     );
+    let reference = VARIANTS.len() - 1;
     for (one, two) in [(1, 3), (2, 4)] {
         let (label, _, _) = CASES[one];
         let ours_up = results[one][ours] / results[two][ours];
         let gov_up = results[one][gov] / results[two][gov];
+        let reference_up = results[one][reference] / results[two][reference];
         scaling.row(&[
             label.to_string(),
             format!("{ours_up:.2}x"),
             format!("{gov_up:.2}x"),
+            format!("{reference_up:.2}x"),
         ]);
         section.ratio(
             "2 threads / 1 thread throughput (tollgate)",
@@ -525,6 +549,12 @@ fn report(results: &[Vec<f64>], memory: &MemoryFigures, load: &str) {
          (1 key) case has no 2-thread row.",
     );
     section.note(
+        "`reference: shares nothing` is not a limiter: twelve rounds of splitmix64 on the key's \
+         bits per call, which touch no memory, timed by the same loop in the same rounds. Its \
+         2-thread figure is what this machine gives a second thread that shares nothing with \
+         the first: no limiter can scale better here.",
+    );
+    section.note(
         "`tollgate bound 100 000`: `MemoryBackend::new()` exactly (bound 100 000 keys per limit). \
          At 1 000 000 keys it holds 100 000 and decides the others with the overflow bucket \
          (one state shared by every key that finds its shard full of spenders): a small, \
@@ -559,12 +589,14 @@ fn print(results: &[Vec<f64>], memory: &MemoryFigures) {
         println!(" | {:>11.2}x", r[0] / r[1]);
     }
     println!("\n2-thread speed-up (1-thread ns / 2-thread ns):");
+    let reference = VARIANTS.len() - 1;
     for (one, two) in [(1, 3), (2, 4)] {
         println!(
-            "{:<10} tollgate {:.2}x  governor {:.2}x",
+            "{:<10} tollgate {:.2}x  governor {:.2}x  reference (shares nothing) {:.2}x",
             CASES[one].0,
             results[one][1] / results[two][1],
-            results[one][0] / results[two][0]
+            results[one][0] / results[two][0],
+            results[one][reference] / results[two][reference]
         );
     }
     println!(
