@@ -464,8 +464,9 @@ fn main() {
                 .collect(),
         )
     };
-    // A point against its own round's ceiling, the median over the rounds: the ceiling and the
-    // store run minutes apart at most, so what slows the machine for a while slows both.
+    // A point against its own round's ceiling, the median over the rounds: the default store at
+    // 64 and 256 runs between the round's two ceilings, seconds apart, so what slows the
+    // machine for a while slows both (the round's other points come later in it).
     let paired = |ci: usize, v: Variant, g: &dyn Fn(&Result, (f64, f64)) -> f64| {
         median(
             points
