@@ -468,18 +468,7 @@ fn main() {
     // 64 and 256 runs between the round's two ceilings, seconds apart, so what slows the
     // machine for a while slows both (the round's other points come later in it).
     let paired = |ci: usize, v: Variant, g: &dyn Fn(&Result, (f64, f64)) -> f64| {
-        median(
-            points
-                .iter()
-                .zip(&ceilings)
-                .flat_map(|(round, &ceil)| {
-                    round
-                        .iter()
-                        .filter(move |(c, var, _)| *c == ci && *var == v)
-                        .map(move |(_, _, r)| g(r, ceil))
-                })
-                .collect(),
-        )
+        per_round_median(&points, &ceilings, ci, v, g)
     };
     let ci64 = CONCURRENCY.iter().position(|&c| c == 64).unwrap();
     let ci256 = CONCURRENCY.iter().position(|&c| c == 256).unwrap();
@@ -487,18 +476,9 @@ fn main() {
     let p99_64 = med(ci64, Variant::Batched, &|r| r.p99.as_secs_f64() * 1e3);
     let cpu_64 = med(ci64, Variant::Batched, &|r| r.redis_us);
     // The default store's Redis CPU per decision at 64 over its round's floor per key.
-    let over_floor = median(
-        points
-            .iter()
-            .zip(&floors)
-            .flat_map(|(round, floor)| {
-                round
-                    .iter()
-                    .filter(|(c, v, _)| *c == ci64 && *v == Variant::Batched)
-                    .map(move |(_, _, r)| r.redis_us / floor.1)
-            })
-            .collect(),
-    );
+    let over_floor = per_round_median(&points, &floors, ci64, Variant::Batched, &|r, floor| {
+        r.redis_us / floor.1
+    });
     println!(
         "floor (median of {rounds}): {floor_cpu:.2} µs of Redis CPU per key; the batched store at 64 spends {over_floor:.2}x its round's floor per decision"
     );
@@ -557,6 +537,29 @@ impl Variant {
             Variant::Batched => "RedisStore, default (batched)",
         }
     }
+}
+
+/// The median over the rounds of `g(point, that round's figure)` for the `v` point at
+/// concurrency index `ci`: `per_round[i]` is round `i`'s ceiling or floor.
+fn per_round_median(
+    points: &[Vec<(usize, Variant, Result)>],
+    per_round: &[(f64, f64)],
+    ci: usize,
+    v: Variant,
+    g: &dyn Fn(&Result, (f64, f64)) -> f64,
+) -> f64 {
+    median(
+        points
+            .iter()
+            .zip(per_round)
+            .flat_map(|(round, &figure)| {
+                round
+                    .iter()
+                    .filter(move |(c, var, _)| *c == ci && *var == v)
+                    .map(move |(_, _, r)| g(r, figure))
+            })
+            .collect(),
+    )
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
