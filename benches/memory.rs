@@ -17,8 +17,11 @@
 //!   that is not a limiter (arithmetic on the key's bits, no memory) is timed the same way: its
 //!   2-thread figure is the most this machine gives a second thread.
 //! - Both limiters are built and filled with every key before the rounds start; then each round
-//!   times every variant once, in an order that rotates from round to round, so that drift on a
-//!   shared machine hits all of them alike. The figure is the median of [`ROUNDS`] rounds.
+//!   times every variant once per thread count (its 1- and 2-thread runs back to back), in an
+//!   order that rotates from round to round, so that drift on a shared machine hits all of them
+//!   alike. A time is the median of [`ROUNDS`] rounds; a ratio (governor over tollgate, 1 thread
+//!   over 2) is the median over the rounds of that round's ratio, so that the two figures of a
+//!   ratio are always taken within a second of each other.
 //! - The quota is 1,000 per hour (burst 1,000) on both sides: a key charged once stays charged
 //!   for 3.6 s, longer than a pass over a million keys, so every key stays in memory; the hot key
 //!   and the 1,000 keys run out and are mostly refused, the million are allowed.
@@ -314,9 +317,12 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
-/// One case: every variant built and filled, then [`ROUNDS`] alternating rounds; the median ns
-/// per check of each variant, in [`VARIANTS`] order.
-fn measure_case(keys: usize, threads: usize) -> Vec<f64> {
+/// Every variant built and filled for `keys` keys, then [`ROUNDS`] alternating rounds; in each,
+/// every variant runs once per thread count in `threads`, those runs back to back (so that a
+/// variant's 1-thread and 2-thread figures of a round are taken within a fraction of a second of
+/// each other). Returns, per thread count, per variant ([`VARIANTS`] order), the ns per check of
+/// every round.
+fn measure_keys(keys: usize, threads: &[usize]) -> Vec<Vec<Vec<f64>>> {
     let limiters: Vec<Box<dyn Limiter>> = VARIANTS
         .iter()
         .map(|v| {
@@ -325,14 +331,16 @@ fn measure_case(keys: usize, threads: usize) -> Vec<f64> {
             limiter
         })
         .collect();
-    // A warm-up pass each.
+    // A warm-up pass each (per thread count).
     for limiter in &limiters {
-        run(&**limiter, keys, threads, CHECKS / 10, 1 << 40);
+        for &t in threads {
+            run(&**limiter, keys, t, CHECKS / 10, 1 << 40);
+        }
     }
-    let mut times = vec![Vec::new(); VARIANTS.len()];
+    let mut times = vec![vec![Vec::new(); VARIANTS.len()]; threads.len()];
     for round in 0..ROUNDS {
         for i in 0..VARIANTS.len() {
-            // Rotate the order, and reverse it every other round.
+            // Rotate the order, and reverse it every other round (the thread counts too).
             let j = (i + round) % VARIANTS.len();
             let j = if round % 2 == 1 {
                 VARIANTS.len() - 1 - j
@@ -340,10 +348,60 @@ fn measure_case(keys: usize, threads: usize) -> Vec<f64> {
                 j
             };
             let seed = (round as u64) << 32;
-            times[j].push(run(&*limiters[j], keys, threads, CHECKS, seed));
+            for k in 0..threads.len() {
+                let k = if round % 2 == 1 {
+                    threads.len() - 1 - k
+                } else {
+                    k
+                };
+                times[k][j].push(run(&*limiters[j], keys, threads[k], CHECKS, seed));
+            }
         }
     }
-    times.into_iter().map(median).collect()
+    times
+}
+
+/// Every case's per-round figures: `times[case][variant][round]`, cases in [`CASES`] order.
+struct Measured {
+    times: Vec<Vec<Vec<f64>>>,
+}
+
+impl Measured {
+    /// The hot key on one thread, then 1 000 and 1 000 000 keys, each on 1 and 2 threads in the
+    /// same rounds.
+    fn run() -> Self {
+        let mut hot = measure_keys(1, &[1]);
+        println!("1 (hot) keys, 1 thread(s): done");
+        let mut thousand = measure_keys(1_000, &[1, 2]);
+        println!("1 000 keys, 1 and 2 thread(s): done");
+        let mut million = measure_keys(MILLION, &[1, 2]);
+        println!("1 000 000 keys, 1 and 2 thread(s): done");
+        let (million_two, thousand_two) = (million.remove(1), thousand.remove(1));
+        Self {
+            times: vec![
+                hot.remove(0),
+                thousand.remove(0),
+                million.remove(0),
+                thousand_two,
+                million_two,
+            ],
+        }
+    }
+
+    /// The median ns per check of every variant of every case.
+    fn medians(&self) -> Vec<Vec<f64>> {
+        self.times
+            .iter()
+            .map(|case| case.iter().map(|r| median(r.clone())).collect())
+            .collect()
+    }
+
+    /// The median over the rounds of case `a`'s variant `va` over case `b`'s variant `vb`,
+    /// each round's two figures taken in that round.
+    fn paired(&self, (a, va): (usize, usize), (b, vb): (usize, usize)) -> f64 {
+        let (a, b) = (&self.times[a][va], &self.times[b][vb]);
+        median(a.iter().zip(b).map(|(a, b)| a / b).collect())
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -425,7 +483,8 @@ const CASES: [(&str, usize, usize); 5] = [
     ("1 000 000", MILLION, 2),
 ];
 
-fn report(results: &[Vec<f64>], memory: &MemoryFigures, load: &str) {
+fn report(measured: &Measured, memory: &MemoryFigures, load: &str) {
+    let results = &measured.medians();
     let mut section = Section::new(
         "memory",
         "In-memory store against governor",
@@ -438,7 +497,9 @@ fn report(results: &[Vec<f64>], memory: &MemoryFigures, load: &str) {
              (`splitmix64(counter) % N`); with 2 threads each thread has its own half of the keys \
              and the figure is wall time / checks of both threads. Every variant is built and \
              filled first, then each of {ROUNDS} rounds times every variant once ({CHECKS} checks) \
-             in a rotating order; figures are the medians. The benches build with the \
+             in a rotating order (a key count's 1- and 2-thread runs of a variant back to back); \
+             figures are the medians, and a ratio the median over the rounds of that round's \
+             ratio. The benches build with the \
              `metrics` feature (the examples' dev-dependency enables it): tollgate's check then \
              also counts calls on a thread-local, to time one in 64."
         ),
@@ -452,10 +513,10 @@ fn report(results: &[Vec<f64>], memory: &MemoryFigures, load: &str) {
     );
     let gov = 0;
     let ours = 1;
-    for (&(label, _, threads), figures) in CASES.iter().zip(results) {
+    for (case, (&(label, _, threads), figures)) in CASES.iter().zip(results).enumerate() {
         let mut row = vec![label.to_string(), threads.to_string()];
         row.extend(figures.iter().map(|ns| format!("{ns:.1}")));
-        let ratio = figures[gov] / figures[ours];
+        let ratio = measured.paired((case, gov), (case, ours));
         row.push(format!("{ratio:.2}x"));
         table.row(&row);
         section.ratio(
@@ -474,9 +535,8 @@ fn report(results: &[Vec<f64>], memory: &MemoryFigures, load: &str) {
     let reference = VARIANTS.len() - 1;
     for (one, two) in [(1, 3), (2, 4)] {
         let (label, _, _) = CASES[one];
-        let ours_up = results[one][ours] / results[two][ours];
-        let gov_up = results[one][gov] / results[two][gov];
-        let reference_up = results[one][reference] / results[two][reference];
+        let up = |v| measured.paired((one, v), (two, v));
+        let (ours_up, gov_up, reference_up) = (up(ours), up(gov), up(reference));
         scaling.row(&[
             label.to_string(),
             format!("{ours_up:.2}x"),
@@ -574,29 +634,31 @@ fn load_average() -> String {
         .unwrap_or_else(|_| "unknown".to_string())
 }
 
-fn print(results: &[Vec<f64>], memory: &MemoryFigures) {
+fn print(measured: &Measured, memory: &MemoryFigures) {
+    let results = &measured.medians();
     println!("\n=== ns per check (median of {ROUNDS} alternating rounds) ===");
     print!("{:<10} {:>3}", "keys", "thr");
     for v in VARIANTS {
         print!(" | {v:>20}");
     }
     println!(" | gov/tollgate");
-    for (&(label, _, threads), r) in CASES.iter().zip(results) {
+    for (case, (&(label, _, threads), r)) in CASES.iter().zip(results).enumerate() {
         print!("{label:<10} {threads:>3}");
         for ns in r {
             print!(" | {ns:>20.1}");
         }
-        println!(" | {:>11.2}x", r[0] / r[1]);
+        println!(" | {:>11.2}x", measured.paired((case, 0), (case, 1)));
     }
-    println!("\n2-thread speed-up (1-thread ns / 2-thread ns):");
+    println!("\n2-thread speed-up (1-thread ns / 2-thread ns, median of the rounds' ratios):");
     let reference = VARIANTS.len() - 1;
     for (one, two) in [(1, 3), (2, 4)] {
+        let up = |v| measured.paired((one, v), (two, v));
         println!(
             "{:<10} tollgate {:.2}x  governor {:.2}x  reference (shares nothing) {:.2}x",
             CASES[one].0,
-            results[one][1] / results[two][1],
-            results[one][0] / results[two][0],
-            results[one][reference] / results[two][reference]
+            up(1),
+            up(0),
+            up(reference)
         );
     }
     println!(
@@ -642,9 +704,12 @@ fn main() {
                 .expect("usage: memory --case KEYS THREADS")
         };
         let (keys, threads) = (arg(1), arg(2));
-        let r = measure_case(keys, threads);
-        for (variant, ns) in VARIANTS.iter().zip(&r) {
-            println!("{keys} keys, {threads} thread(s), {variant}: {ns:.1} ns");
+        let r = measure_keys(keys, &[threads]).remove(0);
+        for (variant, ns) in VARIANTS.iter().zip(r) {
+            println!(
+                "{keys} keys, {threads} thread(s), {variant}: {:.1} ns",
+                median(ns)
+            );
         }
         return;
     }
@@ -656,16 +721,9 @@ fn main() {
     }
     let load = load_average();
     let memory = measure_memory();
-    let results: Vec<Vec<f64>> = CASES
-        .iter()
-        .map(|&(label, keys, threads)| {
-            let r = measure_case(keys, threads);
-            println!("{label} keys, {threads} thread(s): {r:.1?}");
-            r
-        })
-        .collect();
-    print(&results, &memory);
-    report(&results, &memory, &load);
+    let measured = Measured::run();
+    print(&measured, &memory);
+    report(&measured, &memory, &load);
 }
 
 /// A quick pass of every variant (test mode).

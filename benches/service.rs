@@ -26,8 +26,9 @@
 //! responses).
 //!
 //! Each of [`ROUNDS`] rounds times every variant once ([`REQUESTS`] requests), in an order that
-//! rotates from round to round, so that drift on a shared machine hits every variant alike; the
-//! figure is the median over the rounds.
+//! rotates from round to round, so that drift on a shared machine hits every variant alike; a
+//! time is the median over the rounds, and a ratio the median over the rounds of that round's
+//! ratio (a round the machine ran slow for both sides counts once, as one ratio).
 //!
 //! # Cases
 //!
@@ -365,13 +366,19 @@ fn main() {
             samples[j].push(time(&mut variants[j], requests, &mut counter));
         }
     }
-    let ns: Vec<f64> = samples.into_iter().map(median).collect();
-    let by = |name: &str| {
+    let ns: Vec<f64> = samples.iter().cloned().map(median).collect();
+    let index = |name: &str| {
         variants
             .iter()
             .position(|v| v.name == name)
-            .map(|i| ns[i])
             .expect("variant")
+    };
+    let by = |name: &str| ns[index(name)];
+    // A ratio of two variants: the median over the rounds of each round's ratio, so that a
+    // round the machine ran slow (or fast) for both counts once, as one ratio.
+    let paired = |a: &str, b: &str| {
+        let (a, b) = (&samples[index(a)], &samples[index(b)]);
+        median(a.iter().zip(b).map(|(a, b)| a / b).collect())
     };
     println!("\n=== ns per request (median of {rounds} alternating rounds) ===");
     for (v, ns) in variants.iter().zip(&ns) {
@@ -380,10 +387,18 @@ fn main() {
     if test_mode || std::env::args().any(|a| a == "--only") {
         return;
     }
-    report(&variants, &ns, &by, &load);
+    report(&variants, &ns, &by, &paired, &load);
 }
 
-fn report(variants: &[Variant], ns: &[f64], by: &dyn Fn(&str) -> f64, load: &str) {
+/// `by(name)`: a variant's median ns; `paired(a, b)`: the median over the rounds of a's time
+/// over b's in the same round.
+fn report(
+    variants: &[Variant],
+    ns: &[f64],
+    by: &dyn Fn(&str) -> f64,
+    paired: &dyn Fn(&str, &str) -> f64,
+    load: &str,
+) {
     let mut section = Section::new(
         "layer",
         "The layer against tower_governor",
@@ -398,7 +413,8 @@ fn report(variants: &[Variant], ns: &[f64], by: &dyn Fn(&str) -> f64, load: &str
              with `use_headers()` (`x-ratelimit-limit`/`-remaining`) unless said. Allowed: a burst \
              of 9 999 refilled one a minute on both sides (each peer sees about 650 requests); \
              rejected: one an hour, spent first. Each of {ROUNDS} rounds times every variant once \
-             ({REQUESTS} requests) in a rotating order; figures are medians."
+             ({REQUESTS} requests) in a rotating order; times are medians over the rounds, and \
+             a ratio is the median over the rounds of that round's ratio."
         ),
     );
     let bare = by("bare");
@@ -426,20 +442,20 @@ fn report(variants: &[Variant], ns: &[f64], by: &dyn Fn(&str) -> f64, load: &str
     section.ratio(
         "layer per allowed request with headers (tower_governor / tollgate)",
         "1 limit, 1 000 peers",
-        theirs / ours,
+        paired("tower_governor headers", "tollgate"),
         1.0,
     );
     section.ratio(
         "layer per allowed request without headers (tower_governor / tollgate)",
         "1 limit, 1 000 peers",
-        by("tower_governor") / by("tollgate no headers"),
+        paired("tower_governor", "tollgate no headers"),
         1.0,
     );
     let rejected = by("tollgate rejected");
     section.ratio(
         "rejection within 2x an allowed request (2 x allowed / rejected)",
         "hot key, 429",
-        2.0 * ours / rejected,
+        2.0 * paired("tollgate", "tollgate rejected"),
         1.0,
     );
     let mut limits = Table::new(
@@ -474,16 +490,17 @@ fn report(variants: &[Variant], ns: &[f64], by: &dyn Fn(&str) -> f64, load: &str
         n_layers.push((n as f64, stacked));
         governor.push((n as f64, gov));
         if n > 1 {
+            let one = format!("tollgate {n} limits, one layer");
             section.ratio(
                 "N limits in one layer (N stacked layers / one layer)",
                 &format!("{n} limits"),
-                stacked / one,
+                paired(&format!("tollgate {n} layers"), &one),
                 1.0,
             );
             section.ratio(
                 "N limits in one layer vs N stacked GovernorLayers (governor / tollgate)",
                 &format!("{n} limits"),
-                gov / one,
+                paired(&format!("tower_governor {n} layers"), &one),
                 1.0,
             );
         }
