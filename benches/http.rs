@@ -338,13 +338,8 @@ fn main() {
     let (plain, tollgate, governor) = (rps[0], rps[1], rps[2]);
     // Each round's ratio pairs two servers measured back to back; the headline is their median.
     let paired = |a: usize, b: usize, f: fn(&Run) -> f64| {
-        median(
-            runs[a]
-                .iter()
-                .zip(&runs[b])
-                .map(|(x, y)| f(x) / f(y))
-                .collect(),
-        )
+        let column = |i: usize| runs[i].iter().map(f).collect::<Vec<_>>();
+        report::median_ratio(&column(a), &column(b))
     };
     let rps_ratio = paired(1, 0, |r| r.rps);
     let rps_vs_governor = paired(1, 2, |r| r.rps);

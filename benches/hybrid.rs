@@ -3,9 +3,10 @@
 //! decisions per second, p50/p99 latency and Redis script calls per decision at concurrency 1,
 //! 64 and 256, on 1 000 active keys in random order through `Store::check`, default
 //! configuration but a 50 ms Redis timeout for both (token bucket, 500/s burst 500 per key,
-//! closed on failure; answers of the failure policy are not counted as decisions), alternating rounds,
-//! medians (a ratio: the median over the rounds of each round's hybrid over plain). Every run also counts what the hybrid store admitted against what one shared bucket
-//! per key allows from its first request (over-admission must be 0).
+//! closed on failure; answers of the failure policy are not counted as decisions), alternating
+//! rounds, medians (a ratio: the median over the rounds of each round's hybrid over plain). Every
+//! run also counts what the hybrid store admitted against what one shared bucket per key allows
+//! from its first request (over-admission must be 0).
 //!
 //! ```text
 //! cargo bench --features redis --bench hybrid
@@ -230,13 +231,8 @@ fn main() {
             over = over.max(h.admitted.saturating_sub(h.fair));
             hybrid.push(h);
         }
-        let mut paired: Vec<f64> = hybrid
-            .iter()
-            .zip(&plain)
-            .map(|(h, p)| h.per_sec / p.per_sec)
-            .collect();
-        paired.sort_by(f64::total_cmp);
-        let ratio = paired[paired.len() / 2];
+        let per_sec = |points: &[Point]| points.iter().map(|p| p.per_sec).collect::<Vec<_>>();
+        let ratio = report::median_ratio(&per_sec(&hybrid), &per_sec(&plain));
         ratios.push(ratio);
         let (p, h) = (median(plain), median(hybrid));
         println!("concurrency {c}:");

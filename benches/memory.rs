@@ -399,8 +399,7 @@ impl Measured {
     /// The median over the rounds of case `a`'s variant `va` over case `b`'s variant `vb`,
     /// each round's two figures taken in that round.
     fn paired(&self, (a, va): (usize, usize), (b, vb): (usize, usize)) -> f64 {
-        let (a, b) = (&self.times[a][va], &self.times[b][vb]);
-        median(a.iter().zip(b).map(|(a, b)| a / b).collect())
+        report::median_ratio(&self.times[a][va], &self.times[b][vb])
     }
 }
 

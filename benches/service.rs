@@ -374,12 +374,8 @@ fn main() {
             .expect("variant")
     };
     let by = |name: &str| ns[index(name)];
-    // A ratio of two variants: the median over the rounds of each round's ratio, so that a
-    // round the machine ran slow (or fast) for both counts once, as one ratio.
-    let paired = |a: &str, b: &str| {
-        let (a, b) = (&samples[index(a)], &samples[index(b)]);
-        median(a.iter().zip(b).map(|(a, b)| a / b).collect())
-    };
+    // A ratio of two variants: the median over the rounds of each round's ratio.
+    let paired = |a: &str, b: &str| report::median_ratio(&samples[index(a)], &samples[index(b)]);
     println!("\n=== ns per request (median of {rounds} alternating rounds) ===");
     for (v, ns) in variants.iter().zip(&ns) {
         println!("{:<34} {ns:>8.1}", v.name);

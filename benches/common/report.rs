@@ -12,6 +12,22 @@ use std::path::PathBuf;
 
 use serde_json::{json, Value};
 
+/// The median over the rounds of `a[i] / b[i]`, where `a` and `b` hold one figure per round (in
+/// round order) of two things measured in the same rounds: each round's pair is taken seconds
+/// apart, so a round in which the machine ran slow for both counts once, as one ratio. With an
+/// even number of rounds, the mean of the middle two.
+pub fn median_ratio(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len(), "one figure per round on both sides");
+    let mut ratios: Vec<f64> = a.iter().zip(b).map(|(a, b)| a / b).collect();
+    ratios.sort_by(f64::total_cmp);
+    let n = ratios.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => ratios[n / 2],
+        _ => (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0,
+    }
+}
+
 /// A table: a title, its column headings and rows of cells (already formatted text).
 #[derive(Debug, Clone)]
 pub struct Table {
