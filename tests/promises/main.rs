@@ -5,10 +5,10 @@
 //!
 //! `cargo test --all-features --test promises -- --nocapture` prints the figures.
 
-#[allow(dead_code, unused_imports)]
+#[allow(unused_imports)]
 #[path = "../common/mod.rs"]
 mod common;
-#[allow(dead_code, unused_imports)]
+#[allow(unused_imports)]
 #[path = "../support/mod.rs"]
 mod support;
 
