@@ -339,11 +339,15 @@ fn invalid_configuration_fails_at_build_time() {
     );
     assert_eq!(
         field(ConcurrencyLimitLayer::builder(1).queue(Duration::ZERO, 4)),
-        "queue"
+        "queue.max_wait"
+    );
+    assert_eq!(
+        field(ConcurrencyLimitLayer::builder(1).queue(Duration::MAX, 4)),
+        "queue.max_wait"
     );
     assert_eq!(
         field(ConcurrencyLimitLayer::builder(1).queue(Duration::from_secs(1), 0)),
-        "queue"
+        "queue.max_queued"
     );
 }
 

@@ -20,9 +20,18 @@ use tollgate::concurrency::{ConcurrencyLimitLayer, RedisSlots};
 use tollgate::key::HeaderKey;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 
-/// The Redis key of tenant `t`'s slots under the limit "api".
-fn set_key(t: &str) -> String {
-    format!("tollgate:cc:api:b:{t}")
+/// The Redis keys of the slots under the limit "api" (client keys appear only hashed in them).
+fn slot_keys(server: &RedisServer) -> Vec<String> {
+    let mut keys: Vec<String> = server.cmd(&["KEYS", "tollgate:{*}:cc:api:h.*"]);
+    keys.sort();
+    keys
+}
+
+/// The only slot key under the limit "api".
+fn only_key(server: &RedisServer) -> String {
+    let keys = slot_keys(server);
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    keys.into_iter().next().unwrap()
 }
 
 /// One instance: a layer with its own connection and background task.
@@ -84,6 +93,8 @@ async fn instances_share_slots_and_give_them_back_when_bodies_end() {
     let a = one.clone().oneshot(req("acme")).await.unwrap();
     let b = two.clone().oneshot(req("acme")).await.unwrap();
     assert_eq!((a.status(), b.status()), (StatusCode::OK, StatusCode::OK));
+    let acme = only_key(&server);
+    assert!(!acme.contains("acme"), "{acme}");
     let refused = one.clone().oneshot(req("acme")).await.unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     let json: serde_json::Value =
@@ -92,19 +103,20 @@ async fn instances_share_slots_and_give_them_back_when_bodies_end() {
     // Another key is counted apart.
     let other = two.clone().oneshot(req("globex")).await.unwrap();
     assert_eq!(other.status(), StatusCode::OK);
-    assert_eq!(server.cmd::<i64>(&["ZCARD", &set_key("acme")]), 2);
+    assert_eq!(server.cmd::<i64>(&["ZCARD", &acme]), 2);
+    assert_eq!(slot_keys(&server).len(), 2);
 
     // Finishing a body on instance two frees a slot instance one can take.
     assert_eq!(b.into_body().collect().await.unwrap().to_bytes(), "ok");
     eventually("the finished request's lease is removed", || {
-        server.cmd::<i64>(&["ZCARD", &set_key("acme")]) == 1
+        server.cmd::<i64>(&["ZCARD", &acme]) == 1
     })
     .await;
     let c = one.clone().oneshot(req("acme")).await.unwrap();
     assert_eq!(c.status(), StatusCode::OK);
     drop((a, c, other));
     eventually("every lease is removed", || {
-        server.cmd::<i64>(&["EXISTS", &set_key("acme")]) == 0
+        server.cmd::<i64>(&["EXISTS", &acme]) == 0
     })
     .await;
 }
@@ -114,7 +126,7 @@ async fn live_requests_are_renewed_past_their_lease() {
     let server = RedisServer::start();
     let svc = instance(&server, 1, Duration::from_millis(150));
     let held = svc.clone().oneshot(req("acme")).await.unwrap();
-    let key = set_key("acme");
+    let key = only_key(&server);
     let scores: Vec<String> = server.cmd(&["ZRANGE", &key, "0", "0", "WITHSCORES"]);
     let first: f64 = scores[1].parse().unwrap();
     // Wait until Redis's clock is past the first expiry: only renewal keeps the slot.
@@ -169,7 +181,7 @@ async fn a_killed_instances_slots_expire_with_their_leases() {
     .join()
     .unwrap();
 
-    let key = set_key("acme");
+    let key = only_key(&server);
     let scores: Vec<String> = server.cmd(&["ZRANGE", &key, "0", "-1", "WITHSCORES"]);
     assert_eq!(scores.len(), 4, "two leases left behind: {scores:?}");
     let expiry = scores[1]
@@ -243,9 +255,10 @@ fn redis_slots_refuse_a_queue_and_a_tiny_lease() {
 async fn a_request_dropped_while_its_lease_is_taken_gives_the_lease_back() {
     let server = RedisServer::start();
     let svc = instance(&server, 1, Duration::from_secs(30));
-    let zcard = || server.cmd::<i64>(&["ZCARD", &set_key("t")]);
     // Warm: the connection is up and the script loaded.
     let res = svc.clone().oneshot(req("t")).await.unwrap();
+    let key = only_key(&server);
+    let zcard = || server.cmd::<i64>(&["ZCARD", &key]);
     res.into_body().collect().await.unwrap();
     eventually("the warm-up slot is given back", || zcard() == 0).await;
     // Redis stops answering with the acquire script sent; the request's client gives up.

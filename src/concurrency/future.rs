@@ -98,10 +98,15 @@ where
         shared: Arc<Shared>,
     ) -> Self {
         let since = Instant::now();
+        // The builder bounds `max_wait`; past the clock's range the wait is tokio's longest.
+        let sleep = match since.checked_add(max_wait) {
+            Some(deadline) => tokio::time::sleep_until(deadline),
+            None => tokio::time::sleep(max_wait),
+        };
         Self {
             state: State::Queued {
                 rx,
-                sleep: tokio::time::sleep_until(since + max_wait),
+                sleep,
                 since,
                 held: Some(Held { req, inner, shared }),
             },

@@ -19,6 +19,9 @@ use crate::response::{grpc_trailers_only, is_grpc, GrpcCode, ProblemDetails, Rej
 /// The default bound on keys with a request in flight or waiting.
 pub const DEFAULT_MAX_KEYS: usize = 100_000;
 
+/// The longest accepted queue `max_wait`: a request waits for a slot at most this long.
+const MAX_QUEUE_WAIT: Duration = Duration::from_secs(3600);
+
 /// Where the slots live.
 #[derive(Debug)]
 pub(crate) enum Slots {
@@ -219,6 +222,10 @@ impl ConcurrencyLimitLayerBuilder {
     /// with at most `max_queued` requests waiting per key; beyond either it is refused. A
     /// waiting request costs one timer and one channel, and dropping it leaves the queue.
     /// In-memory slots only.
+    ///
+    /// `max_wait` must be above zero and at most 1 hour, `max_queued` at least 1; otherwise
+    /// [`build`](Self::build) returns a [`ConfigError`] for the field `queue.max_wait` or
+    /// `queue.max_queued`.
     pub fn queue(mut self, max_wait: Duration, max_queued: usize) -> Self {
         self.queue = Some(Queue {
             max_wait,
@@ -265,10 +272,19 @@ impl ConcurrencyLimitLayerBuilder {
             ));
         }
         if let Some(q) = self.queue {
-            if q.max_wait.is_zero() || q.per_key == 0 {
+            if q.max_wait.is_zero() || q.max_wait > MAX_QUEUE_WAIT {
                 return Err(ConfigError::new(
-                    "queue",
-                    "a queue needs a max_wait above zero and room for at least one request; drop .queue(..) to refuse at once",
+                    "queue.max_wait",
+                    format!(
+                        "a queue's max_wait of {:?} is out of range: use more than zero and at most 1 hour (3600 s); drop .queue(..) to refuse at once",
+                        q.max_wait
+                    ),
+                ));
+            }
+            if q.per_key == 0 {
+                return Err(ConfigError::new(
+                    "queue.max_queued",
+                    "a queue needs room for at least one request; drop .queue(..) to refuse at once",
                 ));
             }
         }

@@ -33,7 +33,14 @@
 //! beyond that is refused with `503`); a key with nothing in flight takes no memory. With the
 //! `redis` feature, [`RedisSlots`] shares the slots between instances as leases that expire:
 //! an instance that dies holding slots frees them when their leases run out, while live
-//! requests are renewed by one background task per layer.
+//! requests are renewed by one background task per layer and tokio runtime (a layer used from a
+//! new runtime connects there; one that shut down takes only its own connection with it). Slot
+//! key names hold client keys only as a keyed hash, at most 58 bytes plus the prefix and the
+//! limit name.
+//!
+//! Every duration is bounded when the layer is built: the queue's `max_wait` from 1 ns to 1 hour,
+//! the Redis lease from 30 ms to 1 hour; outside that, [`build`](ConcurrencyLimitLayerBuilder::build)
+//! returns a [`ConfigError`](crate::ConfigError) naming the field.
 //!
 //! # Examples
 //!

@@ -236,6 +236,7 @@ mod store;
 pub use stats::RedisStats;
 pub use store::{RedisFuture, RedisStore};
 
+pub(crate) use keys::{encode_name, validate_prefix, KeyEncoder, MAX_NAME, MAX_PREFIX};
 pub(crate) use store::lease::{LeaseRequest, LeaseScript};
 
 use conn::Target;
