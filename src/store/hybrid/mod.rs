@@ -72,8 +72,39 @@
 //! decides as it does for the Redis store: `Open`, `Closed` (503), or `Local { share }` (the
 //! Redis store's local limiter with `share` of the quota). What `Local` admits for a leasing
 //! limit is **owed**: the instance charges it with its next lease of the key, as far as it fits,
-//! so an instance coming back to an emptied (restarted) Redis does not find a full budget and
-//! grant a burst.
+//! on top of what the key had spent (below).
+//!
+//! # When Redis loses a key
+//!
+//! `FLUSHALL`, a restart without persistence, an eviction or a failover to a replica that never
+//! saw the key leave it missing: a plain store would find a full budget. Each instance remembers,
+//! per key, what Redis said at its last reply (lease or refusal): the capacity less the
+//! remaining, at that Redis time; every lease call sends it.
+//!
+//! - A lease that finds the key missing (or unreadable) rebuilds it as charged that much at that
+//!   time, then the algorithm refills it to now (the windows: only within the same window), and
+//!   writes a small **birth record** next to it (same hash tag: the time, and what the key was
+//!   rebuilt with), alive for the key's TTL.
+//! - An instance whose last reply predates the birth record knew the key before it was lost:
+//!   what it knew beyond what the key was rebuilt with (both refilled to now) is charged on top
+//!   of what was spent since. Such an instance, and the one that rebuilt the key from its own
+//!   knowledge, lease only the request's cost that once (other instances may know more).
+//! - So once every instance that knew the key has called once, the key holds the most any of
+//!   them knew, refilled, plus everything granted since: the instance that heard from Redis
+//!   last knew every unit leased before its reply. **Beyond what the key would have admitted
+//!   without the loss, it admits at most one request per instance that knew it, and what
+//!   instances that knew nothing of it lease from it before the best-informed one calls** (a
+//!   cold instance leases its cost). Tests (`tests/promises/
+//!   hybrid_data_loss.rs`): 4 instances on a key exhausted at 10/s, burst 100: 13 admitted in
+//!   the 1.5 s after a `FLUSHALL` or a kill and empty restart (15 refill in that time); 14 when
+//!   an instance that never saw the key reaches it first; a key 60/100 spent admits 40 more.
+//! - A key only expires once it is full again, which the instances' knowledge then says too: a
+//!   key that expired is charged nothing.
+//! - Cost: each lease call runs one `EXISTS`, and one `GET` of the birth record when the
+//!   instance knows something of the key; each key a lease creates has a birth record for its
+//!   TTL (24 bytes of value). Keys checked plainly (the sliding log, a plan's quota, keys beyond
+//!   [`HybridBackend::max_keys`]) are not covered, and a key that a plain check re-creates after
+//!   a loss gets no birth record: the instances' knowledge of it is not charged.
 //!
 //! # Headers
 //!

@@ -92,6 +92,17 @@ impl LeasePlan {
         (want / 2).min(self.refill_in_ttl).max(cost)
     }
 
+    /// Until when (Redis time, µs) what a key had spent at Redis time `at` may be charged again
+    /// after Redis lost the key: the end of `at`'s window for the windows (the next window
+    /// starts from nothing anyway), 0 (no end) for the buckets, whose refill since `at` the
+    /// algorithm computes.
+    pub(crate) fn known_until(&self, at: u64) -> u64 {
+        match self.window {
+            Some(period) => (at / period).saturating_add(1).saturating_mul(period),
+            None => 0,
+        }
+    }
+
     /// How long (µs) a lease taken at Redis time `now` may be used: `ttl`, and for windows no
     /// further than the end of the window holding `now`.
     pub(crate) fn lifetime(&self, now: u64) -> u64 {
@@ -200,6 +211,22 @@ mod tests {
         assert_eq!(p.ttl, 500_000);
         assert_eq!(p.lifetime(10_900_000), 100_000);
         assert_eq!(p.lifetime(10_000_000), 500_000);
+    }
+
+    #[test]
+    fn what_a_key_spent_is_charged_again_within_its_window_only() {
+        let w = plan(AlgorithmKind::FixedWindow, Quota::per_second(100), 0.5);
+        assert_eq!(w.known_until(10_250_000), 11_000_000);
+        assert_eq!(w.known_until(11_000_000), 12_000_000);
+        let s = plan(AlgorithmKind::SlidingWindow, Quota::per_minute(60), 0.5);
+        assert_eq!(s.known_until(61_000_000), 120_000_000);
+        let b = plan(AlgorithmKind::Gcra, Quota::per_second(10), 0.5);
+        assert_eq!(
+            b.known_until(u64::MAX),
+            0,
+            "buckets: no end, the refill counts"
+        );
+        assert_eq!(w.known_until(u64::MAX), u64::MAX, "no overflow");
     }
 
     #[test]

@@ -127,7 +127,20 @@ enum Local {
 
 enum Step {
     Wait(Arc<Notify>),
-    Ask(Arc<Notify>, (u64, u64, u64, u64, u64)),
+    Ask(Arc<Notify>, Ask),
+}
+
+/// What one lease call sends besides the key (see [`LeaseRequest`]).
+#[derive(Debug, Clone, Copy)]
+struct Ask {
+    want: u64,
+    wait: u64,
+    give: u64,
+    given_at: u64,
+    owed: u64,
+    known_spent: u64,
+    known_at: u64,
+    known_until: u64,
 }
 
 enum FetchError {
@@ -418,11 +431,23 @@ impl Inner {
                 let owed = std::mem::take(&mut e.owed);
                 let notify = Arc::new(Notify::new());
                 e.fetching = Some(notify.clone());
-                Step::Ask(notify, (want, wait, give, given_at, owed))
+                Step::Ask(
+                    notify,
+                    Ask {
+                        want,
+                        wait,
+                        give,
+                        given_at,
+                        owed,
+                        known_spent: e.known_spent,
+                        known_at: e.known_at,
+                        known_until: e.known_until,
+                    },
+                )
             }
         };
-        let (notify, req_parts) = match step {
-            Step::Ask(n, parts) => (n, parts),
+        let (notify, ask) = match step {
+            Step::Ask(n, ask) => (n, ask),
             Step::Wait(n) => {
                 // `notify_waiters` wakes the futures created before it, polled or not; the
                 // fetcher clears `fetching` under the lock before notifying, so a fetch still
@@ -446,14 +471,13 @@ impl Inner {
                 return Ok(());
             }
         };
-        let (want, wait, give, given_at, owed) = req_parts;
         let job = LeaseJob {
             inner: self.clone(),
             limit: c.limit,
             key: c.key.clone(),
             cost: c.cost,
             notify,
-            parts: (want, wait, give, given_at, owed),
+            ask,
             sent: now,
         };
         let timeout = self.redis.wait_timeout();
@@ -507,7 +531,7 @@ struct LeaseJob {
     key: Key<'static>,
     cost: u64,
     notify: Arc<Notify>,
-    parts: (u64, u64, u64, u64, u64),
+    ask: Ask,
     /// Local time the lease was asked at: its lifetime counts from then.
     sent: u64,
 }
@@ -521,7 +545,7 @@ impl LeaseJob {
             key: &self.key,
             notify: self.notify.clone(),
         };
-        let (want, wait, give, given_at, owed) = self.parts;
+        let ask = self.ask;
         let plan = inner.plans[self.limit];
         let now = self.sent;
         let Some(script) = &inner.script else {
@@ -534,12 +558,15 @@ impl LeaseJob {
                 LeaseRequest {
                     limit: self.limit,
                     key: &self.key,
-                    want,
+                    want: ask.want,
                     min: self.cost,
-                    wait,
-                    give,
-                    given_at,
-                    owed,
+                    wait: ask.wait,
+                    give: ask.give,
+                    given_at: ask.given_at,
+                    owed: ask.owed,
+                    known_spent: ask.known_spent,
+                    known_at: ask.known_at,
+                    known_until: ask.known_until,
                 },
                 LEASE_DEADLINE,
             )
@@ -556,6 +583,11 @@ impl LeaseJob {
                 inner.stats.add_lease(r.granted);
                 let d = r.decision;
                 e.reset_at = now.saturating_add(d.reset().as_micros() as u64);
+                if !d.is_impossible() {
+                    e.known_spent = plan.limit.saturating_sub(d.remaining());
+                    e.known_at = r.now;
+                    e.known_until = plan.known_until(r.now);
+                }
                 if r.granted > 0 {
                     // Units still held (a lease granted while this one was on the wire) are
                     // given back with the next lease, measured from the older time.
@@ -570,7 +602,7 @@ impl LeaseJob {
                     e.shared_remaining = d.remaining();
                     e.refused_until = 0;
                     e.dry_until = plan
-                        .dry_for(d.remaining(), self.cost, wait)
+                        .dry_for(d.remaining(), self.cost, ask.wait)
                         .map_or(0, |dry| now.saturating_add(dry));
                     Ok(())
                 } else if d.is_impossible() {
@@ -590,7 +622,7 @@ impl LeaseJob {
             }
             Err(err) => {
                 inner.stats.add_failure();
-                e.owed = e.owed.saturating_add(owed).min(plan.limit);
+                e.owed = e.owed.saturating_add(ask.owed).min(plan.limit);
                 Err(FetchError::Store(err))
             }
         };

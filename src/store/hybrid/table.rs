@@ -42,6 +42,16 @@ pub(crate) struct Entry {
     /// Units admitted by the failure policy while Redis could not be reached, charged with
     /// the next lease.
     pub(crate) owed: u64,
+    /// Units this instance knows the key had spent in Redis at Redis time `known_at` (µs): the
+    /// capacity less Redis's remaining at its last reply for the key (a lease or a refusal).
+    /// Sent with every lease call: if Redis lost the key's state meanwhile, the script charges
+    /// them at `known_at` before anything else (see the module docs).
+    pub(crate) known_spent: u64,
+    /// Redis time (µs) of the reply `known_spent` comes from.
+    pub(crate) known_at: u64,
+    /// Redis time (µs) until which `known_spent` may be charged: the end of `known_at`'s window
+    /// for the windows, 0 (no end: the algorithm refills it) for the buckets.
+    pub(crate) known_until: u64,
     /// The key is written at a plan's quota in Redis: checked plainly.
     pub(crate) plain: bool,
     pub(crate) demand: Demand,

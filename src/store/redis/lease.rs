@@ -45,6 +45,13 @@ pub(crate) struct LeaseRequest<'k, 'a> {
     pub(crate) given_at: u64,
     /// Units admitted locally while Redis was unreachable, charged first.
     pub(crate) owed: u64,
+    /// Units the caller knows the key had spent at Redis time `known_at` (µs), charged at that
+    /// time if the key's state is gone (see `scripts/lease.lua`); 0: nothing known.
+    pub(crate) known_spent: u64,
+    /// Redis time (µs) of what `known_spent` says.
+    pub(crate) known_at: u64,
+    /// Redis time (µs) until which `known_spent` may be charged; 0: no end.
+    pub(crate) known_until: u64,
 }
 
 /// Redis's answer to a lease.
@@ -201,9 +208,13 @@ async fn send(
     req: &LeaseRequest<'_, '_>,
     now: Option<u64>,
 ) -> Result<Vec<i64>, StoreError> {
+    // The key's birth record (scripts/lease.lua): the same hash tag, so the same slot; `!` never
+    // ends an encoded client key (it is percent-encoded), so the name is the record's alone.
+    let born = format!("{key}!");
     let pack = |cmd: &mut redis::Cmd| {
-        cmd.arg(1)
+        cmd.arg(2)
             .arg(key)
+            .arg(&born)
             .arg(req.limit)
             .arg(req.want)
             .arg(if req.wait > req.min {
@@ -218,6 +229,9 @@ async fn send(
             Some(t) => cmd.arg(t),
             None => cmd.arg(""),
         };
+        cmd.arg(req.known_spent)
+            .arg(req.known_at)
+            .arg(req.known_until);
     };
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(&script.sha);

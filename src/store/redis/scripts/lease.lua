@@ -2,6 +2,10 @@
 -- the prelude, the algorithms and LIMIT, so a lease runs exactly the functions a check runs.
 --
 -- KEYS[1]  the limit's state key (the same key a plain check of this store uses).
+-- KEYS[2]  its birth record (the same hash tag, so the same slot), alive for the key's ttl:
+--          when (µs) a lease last found the state key missing or unreadable and started it over,
+--          and the most a caller knew of its spending since (units, at µs), the key's `base`:
+--          three little-endian 64-bit integers.
 -- ARGV[1]  the limit's index in the store's configuration.
 -- ARGV[2]  want: the most units to lease.
 -- ARGV[3]  min: the fewest units worth leasing (the cost of the request that asks), and how
@@ -14,6 +18,17 @@
 -- ARGV[6]  owed: units admitted locally while Redis could not be reached; charged first (as far
 --          as they fit), so a recovering instance does not find a refilled budget.
 -- ARGV[7]  '' for the server's TIME, else the time in µs (a store with an explicit clock).
+-- ARGV[8]  known: units the caller knows the key had spent at ARGV[9] (µs; its last reply for
+--          the key), usable while now < ARGV[10] (0: no end). If the key's state is gone
+--          (missing: FLUSHALL, a restart without persistence, eviction; or unreadable) they are
+--          charged at ARGV[9] first and the algorithm refills them to now, so the key is rebuilt
+--          no fuller than the caller knew it. If the key was started over after ARGV[9] (its
+--          birth record is later: another instance, knowing less, got there first), what the
+--          caller knew beyond the key's base (both refilled to now) is charged on top of what
+--          was spent since, and becomes the base. A key only expires once it is full again,
+--          which the caller's knowledge then says as well, so an expired key is charged nothing.
+--          Such a caller (one whose knowledge predates the key's start) leases only its cost
+--          (`min`) this time.
 --
 -- Leasing `n` units is a check of cost `n` at one instant: `decide(now, 0)` says how many fit,
 -- `apply` charges them. Returns one string of little-endian 64-bit integers: now, granted,
@@ -40,11 +55,68 @@ if ARGV[7] == '' then
 else
   now = tonumber(ARGV[7])
 end
+local known = tonumber(ARGV[8])
+local known_at = tonumber(ARGV[9])
+local known_until = tonumber(ARGV[10])
+if known_at > now then
+  known_at = now
+end
 local key = KEYS[1]
+local born_key = KEYS[2]
 local load, decide, apply, give_back, _, ttl, p1, p2, p3 = LIMIT(lim)
+local recharge = known > 0 and (known_until == 0 or now < known_until)
+local missing = redis.call('EXISTS', key) == 0
 local corrupt, s1, s2, s3, o1 = load(key)
 if o1 then
   return struct.pack('<i8i8i8i8i8i8', now, -2, 0, 0, 0, 0)
+end
+-- What a key charged `units` at `at` from nothing leaves at `now`, worked out in the birth
+-- record's key (the caller restores the record).
+local function left_after(units, at)
+  if units == 0 then
+    local _, l = decide(now, 0, p1, p2, p3, 0, 0, 0)
+    return l
+  end
+  apply(born_key, ttl, at, units, p1, p2, p3, 0, 0, 0)
+  local _, k1, k2, k3 = load(born_key)
+  local _, l = decide(now, 0, p1, p2, p3, k1, k2, k3)
+  return l
+end
+-- A caller that knew what the key spent, finding it started over since its last reply, leases
+-- only its cost: other instances may know more, and their next calls charge it. Its own next
+-- call, informed by this reply, leases as usual.
+local cost_only = false
+if missing or corrupt then
+  local base, base_at = 0, now
+  if recharge then
+    apply(key, ttl, known_at, known, p1, p2, p3, s1, s2, s3)
+    local _
+    _, s1, s2, s3 = load(key)
+    base, base_at = known, known_at
+    cost_only = true
+  end
+  redis.call('SET', born_key, struct.pack('<i8i8i8', now, base, base_at), 'PX', ttl)
+elseif recharge then
+  local b = redis.call('GET', born_key)
+  if type(b) == 'string' and #b == 24 then
+    local born, base, base_at = struct.unpack('<i8i8i8', b)
+    if born > known_at then
+      -- The key was rebuilt with `base` (the most a caller knew so far): what this caller knew
+      -- beyond it is charged on top of what was spent since, and becomes the base.
+      local more = left_after(base, base_at) - left_after(known, known_at)
+      if more > 0 then
+        apply(key, ttl, now, more, p1, p2, p3, s1, s2, s3)
+        local _
+        _, s1, s2, s3 = load(key)
+        base, base_at = known, known_at
+      end
+      redis.call('SET', born_key, struct.pack('<i8i8i8', born, base, base_at), 'PX', ttl)
+      cost_only = true
+    end
+  end
+end
+if cost_only and want > min then
+  want = min
 end
 if give > 0 then
   s1, s2, s3 = give_back(key, ttl, given_at, now, give, p1, p2, p3, s1, s2, s3)
