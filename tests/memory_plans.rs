@@ -93,15 +93,34 @@ fn a_key_keeps_what_it_spent_across_plans_on_every_algorithm() {
             );
 
             // 12 more on Pro, then a downgrade: 15 spent is more than Free holds; it reads as
-            // exhausted, not in debt.
+            // exhausted, and all 15 stay spent (a cost-0 check changes nothing).
             let d = check(&store, "k", 12, Some(&pro), wide);
             assert!(d.allowed(), "{ctx}");
             assert_eq!(d.remaining(), 5, "{ctx}");
             let d = check(&store, "k", 1, Some(&free), wide);
             assert!(!d.allowed(), "{ctx}: downgrade keeps the spending");
             assert_eq!(d.remaining(), 0, "{ctx}");
-            // Never charged twice: two of Free's periods later it is whole.
+            assert_eq!(remaining(&store, "k", Some(&free)), 0, "{ctx}");
+            assert_eq!(
+                remaining(&store, "k", Some(&pro)),
+                5,
+                "{ctx}: no reset gift"
+            );
+            assert_eq!(
+                remaining(&store, "k", Some(&free)),
+                0,
+                "{ctx}: back on Free"
+            );
+            // Two of Free's periods later the windows are whole; the buckets have refilled 10
+            // of the 15 at Free's rate, and are whole a minute after that. Never charged twice.
             clock.advance(2 * MINUTE);
+            let bucket = matches!(
+                kind,
+                AlgorithmKind::TokenBucket | AlgorithmKind::Gcra | AlgorithmKind::LeakyBucket
+            );
+            let left = remaining(&store, "k", Some(&free));
+            assert_eq!(left, if bucket { 0 } else { 5 }, "{ctx}: 2 minutes on");
+            clock.advance(MINUTE);
             assert_eq!(remaining(&store, "k", Some(&free)), 5, "{ctx}: whole again");
             assert_eq!(store.len_of(0), Some(1), "{ctx}");
             // Another key on Pro is not touched by any of this.

@@ -85,14 +85,18 @@ fn bucket_steps() -> Vec<Step> {
         at(0, P0, 1, Rejected(0, 500 * MS)),
         // 1 s at 2/s refills 2 of the plan's units.
         at(S, P0, 0, Allowed(2)),
-        // Downgrade: 8 units spent, at most the own capacity of 5: empty, 1 s to the next.
-        at(S, OWN, 1, Rejected(0, S)),
-        at(2 * S, OWN, 1, Allowed(0)),
+        // Downgrade: 8 units spent, 3 more than the own capacity of 5, and all stay spent:
+        // empty, 4 s at 1/s to the next.
+        at(S, OWN, 1, Rejected(0, 4 * S)),
+        at(5 * S - 1, OWN, 1, Rejected(0, 1)),
+        at(5 * S, OWN, 1, Allowed(0)),
         // Back and forth in the same µs: 5 spent of 10, then 5 of 5 again, never a refill.
-        at(2 * S, P0, 0, Allowed(5)),
-        at(2 * S, OWN, 0, Allowed(0)),
-        at(7 * S, P0, 10, Allowed(0)),
-        at(8 * S, OWN, 1, Rejected(0, S)),
+        at(5 * S, P0, 0, Allowed(5)),
+        at(5 * S, OWN, 0, Allowed(0)),
+        at(10 * S, P0, 10, Allowed(0)),
+        at(11 * S, OWN, 1, Rejected(0, 4 * S)),
+        // Straight back up: the 8 are still spent (no reset gift).
+        at(11 * S, P0, 0, Allowed(2)),
         at(20 * S, P0, 10, Allowed(0)),
     ]
 }
@@ -101,7 +105,7 @@ fn scenarios() -> Vec<Scenario> {
     use AlgorithmKind::*;
     use Want::*;
     let buckets = |algorithm| Scenario {
-        name: "upgrade keeps spent, downgrade caps at capacity",
+        name: "upgrade keeps spent, downgrade keeps the excess",
         algorithm,
         own: Quota::per_second(1).burst(5),
         plans: vec![Quota::per_second(2).burst(10)],

@@ -47,12 +47,12 @@ use crate::quota::{Calendar, Quota};
 /// ```text
 /// w        = max(floor(now / P), window)        (an earlier clock stays in the stored window)
 /// used     = count  if w == window,  else 0
-/// allowed  = used + cost <= L
+/// allowed  = cost == 0  or  used + cost <= L
 /// after    = used + cost                        (if allowed, else used)
-/// remaining   = L - after
+/// remaining   = L - min(after, L)
 /// reset       = (w + 1) × P - now µs  if after > 0, else 0
 /// retry_after = (w + 1) × P - now µs            (if rejected: the next window always fits)
-/// apply:  window = w; count = used + cost
+/// apply:  window = w; count = min(used + cost, max(L, used))
 /// refund (now = the reservation's time):
 ///         if window == floor(now / P): count = count - min(count, cost)
 ///         else nothing (the window charged is gone: never free a newer window's units)
@@ -87,7 +87,14 @@ use crate::quota::{Calendar, Quota};
 /// ```
 ///
 /// The count is not clamped: a count above `n`'s limit reads as exhausted until `n`'s window
-/// ends, and is never charged twice (the next window starts empty).
+/// ends (a check of cost 0 is allowed and keeps it as it is), and is never charged twice (the
+/// next window starts empty).
+///
+/// A calendar quota's windows are on Unix time and a plain one's on the clock's time; the
+/// memory store's clock need not read Unix time, so a key switched between the two is read at
+/// the same instant on each quota's own time base (`t` above on `o`'s, `n.index` of that
+/// instant on `n`'s): the count lands in `n`'s current window, which ends within one of `n`'s
+/// periods.
 ///
 /// ```
 /// use tollgate::algorithm::{Algorithm, FixedWindow};
@@ -177,8 +184,8 @@ impl FixedWindow {
         if w > state.window {
             (w, 0)
         } else {
-            // `min` keeps a hand-built state with count > limit from underflowing.
-            (state.window, state.count.min(self.limit))
+            // A count above the limit (carried from a larger quota) is kept as it is.
+            (state.window, state.count)
         }
     }
 
@@ -192,6 +199,38 @@ impl FixedWindow {
             Some(calendar) => calendar.window_end(w),
         };
         end.saturating_sub(now)
+    }
+}
+
+impl FixedWindow {
+    /// [`rebase`](Algorithm::rebase) of a state written on `from`'s time base, where
+    /// `from_now` and `now` read the same instant on `from`'s and on this quota's time base
+    /// (they differ when one of the two is calendar-aligned and the store's clock is not Unix
+    /// time): `from`'s window and count are read at `from_now`, and the count goes to this
+    /// quota's window at `now`.
+    pub(crate) fn rebase_between(
+        &self,
+        from: &Self,
+        state: &mut FixedWindowState,
+        from_now: u64,
+        now: u64,
+    ) {
+        if (self.period, self.calendar) == (from.period, from.calendar) {
+            return;
+        }
+        // The key has seen its stored window: an earlier clock reads as that window's start.
+        let t = from_now.max(from.window_start(state.window));
+        let spent = if state.window == from.window_index(t) {
+            state.count
+        } else {
+            0
+        };
+        // The same instant on this quota's time base.
+        let t = now.saturating_add(t - from_now);
+        *state = FixedWindowState {
+            window: self.window_index(t),
+            count: spent,
+        };
     }
 }
 
@@ -211,14 +250,17 @@ impl Algorithm for FixedWindow {
         let (w, used) = self.window_at(state, now);
         let end = Duration::from_micros(self.until_end(w, now));
         let reset = |after: u64| if after > 0 { end } else { Duration::ZERO };
+        let remaining_now = self.limit.saturating_sub(used);
         if cost > self.limit {
-            return Decision::impossible(self.limit, self.limit - used, reset(used));
+            return Decision::impossible(self.limit, remaining_now, reset(used));
         }
-        let after = used + cost;
-        if after <= self.limit {
-            Decision::allowed_with(self.limit, self.limit - after, reset(after))
+        let after = used.saturating_add(cost);
+        // A cost of 0 is allowed even when a count carried from a larger quota is above the
+        // limit.
+        if after <= self.limit || cost == 0 {
+            Decision::allowed_with(self.limit, self.limit.saturating_sub(after), reset(after))
         } else {
-            Decision::rejected(self.limit, self.limit - used, end, end)
+            Decision::rejected(self.limit, remaining_now, end, end)
         }
     }
 
@@ -226,7 +268,8 @@ impl Algorithm for FixedWindow {
     fn apply(&self, state: &mut FixedWindowState, now: u64, cost: u64) {
         let (w, used) = self.window_at(state, now);
         state.window = w;
-        state.count = used.saturating_add(cost).min(self.limit);
+        // An allowed charge ends at most at the limit; a cost of 0 keeps a count above it.
+        state.count = used.saturating_add(cost).min(self.limit.max(used));
     }
 
     /// Gives back `cost` only while the stored window is the one `now` (the reservation's
@@ -238,20 +281,7 @@ impl Algorithm for FixedWindow {
     }
 
     fn rebase(&self, from: &Self, state: &mut FixedWindowState, now: u64) {
-        if (self.period, self.calendar) == (from.period, from.calendar) {
-            return;
-        }
-        // The key has seen its stored window: an earlier clock reads as that window's start.
-        let t = now.max(from.window_start(state.window));
-        let spent = if state.window == from.window_index(t) {
-            state.count
-        } else {
-            0
-        };
-        *state = FixedWindowState {
-            window: self.window_index(t),
-            count: spent,
-        };
+        self.rebase_between(from, state, now, now);
     }
 
     fn idle_timeout_micros(&self) -> u64 {

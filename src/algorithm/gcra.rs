@@ -76,12 +76,15 @@ use crate::quota::{Quota, MAX_EXACT};
 /// if (o.unit, o.per, o.cap) == (n.unit, n.per, n.cap): nothing changes
 /// before = o's before at now;  spent = ceil(before / o.unit)   (rounded up: toward refusing)
 /// if spent == 0:  (tat, sub) = (0, 0)        (full: a fresh key)
-/// else:           steps = min(spent × n.unit, n.cap)
+/// else:           steps = min(spent × n.unit, 2^53 - 1, (2^52 - 1) × n.per)
 ///                 tat = now + floor(steps / n.per);  sub = steps mod n.per
 /// ```
 ///
-/// Right after the change, `remaining = max(0, n.burst - spent)`: an upgrade is no reset gift,
-/// a downgrade to less than was spent leaves the key empty (never in debt).
+/// Right after the change, `remaining = max(0, n.burst - spent)`: an upgrade is no reset gift.
+/// A downgrade to less than was spent keeps all of it, the excess included: the TAT is more
+/// than `n`'s burst tolerance ahead, the key is empty until `n`'s refill has paid the excess
+/// back (`retry_after` says exactly when), and changing straight back finds the spending still
+/// there. Such a TAT outlives the idle timeout: the key is whole again at the TAT.
 ///
 /// ```
 /// use tollgate::algorithm::{Algorithm, Gcra};
@@ -196,6 +199,14 @@ impl Gcra {
         })
     }
 
+    /// The most steps a plan change carries: below 2^53 (exact in the Lua mirror) and less
+    /// than [`MAX_REFILL`] µs of refill, so the TAT stays below 2^53 while the clock reads below
+    /// 2^52 µs. `min(2^53 - 1, (2^52 - 1) × per)`.
+    #[inline]
+    fn max_carried(&self) -> u64 {
+        (MAX_REFILL - 1).saturating_mul(self.per).min(MAX_EXACT - 1)
+    }
+
     /// Stores a TAT `steps` steps after `base` µs.
     #[inline]
     fn store(&self, state: &mut GcraState, base: u64, steps: u64) {
@@ -268,7 +279,11 @@ impl Algorithm for Gcra {
         if spent == 0 {
             *state = GcraState::default();
         } else {
-            self.store(state, now, spent.saturating_mul(self.unit).min(self.cap));
+            self.store(
+                state,
+                now,
+                spent.saturating_mul(self.unit).min(self.max_carried()),
+            );
         }
     }
 
@@ -513,12 +528,18 @@ mod tests {
                     gn.rebase(&go, &mut g, at);
                     tn.rebase(&to, &mut t, at);
                     for later in [at, at + 1, at + 333_333, at + 10 * S] {
-                        assert_eq!(
-                            gn.decide(&g, later, 0),
-                            tn.decide(&t, later, 0),
-                            "{o} -> {n} at {at}, read at {later}"
-                        );
+                        for c in [0, 1] {
+                            assert_eq!(
+                                gn.decide(&g, later, c),
+                                tn.decide(&t, later, c),
+                                "{o} -> {n} at {at}, read at {later}, cost {c}"
+                            );
+                        }
                     }
+                    // Straight back: nothing comes back but the refill.
+                    go.rebase(&gn, &mut g, at);
+                    to.rebase(&tn, &mut t, at);
+                    assert_eq!(go.decide(&g, at, 1), to.decide(&t, at, 1));
                 }
             }
         }

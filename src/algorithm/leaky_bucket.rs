@@ -25,15 +25,15 @@ use crate::quota::Quota;
 ///
 /// ```text
 /// elapsed  = max(0, now - last)
-/// level'   = max(0, min(level, cap) - elapsed × per)
+/// level'   = max(0, min(level, 2^53 - 1) - elapsed × per)
 /// need     = cost × unit
-/// allowed  = level' + need <= cap
+/// allowed  = cost == 0  or  level' + need <= cap
 /// after    = level' + need                  (if allowed, else level')
-/// remaining   = floor((cap - after) / unit)
+/// remaining   = floor((cap - min(after, cap)) / unit)
 /// reset       = ceil(after / per) µs         (until the queue is empty)
 /// retry_after = ceil((level' + need - cap) / per) µs   (if rejected)
 /// queue_delay = ceil(level' / per) µs        (the queue ahead of the request drains)
-/// apply:  level = min(cap, level' + need); last = max(last, now)
+/// apply:  level = min(max(cap, level'), level' + need); last = max(last, now)
 /// refund (of a reservation of cost at `at`, applied at now), as the token bucket's:
 ///         last' = max(last, now);  give = max(0, need - (last' - at) × per)
 ///         level = level' - min(level', give); last = last'
@@ -45,11 +45,12 @@ use crate::quota::Quota;
 ///
 /// As the token bucket's (the level is its deficit): [`rebase`](Algorithm::rebase) from a
 /// queue `o` to this one, `n`, at `now` carries the queued units, rounded up to whole units,
-/// up to `n`'s capacity; nothing changes when both have the same arithmetic.
+/// all of them (a level above `n`'s capacity reads as a full queue until it has drained to
+/// below it); nothing changes when both have the same arithmetic.
 ///
 /// ```text
 /// level' = o's level' at now;  queued = ceil(level' / o.unit)
-/// level  = min(queued × n.unit, n.cap);  last = max(last, now)
+/// level  = min(queued × n.unit, 2^53 - 1);  last = max(last, now)
 /// ```
 ///
 /// ```
@@ -282,9 +283,11 @@ mod tests {
         n.rebase(&o, &mut s, 250 * MS);
         n.bucket.rebase(&o.bucket, &mut t, 250 * MS);
         assert_eq!(s, from_bucket(t));
-        // 4.5 queued, rounded up to 5: more than the 3 that fit, so a full queue.
-        assert_eq!(s.level, n.bucket.capacity() * S);
-        assert_eq!(n.queue_delay(&s, 250 * MS), Duration::from_secs(3));
+        // 4.5 queued, rounded up to 5: more than the 3 that fit, all of them kept.
+        assert_eq!(s.level, 5 * S);
+        assert_eq!(n.queue_delay(&s, 250 * MS), Duration::from_secs(5));
+        let d = n.decide(&s, 250 * MS, 1);
+        assert_eq!(d.retry_after(), Some(Duration::from_secs(3)));
         let kept = s;
         n.rebase(&n, &mut s, 0);
         assert_eq!(s, kept);
@@ -315,14 +318,16 @@ mod tests {
     #[test]
     fn extreme_inputs_do_not_panic() {
         let b = LeakyBucket::new(Quota::per_second(2).burst(3)).unwrap();
-        // A level left by a larger capacity reads as a full queue, and the wait stays exact.
+        // A level carried from a larger capacity is kept, and the wait stays exact: 10 queued,
+        // 3 fit, so 8 drain (4 s) before one more fits.
         let over = LeakyBucketState {
             level: 10 * 500_000,
             last: 0,
         };
         let d = b.decide(&over, 0, 1);
-        assert_eq!(d.retry_after(), Some(Duration::from_millis(500)));
-        assert!(b.decide(&over, 500 * MS, 1).allowed());
+        assert_eq!(d.retry_after(), Some(Duration::from_secs(4)));
+        assert!(!b.decide(&over, 4 * S - 1, 1).allowed());
+        assert!(b.decide(&over, 4 * S, 1).allowed());
         let mut s = LeakyBucketState {
             level: u64::MAX,
             last: u64::MAX,

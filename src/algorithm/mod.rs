@@ -10,6 +10,9 @@
 //! - refills lazily from elapsed time (no timers);
 //! - treats `State::default()` as a fresh key, which starts full;
 //! - caps idle banking at its capacity;
+//! - keeps a state spent beyond its capacity (carried from a larger quota by
+//!   [`rebase`](Algorithm::rebase)) as it is: it reads as exhausted until the excess is paid
+//!   back, and a cost of 0 never writes it clamped;
 //! - allows a cost of 0 (it reports without charging) and answers a cost above its
 //!   [`capacity`](Algorithm::capacity) with [`Decision::impossible`] (waiting never helps);
 //! - never earns anything from a `now` earlier than one already seen: the buckets and windows
@@ -147,11 +150,15 @@ pub trait Algorithm: sealed::Sealed + Send + Sync + Debug + 'static {
     /// what it spent: an upgrade is no reset gift, a downgrade no double charge.
     ///
     /// What was spent is read at `now` under `from` and rounded up to whole units (toward
-    /// refusing, by less than one unit), then carried: the buckets carry at most this quota's
-    /// capacity, the windows carry their count into this quota's current window, the log keeps
-    /// its entries. With `from` equal to `self` (the same arithmetic) nothing changes. Each
-    /// algorithm's rustdoc states its rule under **Plan changes**; the Redis scripts mirror
-    /// them.
+    /// refusing, by less than one unit), then carried, all of it, the part above this quota's
+    /// capacity included: the buckets carry their deficit (a key that spent more than this
+    /// quota holds is empty until its refill has paid the excess back), the windows carry
+    /// their count into this quota's current window (exhausted until it ends), the log keeps
+    /// its entries. A check of cost 0 on such a state is allowed and writes nothing new, so a
+    /// sequence of changes never hands spending back: a key never admits more in a span than
+    /// the most generous quota in force during it would have. With `from` equal to `self` (the
+    /// same arithmetic) nothing changes. Each algorithm's rustdoc states its rule under **Plan
+    /// changes**; the Redis scripts mirror them.
     ///
     /// ```
     /// use tollgate::algorithm::{Algorithm, TokenBucket};
@@ -166,8 +173,10 @@ pub trait Algorithm: sealed::Sealed + Send + Sync + Debug + 'static {
     /// ```
     fn rebase(&self, from: &Self, state: &mut Self::State, now: u64);
 
-    /// Microseconds without requests after which any state is indistinguishable from a fresh
-    /// key; stores use it to expire idle keys.
+    /// Microseconds without requests after which any state the algorithm's own transitions
+    /// write is indistinguishable from a fresh key; stores use it to expire idle keys. A
+    /// bucket's state that [`rebase`](Self::rebase) carried above this quota's capacity takes
+    /// longer, until all of it has refilled (the Redis store sets such a key's TTL to that).
     fn idle_timeout_micros(&self) -> u64;
 
     /// Heap bytes `state` owns outside itself (a sliding log's entries); 0 for the algorithms
@@ -272,6 +281,32 @@ impl std::str::FromStr for AlgorithmKind {
                     ),
                 )
             })
+    }
+}
+
+/// A plan change between two time bases. The memory store decides a calendar-aligned quota on
+/// Unix time and every other on its clock's own time, so a key switched between the two has its
+/// state converted knowing both readings of the same instant: `from_now` on the time base
+/// `state` was written on (`from`'s), `now` on this quota's. Only [`FixedWindow`] has calendar
+/// quotas; the other algorithms never see two bases and rebase at `now`.
+pub(crate) trait RebaseAcross: Algorithm {
+    /// [`Algorithm::rebase`] of a state written on `from`'s time base, read there at
+    /// `from_now`, to this quota at `now` (the same instant on this quota's time base).
+    fn rebase_across(&self, from: &Self, state: &mut Self::State, from_now: u64, now: u64) {
+        let _ = from_now;
+        self.rebase(from, state, now);
+    }
+}
+
+impl RebaseAcross for TokenBucket {}
+impl RebaseAcross for Gcra {}
+impl RebaseAcross for SlidingWindow {}
+impl RebaseAcross for SlidingLog {}
+impl RebaseAcross for LeakyBucket {}
+
+impl RebaseAcross for FixedWindow {
+    fn rebase_across(&self, from: &Self, state: &mut FixedWindowState, from_now: u64, now: u64) {
+        self.rebase_between(from, state, from_now, now);
     }
 }
 

@@ -44,7 +44,7 @@ use crate::quota::{Quota, MAX_EXACT};
 /// allowed  = cost <= L - min(L, est)        (so a cost of 0 always is)
 /// after    = est + cost                     (if allowed, else est)
 /// remaining = L - min(L, after)
-/// apply:  last = t; prev = p; cur = c + cost
+/// apply:  last = t; prev = p; cur = min(c + cost, max(L, c))
 /// refund (now = the reservation's time; k = now ÷ W, the window it charged):
 ///         if s == k:       cur = cur - min(cur, cost)
 ///         if s == k + 1:   prev = prev - min(prev, cost)   (the charged window is now the previous)
@@ -277,10 +277,12 @@ impl Algorithm for SlidingWindow {
 
     fn apply(&self, state: &mut SlidingWindowState, now: u64, cost: u64) {
         let v = self.view(state, now);
+        // An allowed charge ends at most at the limit; a cost of 0 keeps a count above it
+        // (carried from a larger quota) as it is.
         *state = SlidingWindowState {
             last: v.t,
             prev: v.prev,
-            cur: v.cur.saturating_add(cost).min(self.limit),
+            cur: v.cur.saturating_add(cost).min(self.limit.max(v.cur)),
         };
     }
 

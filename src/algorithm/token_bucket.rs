@@ -5,7 +5,12 @@ use std::time::Duration;
 use super::Algorithm;
 use crate::decision::Decision;
 use crate::error::ConfigError;
-use crate::quota::Quota;
+use crate::quota::{Quota, MAX_EXACT};
+
+/// The largest deficit (steps) a bucket reads or carries: below 2^53, so the Redis scripts
+/// compute it exactly. Only a carried deficit (a quota change from a far larger one) or a state
+/// written by something else reaches it.
+pub(super) const MAX_DEFICIT: u64 = MAX_EXACT - 1;
 
 /// Token bucket: permits a burst of its capacity, then settles to the rate.
 ///
@@ -18,20 +23,26 @@ use crate::quota::Quota;
 ///
 /// ```text
 /// elapsed  = max(0, now - last)
-/// deficit' = max(0, min(deficit, cap) - elapsed × per)
+/// deficit' = max(0, min(deficit, 2^53 - 1) - elapsed × per)
 /// need     = cost × unit
-/// allowed  = deficit' + need <= cap
+/// allowed  = cost == 0  or  deficit' + need <= cap
 /// after    = deficit' + need            (if allowed, else deficit')
-/// remaining   = floor((cap - after) / unit)
+/// remaining   = floor((cap - min(after, cap)) / unit)
 /// reset       = ceil(after / per) µs
 /// retry_after = ceil((deficit' + need - cap) / per) µs   (if rejected)
-/// apply:  deficit = min(cap, deficit' + need); last = max(last, now)
+/// apply:  deficit = min(max(cap, deficit'), deficit' + need); last = max(last, now)
 /// refund (of a reservation of cost at `at`, applied at now):
 ///         last'   = max(last, now)
 ///         give    = max(0, need - (last' - at) × per)      (0 when at > last')
 ///         deficit = deficit' - min(deficit', give); last = last'
 /// idle timeout = ceil(cap / per) µs
 /// ```
+///
+/// The deficit is at most `cap` for every state the bucket's own transitions write; only
+/// [`rebase`](Algorithm::rebase) from a larger quota carries more (the key spent it), and then
+/// the bucket reads as empty, `remaining` 0, until the refill has paid the excess back; a cost
+/// of 0 is still allowed and writes nothing new. Such a state outlives the idle timeout: it is
+/// whole again after `ceil(deficit / per)` µs.
 ///
 /// # Why a refund never over-admits
 ///
@@ -58,15 +69,17 @@ use crate::quota::Quota;
 ///
 /// ```text
 /// if (o.unit, o.per, o.cap) == (n.unit, n.per, n.cap): nothing changes
-/// d       = max(0, min(deficit, o.cap) - max(0, now - last) × o.per)   (o's deficit' at now)
+/// d       = o's deficit' at now
 /// spent   = ceil(d / o.unit)                 (rounded up: toward refusing, < 1 unit)
-/// deficit = min(spent × n.unit, n.cap);  last = max(last, now)
+/// deficit = min(spent × n.unit, 2^53 - 1);  last = max(last, now)
 /// ```
 ///
 /// Right after the change, `remaining = max(0, n.burst - spent)`: an upgrade keeps what was
-/// spent (no reset gift), and a downgrade to less than was spent leaves the key empty,
-/// refilling at `n`'s rate from then on (no double charge). What a downgrade cannot hold is
-/// forgotten: changing straight back carries at most `n`'s capacity.
+/// spent (no reset gift). A downgrade to less than was spent keeps all of it, the excess
+/// included: the key is empty until `n`'s refill has paid back `spent - n.burst` units
+/// (`retry_after` says exactly when), so changing straight back finds the spending still there.
+/// Across any sequence of changes a key never admits more in a span `t` than
+/// `max burst + max rate × t` over the quotas in force during it.
 ///
 /// ```
 /// use tollgate::algorithm::{Algorithm, TokenBucket};
@@ -79,9 +92,13 @@ use crate::quota::Quota;
 /// pro.rebase(&free, &mut state, 0); // upgraded: 60 spent stays spent
 /// assert_eq!(pro.decide(&state, 0, 0).remaining(), 940);
 /// assert!(pro.check(&mut state, 0, 500).allowed());
-/// free.rebase(&pro, &mut state, 0); // downgraded with 560 spent: empty, not 460 in debt
+/// free.rebase(&pro, &mut state, 0); // downgraded with 560 spent: 460 above Free's 100
 /// assert_eq!(free.decide(&state, 0, 0).remaining(), 0);
-/// assert!(free.decide(&state, 36_000_000, 1).allowed()); // Free's rate: one per 36 s
+/// // Free's rate is one per 36 s: 461 of them before one request fits again.
+/// assert!(!free.decide(&state, 461 * 36_000_000 - 1, 1).allowed());
+/// assert!(free.decide(&state, 461 * 36_000_000, 1).allowed());
+/// pro.rebase(&free, &mut state, 0); // straight back up: still 560 spent
+/// assert_eq!(pro.decide(&state, 0, 0).remaining(), 440);
 /// ```
 ///
 /// ```
@@ -143,13 +160,15 @@ impl TokenBucket {
         (self.unit, self.per, self.cap) == (other.unit, other.per, other.cap)
     }
 
+    /// The deficit at `now`: the stored one (at most [`MAX_DEFICIT`]) less the refill since
+    /// `last`, at least 0. A deficit above `cap` (carried from a larger quota by `rebase`) is
+    /// kept: the bucket reads as empty until the refill has paid the excess back.
     #[inline]
     pub(super) fn deficit_at(&self, state: &TokenBucketState, now: u64) -> u64 {
         let elapsed = now.saturating_sub(state.last);
-        // `min`: a deficit stored under a larger capacity reads as an empty bucket at `last`.
         state
             .deficit
-            .min(self.cap)
+            .min(MAX_DEFICIT)
             .saturating_sub(elapsed.saturating_mul(self.per))
     }
 }
@@ -171,6 +190,7 @@ impl Algorithm for TokenBucket {
         let deficit = self.deficit_at(state, now);
         // Hot path first: the allowed branch computes only what it reports.
         if cost <= limit {
+            // `deficit <= MAX_DEFICIT` and `cost × unit <= cap < 2^53`: no overflow.
             let after = deficit + cost * self.unit;
             if after <= self.cap {
                 return Decision::allowed_with(
@@ -179,8 +199,17 @@ impl Algorithm for TokenBucket {
                     Duration::from_micros(self.micros_to_earn(after)),
                 );
             }
+            if cost == 0 {
+                // A deficit above the capacity (carried from a larger quota): empty, and whole
+                // again once all of it has refilled.
+                return Decision::allowed_with(
+                    limit,
+                    0,
+                    Duration::from_micros(self.micros_to_earn(deficit)),
+                );
+            }
         }
-        let remaining_now = (self.cap - deficit) / self.unit;
+        let remaining_now = self.cap.saturating_sub(deficit) / self.unit;
         let reset_now = Duration::from_micros(self.micros_to_earn(deficit));
         if cost > limit {
             return Decision::impossible(limit, remaining_now, reset_now);
@@ -197,7 +226,9 @@ impl Algorithm for TokenBucket {
     #[inline]
     fn apply(&self, state: &mut TokenBucketState, now: u64, cost: u64) {
         let deficit = self.deficit_at(state, now);
-        state.deficit = (deficit + cost.saturating_mul(self.unit)).min(self.cap);
+        // An allowed charge ends at most at `cap`; a cost of 0 keeps a deficit above it.
+        let after = deficit.saturating_add(cost.saturating_mul(self.unit));
+        state.deficit = after.min(self.cap.max(deficit));
         state.last = state.last.max(now);
     }
 
@@ -216,7 +247,7 @@ impl Algorithm for TokenBucket {
             return;
         }
         let spent = from.deficit_at(state, now).div_ceil(from.unit);
-        state.deficit = spent.saturating_mul(self.unit).min(self.cap);
+        state.deficit = spent.saturating_mul(self.unit).min(MAX_DEFICIT);
         state.last = state.last.max(now);
     }
 
@@ -339,10 +370,10 @@ mod tests {
             }
         );
         assert_eq!(n.decide(&s, 250 * MS, 0).remaining(), 4);
-        // A downgrade below what was spent: empty, at the new capacity.
+        // A downgrade below what was spent: empty, and the excess stays spent.
         let tiny = TokenBucket::new(Quota::per_second(1).burst(2)).unwrap();
         tiny.rebase(&n, &mut s, 250 * MS);
-        assert_eq!(s.deficit, tiny.cap);
+        assert_eq!(s.deficit, 8 * tiny.unit);
         // Nothing spent: the fresh state stays fresh.
         let mut fresh = TokenBucketState::default();
         n.rebase(&o, &mut fresh, 5 * S);
@@ -372,18 +403,51 @@ mod tests {
     }
 
     #[test]
-    fn state_left_by_a_larger_capacity_does_not_panic() {
-        // A deficit stored under an earlier, larger burst (e.g. a quota lowered while state
-        // persisted) reads as an empty bucket rather than underflowing.
+    fn a_deficit_above_the_capacity_is_kept_until_paid_back() {
+        // A deficit carried from an earlier, larger burst: empty until 9 units have refilled.
         let b = TokenBucket::new(Quota::per_second(1).burst(2)).unwrap();
-        let s = TokenBucketState {
-            deficit: 10 * 1_000_000,
+        let mut s = TokenBucketState {
+            deficit: 10 * S,
             last: 0,
         };
         let d = b.decide(&s, 0, 1);
         assert!(!d.allowed());
         assert_eq!(d.remaining(), 0);
-        assert_eq!(d.retry_after(), Some(Duration::from_secs(1)));
-        assert!(b.decide(&s, 0, 0).allowed());
+        assert_eq!(d.retry_after(), Some(Duration::from_secs(9)));
+        assert_eq!(d.reset(), Duration::from_secs(10));
+        let d = b.check(&mut s, 0, 0);
+        assert!(d.allowed(), "a cost of 0 always is");
+        assert_eq!((d.remaining(), d.reset()), (0, Duration::from_secs(10)));
+        assert_eq!(s.deficit, 10 * S, "and it writes no clamped state");
+        assert!(!b.decide(&s, 9 * S - 1, 1).allowed());
+        assert!(b.check(&mut s, 9 * S, 1).allowed());
+        // A state no transition writes (the deficit of the end of time) does not overflow.
+        let s = TokenBucketState {
+            deficit: u64::MAX,
+            last: 0,
+        };
+        let d = b.decide(&s, 0, 2);
+        assert_eq!(d.retry_after(), Some(Duration::from_micros(MAX_DEFICIT)));
+        assert!(b.decide(&s, 0, 3).is_impossible());
+    }
+
+    #[test]
+    fn rebase_keeps_the_excess_of_a_downgrade() {
+        let pro = TokenBucket::new(Quota::per_minute(20)).unwrap();
+        let free = TokenBucket::new(Quota::per_minute(5)).unwrap();
+        let mut s = TokenBucketState::default();
+        assert!(pro.check(&mut s, 0, 20).allowed());
+        for _ in 0..50 {
+            free.rebase(&pro, &mut s, 0);
+            assert!(free.check(&mut s, 0, 0).allowed());
+            pro.rebase(&free, &mut s, 0);
+            assert!(!pro.check(&mut s, 0, 1).allowed(), "no reset gift");
+        }
+        // Free refills one per 12 s: 16 of the 20 spent come back before one request fits.
+        free.rebase(&pro, &mut s, 0);
+        assert_eq!(
+            free.decide(&s, 0, 1).retry_after(),
+            Some(Duration::from_secs(192))
+        );
     }
 }

@@ -113,7 +113,7 @@
 //! *Eviction never resets a budget.* Forgetting a key hands back whatever it had spent, so only
 //! a key whose state is as good as a fresh key's at that instant (it has been idle long enough to
 //! recover completely: [`Algorithm::idle_timeout_micros`](crate::algorithm::Algorithm::idle_timeout_micros)
-//! at most) is ever forgotten, and then freely: a new key takes the slot of such a key among the
+//! at most, longer for a key carrying spending above a lower quota's capacity) is ever forgotten, and then freely: a new key takes the slot of such a key among the
 //! 8 at the shard's clock hand, which walks the keys oldest first and prefers one not used since
 //! it last passed (a second chance: an allowed check sets a bit in the key's own slot, where an exact LRU
 //! list would also write two neighbouring entries); while the shard still has room, the key at

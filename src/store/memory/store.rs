@@ -122,14 +122,17 @@ impl<C: Clock> MemoryStore<C> {
         let limit = self.limit(limit)?;
         let fp = self.fingerprint(key);
         let now = self.clock.now_micros();
+        let offset = || self.clock.unix_offset_micros();
         match &limit.quota {
-            None => Ok(limit
-                .table
-                .check_own(fp, self.now_for(&limit.table, None, now), cost)),
+            None => {
+                Ok(limit
+                    .table
+                    .check_own(fp, self.now_for(&limit.table, None, now), cost, &offset))
+            }
             quota => {
                 let quota = quota.as_ref();
                 let at = self.now_for(&limit.table, quota, now);
-                limit.table.check(fp, at, cost, quota)
+                limit.table.check(fp, at, cost, quota, &offset)
             }
         }
     }
@@ -172,9 +175,10 @@ impl<C: Clock> MemoryStore<C> {
                 let now = self.clock.now_micros();
                 let quota = one.quota.or(limit.quota.as_ref());
                 let at = self.now_for(&limit.table, quota, now);
+                let offset = || self.clock.unix_offset_micros();
                 let decision = match quota {
-                    None => limit.table.check_own(fp, at, one.cost),
-                    quota => limit.table.check(fp, at, one.cost, quota)?,
+                    None => limit.table.check_own(fp, at, one.cost, &offset),
+                    quota => limit.table.check(fp, at, one.cost, quota, &offset)?,
                 };
                 Ok(Decisions::one(decision, now))
             }
@@ -234,7 +238,12 @@ impl<C: Clock> MemoryStore<C> {
             // Both times on the base this limit decides at (Unix time for a calendar).
             let at = self.now_for(&limit.table, quota, reserved_at);
             let now = self.now_for(&limit.table, quota, now);
-            decisions.push(limit.table.refund(fp, at, now, check.cost, quota)?);
+            let offset = || self.clock.unix_offset_micros();
+            decisions.push(
+                limit
+                    .table
+                    .refund(fp, at, now, check.cost, quota, &offset)?,
+            );
         }
         decisions.set_decided_at(now);
         Ok(decisions)
@@ -293,7 +302,12 @@ impl<C: Clock> MemoryStore<C> {
             let limit = &self.limits[index];
             let quota = checks[i].quota.or(limit.quota.as_ref());
             nows[i] = self.now_for(&limit.table, quota, clock_now);
-            locked[i] = Some(limit.table.lock(fps[i], nows[i], checks[i].cost, quota)?);
+            let offset = || self.clock.unix_offset_micros();
+            locked[i] = Some(
+                limit
+                    .table
+                    .lock(fps[i], nows[i], checks[i].cost, quota, &offset)?,
+            );
         }
         let locked = &mut locked[..checks.len()];
 

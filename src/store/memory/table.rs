@@ -9,8 +9,8 @@ use parking_lot::{Mutex, MutexGuard};
 use super::cell::{ShardCell, ShardGuard};
 use super::shard::{Shard, Vacancy};
 use crate::algorithm::{
-    Algorithm, AlgorithmKind, FixedWindow, Gcra, LeakyBucket, SlidingLog, SlidingWindow,
-    TokenBucket,
+    Algorithm, AlgorithmKind, FixedWindow, Gcra, LeakyBucket, RebaseAcross, SlidingLog,
+    SlidingWindow, TokenBucket,
 };
 use crate::decision::{Decision, PolicyName};
 use crate::error::{ConfigError, StoreError, StoreErrorKind};
@@ -25,6 +25,29 @@ struct Padded<T>(T);
 
 /// One shard of a table, behind its lock, on its own cache lines.
 type LockedShard<A> = Padded<ShardCell<<A as Algorithm>::State>>;
+
+/// Reads the store's clock's Unix offset, µs
+/// ([`Clock::unix_offset_micros`](crate::clock::Clock::unix_offset_micros)). A check calls it
+/// only to carry a time between the clock's time base and Unix time (a key whose state was
+/// written at a calendar-aligned quota checked at a plain one, or the reverse).
+pub(crate) type UnixOffset<'a> = &'a dyn Fn() -> u64;
+
+/// Whether `algorithm` decides on Unix time (a calendar-aligned quota) rather than on the
+/// clock's time.
+#[inline]
+fn on_unix_time<A: Algorithm>(algorithm: &A) -> bool {
+    algorithm.quota().calendar().is_some()
+}
+
+/// `now`, read on the time base of `on`, read on the time base of `to`.
+#[inline]
+fn shift<A: Algorithm>(on: &A, to: &A, now: u64, offset: UnixOffset<'_>) -> u64 {
+    match (on_unix_time(on), on_unix_time(to)) {
+        (true, false) => now.saturating_sub(offset()),
+        (false, true) => now.saturating_add(offset()),
+        _ => now,
+    }
+}
 
 /// Microseconds between two warnings that a table is deciding new keys by its overflow bucket.
 const OVERFLOW_WARN_EVERY: u64 = 10_000_000;
@@ -123,7 +146,7 @@ impl<'a, A: Compiled> Quoted<'a, A> for Plan<'a, A> {
     }
 }
 
-impl<A: Compiled> Table<A> {
+impl<A: Compiled + RebaseAcross> Table<A> {
     /// A table of `shards` shards (a power of two, at most `max_keys`) holding at most
     /// `max_keys` keys in all: each shard gets an equal share, the first `max_keys % shards`
     /// one more.
@@ -229,12 +252,20 @@ impl<A: Compiled> Table<A> {
         found.unwrap_or(self.algorithm)
     }
 
-    /// Converts the state in `slot` to `plan`'s quota if it was written under another.
+    /// Converts the state in `slot` to `plan`'s quota if it was written under another (`now`
+    /// is on `plan`'s time base).
     #[inline]
-    fn align(&self, shard: &mut Shard<A::State>, slot: u32, plan: Plan<'_, A>, now: u64) {
+    fn align(
+        &self,
+        shard: &mut Shard<A::State>,
+        slot: u32,
+        plan: Plan<'_, A>,
+        now: u64,
+        offset: UnixOffset<'_>,
+    ) {
         let tag = shard.tag(slot);
         if tag != plan.tag {
-            self.rebase(shard, slot, tag, plan, now);
+            self.rebase(shard, slot, tag, plan, now, offset);
         }
     }
 
@@ -246,9 +277,14 @@ impl<A: Compiled> Table<A> {
         tag: u32,
         plan: Plan<'_, A>,
         now: u64,
+        offset: UnixOffset<'_>,
     ) {
         let from = self.algorithm_of(tag);
-        shard.update_state(slot, |state| plan.algorithm.rebase(&from, state, now));
+        // The state's times are on `from`'s time base: read it there, at the same instant.
+        let from_now = shift(plan.algorithm, &from, now, offset);
+        shard.update_state(slot, |state| {
+            plan.algorithm.rebase_across(&from, state, from_now, now)
+        });
         shard.set_tag(slot, plan.tag);
     }
 
@@ -270,6 +306,7 @@ impl<A: Compiled> Table<A> {
         now: u64,
         cost: u64,
         quota: impl Quoted<'a, A>,
+        offset: UnixOffset<'_>,
     ) -> Decision {
         let cell = self.cell(fp);
         if let Some(seen) = cell.read_unlocked(fp) {
@@ -286,10 +323,10 @@ impl<A: Compiled> Table<A> {
                     drop(shard);
                     return decision.with_policy(self.name);
                 }
-                return self.check_locked(shard, fp, now, cost, quota);
+                return self.check_locked(shard, fp, now, cost, quota, offset);
             }
         }
-        self.check_locked(cell.lock(), fp, now, cost, quota)
+        self.check_locked(cell.lock(), fp, now, cost, quota, offset)
     }
 
     /// [`check`](Self::check) under the lock.
@@ -301,14 +338,15 @@ impl<A: Compiled> Table<A> {
         now: u64,
         cost: u64,
         quota: impl Quoted<'a, A>,
+        offset: UnixOffset<'_>,
     ) -> Decision {
         let decision = match shard.lookup(fp) {
             Some(slot) => {
                 let plan = quota.plan(self);
-                self.align(&mut shard, slot, plan, now);
+                self.align(&mut shard, slot, plan, now, offset);
                 shard.update_state(slot, |state| plan.algorithm.check(state, now, cost))
             }
-            None => self.check_new(&mut shard, fp, now, cost, quota.plan(self)),
+            None => self.check_new(&mut shard, fp, now, cost, quota.plan(self), offset),
         };
         drop(shard);
         decision.with_policy(self.name)
@@ -324,11 +362,12 @@ impl<A: Compiled> Table<A> {
         now: u64,
         cost: u64,
         plan: Plan<'_, A>,
+        offset: UnixOffset<'_>,
     ) -> Decision {
         let mut shard = self.shard(fp);
         let decision = match shard.lookup(fp) {
             Some(slot) => {
-                self.align(&mut shard, slot, plan, now);
+                self.align(&mut shard, slot, plan, now, offset);
                 shard.update_state(slot, |state| {
                     plan.algorithm.refund(state, reserved_at, now, cost);
                     plan.algorithm.decide(state, now, 0)
@@ -350,13 +389,14 @@ impl<A: Compiled> Table<A> {
         now: u64,
         cost: u64,
         plan: Plan<'_, A>,
+        offset: UnixOffset<'_>,
     ) -> Decision {
         let decision = plan.algorithm.decide(&A::State::default(), now, cost);
         // Rejected (a cost above the capacity) or free: nothing to store, nothing to charge.
         if !decision.allowed() || cost == 0 {
             return decision;
         }
-        let vacancy = shard.vacancy(|s, tag| self.is_fresh(s, tag, now));
+        let vacancy = shard.vacancy(|s, tag| self.is_fresh(s, tag, plan, now, offset));
         match shard.occupy(fp, vacancy) {
             Some(slot) => {
                 if matches!(vacancy, Vacancy::Grow) {
@@ -367,8 +407,10 @@ impl<A: Compiled> Table<A> {
                 decision
             }
             None => {
-                let mut overflow = self.overflow_lock(now);
-                self.algorithm.check(&mut overflow, now, cost)
+                // The overflow bucket is the table's own quota, on its own time base.
+                let own_now = shift(plan.algorithm, &self.algorithm, now, offset);
+                let mut overflow = self.overflow_lock(own_now);
+                self.algorithm.check(&mut overflow, own_now, cost)
             }
         }
     }
@@ -419,17 +461,22 @@ impl<A: Compiled> Table<A> {
         now: u64,
         cost: u64,
         plan: Plan<'a, A>,
+        offset: UnixOffset<'_>,
     ) -> Locked<'a, A> {
         let mut shard = self.shard(fp);
         let target = match shard.lookup(fp) {
             Some(slot) => {
-                self.align(&mut shard, slot, plan, now);
+                self.align(&mut shard, slot, plan, now, offset);
                 Target::Slot(slot)
             }
             // Free or impossible: decided as a fresh key, never stored.
             None if cost == 0 || cost > plan.algorithm.capacity() => Target::Fresh,
-            None => match shard.vacancy(|s, tag| self.is_fresh(s, tag, now)) {
-                Vacancy::Full => Target::Overflow(self.overflow_lock(now)),
+            None => match shard.vacancy(|s, tag| self.is_fresh(s, tag, plan, now, offset)) {
+                Vacancy::Full => {
+                    // The overflow bucket is the table's own quota, on its own time base.
+                    let own_now = shift(plan.algorithm, &self.algorithm, now, offset);
+                    Target::Overflow(self.overflow_lock(own_now), own_now)
+                }
                 vacancy => Target::Vacant(vacancy),
             },
         };
@@ -443,10 +490,19 @@ impl<A: Compiled> Table<A> {
     }
 
     /// Whether `state` (written under the quota tagged `tag`) behaves exactly like a fresh
-    /// key's at `now` under that quota (it has been idle long enough to refill completely), so
-    /// its slot may be recycled early.
-    fn is_fresh(&self, state: &A::State, tag: u32, now: u64) -> bool {
+    /// key's at `now` (read on `plan`'s time base) under that quota (it has been idle long
+    /// enough to refill completely), so its slot may be recycled early.
+    fn is_fresh(
+        &self,
+        state: &A::State,
+        tag: u32,
+        plan: Plan<'_, A>,
+        now: u64,
+        offset: UnixOffset<'_>,
+    ) -> bool {
         let fresh = |algorithm: &A| {
+            // The state's times are on its own quota's time base.
+            let now = shift(plan.algorithm, algorithm, now, offset);
             algorithm.decide(state, now, 0) == algorithm.decide(&A::State::default(), now, 0)
         };
         match tag {
@@ -497,8 +553,9 @@ enum Target<'a, S> {
     Fresh,
     /// A key not held, stored where this says if charged.
     Vacant(Vacancy),
-    /// A key not held, in a shard with no room for it: the overflow bucket.
-    Overflow(MutexGuard<'a, S>),
+    /// A key not held, in a shard with no room for it: the overflow bucket, and the check's
+    /// time on the time base of the table's own quota.
+    Overflow(MutexGuard<'a, S>, u64),
 }
 
 /// One limit's shard, locked for a check across several limits: decide first, apply only if
@@ -521,7 +578,7 @@ impl<A: Compiled> Locked<'_, A> {
                 .shard
                 .read_state(*slot, |state| algorithm.decide(state, now, cost)),
             Target::Fresh | Target::Vacant(_) => algorithm.decide(&A::State::default(), now, cost),
-            Target::Overflow(state) => self.table.algorithm.decide(state, now, cost),
+            Target::Overflow(state, own_now) => self.table.algorithm.decide(state, *own_now, cost),
         };
         decision.with_policy(self.table.name)
     }
@@ -547,7 +604,9 @@ impl<A: Compiled> Locked<'_, A> {
                 self.target = Target::Slot(slot);
                 slot
             }
-            Target::Overflow(state) => return self.table.algorithm.apply(state, now, cost),
+            Target::Overflow(state, own_now) => {
+                return self.table.algorithm.apply(state, *own_now, cost)
+            }
         };
         self.shard
             .update_state(slot, |state| algorithm.apply(state, now, cost));
@@ -615,8 +674,14 @@ impl AnyTable {
 
     /// Decides and charges `cost` for `fp` at `now` at the table's own quota: the hot path.
     #[inline]
-    pub(crate) fn check_own(&self, fp: u64, now: u64, cost: u64) -> Decision {
-        dispatch!(AnyTable, self, t => t.check(fp, now, cost, Own))
+    pub(crate) fn check_own(
+        &self,
+        fp: u64,
+        now: u64,
+        cost: u64,
+        offset: UnixOffset<'_>,
+    ) -> Decision {
+        dispatch!(AnyTable, self, t => t.check(fp, now, cost, Own, offset))
     }
 
     /// The same table, sharing its keys with this one (for a reload).
@@ -640,8 +705,9 @@ impl AnyTable {
         now: u64,
         cost: u64,
         quota: Option<&PlanQuota>,
+        offset: UnixOffset<'_>,
     ) -> Result<Decision, StoreError> {
-        dispatch!(AnyTable, self, t => Ok(t.check(fp, now, cost, t.plan(quota)?)))
+        dispatch!(AnyTable, self, t => Ok(t.check(fp, now, cost, t.plan(quota)?, offset)))
     }
 
     /// Gives back `cost` charged at `reserved_at` to `fp`, at `quota`.
@@ -652,8 +718,11 @@ impl AnyTable {
         now: u64,
         cost: u64,
         quota: Option<&PlanQuota>,
+        offset: UnixOffset<'_>,
     ) -> Result<Decision, StoreError> {
-        dispatch!(AnyTable, self, t => Ok(t.refund(fp, reserved_at, now, cost, t.plan(quota)?)))
+        dispatch!(AnyTable, self, t => {
+            Ok(t.refund(fp, reserved_at, now, cost, t.plan(quota)?, offset))
+        })
     }
 
     /// Which keys this table holds, the same in every store that shares them (see
@@ -677,21 +746,24 @@ impl AnyTable {
         now: u64,
         cost: u64,
         quota: Option<&'a PlanQuota>,
+        offset: UnixOffset<'_>,
     ) -> Result<AnyLocked<'a>, StoreError> {
         Ok(match self {
             AnyTable::TokenBucket(t) => {
-                AnyLocked::TokenBucket(t.lock(fp, now, cost, t.plan(quota)?))
+                AnyLocked::TokenBucket(t.lock(fp, now, cost, t.plan(quota)?, offset))
             }
-            AnyTable::Gcra(t) => AnyLocked::Gcra(t.lock(fp, now, cost, t.plan(quota)?)),
+            AnyTable::Gcra(t) => AnyLocked::Gcra(t.lock(fp, now, cost, t.plan(quota)?, offset)),
             AnyTable::FixedWindow(t) => {
-                AnyLocked::FixedWindow(t.lock(fp, now, cost, t.plan(quota)?))
+                AnyLocked::FixedWindow(t.lock(fp, now, cost, t.plan(quota)?, offset))
             }
             AnyTable::SlidingWindow(t) => {
-                AnyLocked::SlidingWindow(t.lock(fp, now, cost, t.plan(quota)?))
+                AnyLocked::SlidingWindow(t.lock(fp, now, cost, t.plan(quota)?, offset))
             }
-            AnyTable::SlidingLog(t) => AnyLocked::SlidingLog(t.lock(fp, now, cost, t.plan(quota)?)),
+            AnyTable::SlidingLog(t) => {
+                AnyLocked::SlidingLog(t.lock(fp, now, cost, t.plan(quota)?, offset))
+            }
             AnyTable::LeakyBucket(t) => {
-                AnyLocked::LeakyBucket(t.lock(fp, now, cost, t.plan(quota)?))
+                AnyLocked::LeakyBucket(t.lock(fp, now, cost, t.plan(quota)?, offset))
             }
         })
     }
@@ -802,16 +874,16 @@ mod tests {
         let warnings = std::sync::Arc::new(AtomicU64::new(0));
         let subscriber = Warnings(warnings.clone());
         tracing::subscriber::with_default(subscriber, || {
-            assert!(table.check(1, 0, 1, own).allowed());
+            assert!(table.check(1, 0, 1, own, &|| 0).allowed());
             // Key 1 has spent: keys 2.. go to the overflow bucket, 1,000 checks in 10 s.
             for i in 0..1_000u64 {
-                table.check(2 + i, i * 10_000, 1, own);
+                table.check(2 + i, i * 10_000, 1, own, &|| 0);
             }
             assert_eq!(table.overflowed(), 1_000);
             assert_eq!(warnings.load(Ordering::Relaxed), 1, "one warning per 10 s");
-            table.check(5_000, OVERFLOW_WARN_EVERY, 1, own);
+            table.check(5_000, OVERFLOW_WARN_EVERY, 1, own, &|| 0);
             assert_eq!(warnings.load(Ordering::Relaxed), 2);
-            table.check(5_001, OVERFLOW_WARN_EVERY + 1, 1, own);
+            table.check(5_001, OVERFLOW_WARN_EVERY + 1, 1, own, &|| 0);
             assert_eq!(warnings.load(Ordering::Relaxed), 2);
         });
         assert_eq!(table.len(), 1);
@@ -824,18 +896,18 @@ mod tests {
         let version = || table.shards[0].0.version();
         let fp = 42;
         assert!(
-            table.check(fp, 0, 1, Own).allowed(),
+            table.check(fp, 0, 1, Own, &|| 0).allowed(),
             "a new key, under the lock"
         );
         let before = version();
-        let second = table.check(fp, 0, 1, Own);
+        let second = table.check(fp, 0, 1, Own, &|| 0);
         assert!(second.allowed() && second.remaining() == 0);
         assert_eq!(
             version(),
             before + 2,
             "an allowed check takes the lock once"
         );
-        let refused = table.check(fp, 0, 1, Own);
+        let refused = table.check(fp, 0, 1, Own, &|| 0);
         assert!(!refused.allowed());
         assert_eq!(refused.policy().as_str(), "t");
         assert_eq!(refused.remaining(), 0);
@@ -845,7 +917,7 @@ mod tests {
         );
         assert_eq!(version(), before + 2, "a refusal took no lock");
         // The refusal is the one the locked path makes (through the multi-limit path).
-        let mut locked = table.lock(fp, 0, 1, table.own());
+        let mut locked = table.lock(fp, 0, 1, table.own(), &|| 0);
         assert_eq!(locked.decide(0, 1), refused);
     }
 

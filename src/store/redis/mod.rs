@@ -17,8 +17,9 @@
 //!   ([`RedisBackend::clock`] passes an explicit time instead, for tests and simulations);
 //! - **idle keys expire**: a write sets the key's TTL to the algorithm's
 //!   [`idle_timeout_micros`](crate::algorithm::Algorithm::idle_timeout_micros) rounded up to
-//!   milliseconds, the time after which the state is indistinguishable from a fresh key. A
-//!   rejected request writes nothing. A token bucket's batched checks keep the key's TTL
+//!   milliseconds, the time after which the state is indistinguishable from a fresh key (a
+//!   bucket carrying spending above its capacity after a plan change or reload lives until all
+//!   of it has refilled). A rejected request writes nothing. A token bucket's batched checks keep the key's TTL
 //!   (`SET ... KEEPTTL`, about 30 % less Redis CPU per write than setting it) while it provably
 //!   outlasts the refill the write leaves: the write falls within an eighth of the TTL of the
 //!   key's last write and leaves less than the TTL less that eighth to refill (see

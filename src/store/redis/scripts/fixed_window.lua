@@ -79,10 +79,7 @@ local function fw_window(now, period, limit, cal, window, count)
   if w > window then
     return w, 0
   end
-  if count > limit then
-    count = limit
-  end
-  return window, count
+  return window, count -- a count above the limit (carried from a larger quota) is kept
 end
 
 local fw_load = load2
@@ -90,23 +87,37 @@ local fw_load = load2
 local function fw_decide(now, cost, period, limit, cal, window, count)
   local w, used = fw_window(now, period, limit, cal, window, count)
   local e = fw_until_end(w, now, period, cal)
+  local remaining = limit - used
+  if remaining < 0 then
+    remaining = 0
+  end
   if cost > limit then
-    return false, limit - used, used > 0 and e or 0, -1
+    return false, remaining, used > 0 and e or 0, -1
   end
   local after = used + cost
-  if after <= limit then
-    return true, limit - after, after > 0 and e or 0, 0
+  if after <= limit or cost == 0 then
+    -- A cost of 0 is allowed even when a count carried from a larger quota is above the limit.
+    local left = limit - after
+    if left < 0 then
+      left = 0
+    end
+    return true, left, after > 0 and e or 0, 0
   end
-  return false, limit - used, e, e
+  return false, remaining, e, e
 end
 
 local function fw_apply(key, ttl, now, cost, period, limit, cal, window, count)
   local w, used = fw_window(now, period, limit, cal, window, count)
-  used = used + cost
-  if used > limit then
-    used = limit
+  -- An allowed charge ends at most at the limit; a cost of 0 keeps a count above it.
+  local after = used + cost
+  if after > limit and after > used then
+    if used > limit then
+      after = used
+    else
+      after = limit
+    end
   end
-  store2(key, ttl, w, used)
+  store2(key, ttl, w, after)
 end
 
 -- Gives back units charged at `now` only while the stored window is still the one they were

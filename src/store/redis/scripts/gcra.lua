@@ -43,10 +43,16 @@ local function gcra_decide(now, cost, unit, per, cap, tat, sub)
   return false, gcra_remaining(before, unit, cap), cdiv(before, per), cdiv(before - slack, per)
 end
 
--- Stores the TAT `steps` steps after `base` µs; returns it.
-local function gcra_store(key, ttl, per, base, steps)
+-- Stores the TAT `steps` steps after `base` µs; returns it. The key lives for ttl (ms), or, for a
+-- TAT further ahead of `now` (carried from a larger quota by gcra_rebase), until the TAT. The ttl
+-- stays a string of digits (see tb_store).
+local function gcra_store(key, ttl, now, per, base, steps)
   local q = idiv(steps, per)
   local tat, sub = base + q, steps - q * per
+  local ahead = cdiv(tat + 1 - now, 1000)
+  if ahead > tonumber(ttl) then
+    ttl = string.format('%d', ahead)
+  end
   store2(key, ttl, tat, sub)
   return tat, sub
 end
@@ -61,7 +67,7 @@ local function gcra_apply(key, ttl, now, cost, unit, per, cap, tat, sub)
   elseif sub >= per then
     sub = per - 1
   end
-  gcra_store(key, ttl, per, tat, sub + cost * unit)
+  gcra_store(key, ttl, now, per, tat, sub + cost * unit)
 end
 
 -- decide and, if allowed, apply, in one call: the single-limit fast path.
@@ -90,15 +96,16 @@ local function gcra_refund(key, ttl, at, now, cost, unit, per, cap, tat, sub)
     if steps < 0 then
       steps = 0
     end
-    return gcra_store(key, ttl, per, now, steps)
+    return gcra_store(key, ttl, now, per, now, steps)
   end
   return tat, sub
 end
 
 -- Plan change (REBASE.md; Gcra::rebase): the state was written at (ounit, oper) and a check
--- arrives at (unit, per, cap). What the key spent, in whole units rounded up, stays spent, at most
--- the new capacity; a key that spent nothing is fresh. Stores and returns the new state.
-local function gcra_rebase(key, ttl, now, ounit, oper, _, unit, per, cap, tat, sub)
+-- arrives at (unit, per, cap). What the key spent, in whole units rounded up, stays spent, all of
+-- it (above the new capacity too), at most min(2^53 - 1, (2^52 - 1) * per) steps so the TAT stays
+-- below 2^53; a key that spent nothing is fresh. Stores and returns the new state.
+local function gcra_rebase(key, ttl, now, ounit, oper, _, unit, per, _, tat, sub)
   if ounit < 1 then
     ounit = 1 -- only a mark written by something else (see read_mark)
   end
@@ -107,8 +114,12 @@ local function gcra_rebase(key, ttl, now, ounit, oper, _, unit, per, cap, tat, s
     redis.call('DEL', key)
     return 0, 0
   end
-  if steps > cap then
-    steps = cap
+  local most = (4503599627370496 - 1) * per -- (2^52 - 1) * per, exact or above 2^53
+  if most > MAX_EXACT - 1 then
+    most = MAX_EXACT - 1
   end
-  return gcra_store(key, ttl, per, now, steps)
+  if steps > most then
+    steps = most
+  end
+  return gcra_store(key, ttl, now, per, now, steps)
 end

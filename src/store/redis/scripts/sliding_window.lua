@@ -86,11 +86,17 @@ end
 
 local function sw_apply(key, ttl, now, cost, period, limit, _, last, sprev, scur)
   local t, _, prev, cur = sw_view(now, period, limit, last, sprev, scur)
-  cur = cur + cost
-  if cur > limit then
-    cur = limit
+  -- An allowed charge ends at most at the limit; a cost of 0 keeps a count above it (carried
+  -- from a larger quota) as it is.
+  local after = cur + cost
+  if after > limit and after > cur then
+    if cur > limit then
+      after = cur
+    else
+      after = limit
+    end
   end
-  store3(key, ttl, t, prev, cur)
+  store3(key, ttl, t, prev, after)
 end
 
 -- Gives back units charged at `now` to the counter of the window they were charged to: the

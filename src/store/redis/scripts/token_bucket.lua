@@ -2,11 +2,10 @@
 -- State (deficit, last): fixed-point steps missing from a full bucket, and the last charge (µs).
 -- Parameters: p1 = unit (steps per token), p2 = per (steps earned per µs), p3 = cap (burst × unit).
 
--- The deficit at `now`: min(deficit, cap) less what was earned since `last`, at least 0.
-local function tb_deficit(now, per, cap, deficit, last)
-  if deficit > cap then
-    deficit = cap -- a deficit stored under a larger capacity reads as an empty bucket
-  end
+-- The deficit at `now`: the stored one less what was earned since `last`, at least 0. A deficit
+-- above cap (carried from a larger quota by tb_rebase) is kept: the bucket reads as empty until
+-- the refill has paid the excess back. load2 reads only deficits below 2^53.
+local function tb_deficit(now, per, _, deficit, last)
   local elapsed = now - last
   if elapsed < 0 then
     elapsed = 0
@@ -37,54 +36,85 @@ local tb_load = load2
 -- once a cell keeps most of its writes cheap; a sparser one sets the TTL on every write.
 -- Writes by other code (plans, refunds, groups of several limits) all go through tb_store.
 
--- Writes the state (deficit, last), alive for ttl (ms) past `last`. The ttl stays a string of
--- digits: Redis 7.2 and later format a Lua number as `1e+08` when it ends in many zeros.
-local function tb_store(key, ttl, now, deficit, last)
+-- Writes the state (deficit, last), alive for ttl (ms) past `last`, or, for a deficit above cap
+-- (carried from a larger quota), until it has all refilled: ceil(deficit / per) µs past `last`.
+-- The ttl stays a string of digits: Redis 7.2 and later format a Lua number as `1e+08` when it
+-- ends in many zeros.
+local function tb_store(key, ttl, now, deficit, last, per, cap)
+  local ms = tonumber(ttl)
+  local extended = false
+  if deficit > cap then
+    local full = cdiv(cdiv(deficit, per), 1000)
+    if full > ms then
+      ms, extended = full, true
+    end
+  end
   if last > now then
-    ttl = string.format('%d', tonumber(ttl) + cdiv(last - now, 1000))
+    ms, extended = ms + cdiv(last - now, 1000), true
+  end
+  if extended then
+    ttl = string.format('%d', ms)
   end
   store2(key, ttl, deficit, last)
+end
+
+-- floor((cap - min(deficit, cap)) / unit): whole units left.
+local function tb_remaining(deficit, unit, cap)
+  if deficit >= cap then
+    return 0
+  end
+  return idiv(cap - deficit, unit)
 end
 
 local function tb_decide(now, cost, unit, per, cap, deficit, last)
   deficit = tb_deficit(now, per, cap, deficit, last)
   local limit = cap / unit
   if cost > limit then
-    return false, idiv(cap - deficit, unit), cdiv(deficit, per), -1
+    return false, tb_remaining(deficit, unit, cap), cdiv(deficit, per), -1
   end
   local after = deficit + cost * unit
   if after <= cap then
     return true, idiv(cap - after, unit), cdiv(after, per), 0
   end
-  return false, idiv(cap - deficit, unit), cdiv(deficit, per), cdiv(after - cap, per)
+  if cost == 0 then
+    -- A deficit above cap (carried from a larger quota): empty, whole once it has refilled.
+    return true, 0, cdiv(deficit, per), 0
+  end
+  return false, tb_remaining(deficit, unit, cap), cdiv(deficit, per), cdiv(after - cap, per)
 end
 
 local function tb_apply(key, ttl, now, cost, unit, per, cap, deficit, last)
-  deficit = tb_deficit(now, per, cap, deficit, last) + cost * unit
-  if deficit > cap then
-    deficit = cap
+  deficit = tb_deficit(now, per, cap, deficit, last)
+  -- An allowed charge ends at most at cap; a cost of 0 keeps a deficit above it.
+  local after = deficit + cost * unit
+  if after > cap and after > deficit then
+    if deficit > cap then
+      after = deficit
+    else
+      after = cap
+    end
   end
   if now > last then
     last = now
   end
-  tb_store(key, ttl, now, deficit, last)
+  tb_store(key, ttl, now, after, last, per, cap)
 end
 
 -- decide and, if allowed, apply, in one call: the single-limit fast path.
 local function tb_check(key, ttl, now, cost, unit, per, cap, deficit, last)
   deficit = tb_deficit(now, per, cap, deficit, last)
   if cost * unit > cap then
-    return false, idiv(cap - deficit, unit), cdiv(deficit, per), -1
+    return false, tb_remaining(deficit, unit, cap), cdiv(deficit, per), -1
   end
   local after = deficit + cost * unit
-  if after <= cap then
+  if after <= cap or cost == 0 then
     if now > last then
       last = now
     end
-    tb_store(key, ttl, now, after, last)
-    return true, idiv(cap - after, unit), cdiv(after, per), 0
+    tb_store(key, ttl, now, after, last, per, cap)
+    return true, tb_remaining(after, unit, cap), cdiv(after, per), 0
   end
-  return false, idiv(cap - deficit, unit), cdiv(deficit, per), cdiv(after - cap, per)
+  return false, tb_remaining(deficit, unit, cap), cdiv(deficit, per), cdiv(after - cap, per)
 end
 
 -- A batch's common decision in one call: a check of cost 1 at the limit's own parameters of a
@@ -103,10 +133,10 @@ local function tb_fast(key, ttl, now, unit, per, cap, cell, keep)
   if deficit < 0 or deficit >= MAX_EXACT or last < 0 or last >= MAX_EXACT then
     return nil
   end
-  PREFETCHED[key] = nil
   if deficit > cap then
-    deficit = cap
+    return nil -- a deficit carried from a larger quota: the general path keeps it
   end
+  PREFETCHED[key] = nil
   if now > last then
     deficit = deficit - (now - last) * per
     if deficit < 0 then
@@ -122,7 +152,7 @@ local function tb_fast(key, ttl, now, unit, per, cap, cell, keep)
       if now > last then
         last = now
       end
-      tb_store(key, ttl, now, after, last)
+      tb_store(key, ttl, now, after, last, per, cap)
     end
     return struct.pack('<i8i8i8i8i8', 1, idiv(cap - after, unit), reset, 0, 0)
   end
@@ -150,24 +180,25 @@ local function tb_refund(key, ttl, at, now, cost, unit, per, cap, deficit, last)
       deficit = 0
     end
   end
-  tb_store(key, ttl, now, deficit, last)
+  tb_store(key, ttl, now, deficit, last, per, cap)
   return deficit, last
 end
 
 -- Plan change (REBASE.md; TokenBucket::rebase): the state was written at (ounit, oper, ocap) and
 -- a check arrives at (unit, per, cap). What the key spent, in whole units rounded up, stays spent,
--- at most the new capacity. Stores and returns the new state.
-local function tb_rebase(key, ttl, now, ounit, oper, ocap, unit, _, cap, deficit, last)
+-- all of it (above the new capacity too), at most 2^53 - 1 steps. Stores and returns the new
+-- state.
+local function tb_rebase(key, ttl, now, ounit, oper, ocap, unit, per, cap, deficit, last)
   if ounit < 1 then
     ounit = 1 -- only a mark written by something else (see read_mark)
   end
   deficit = cdiv(tb_deficit(now, oper, ocap, deficit, last), ounit) * unit
-  if deficit > cap then
-    deficit = cap -- also when the product passed 2^53: it is then far above cap
+  if deficit > MAX_EXACT - 1 then
+    deficit = MAX_EXACT - 1 -- also when the product passed 2^53: it is then at least 2^53
   end
   if now > last then
     last = now
   end
-  tb_store(key, ttl, now, deficit, last)
+  tb_store(key, ttl, now, deficit, last, per, cap)
   return deficit, last
 end
