@@ -414,7 +414,9 @@ impl RedisBackend {
     }
 
     /// How long establishing a connection may take (default 500 ms): it bounds the background
-    /// reconnects, and the calls made before Redis has answered for the first time.
+    /// reconnects, the calls made before Redis has answered for the first time, and, while a
+    /// Cluster master's breaker is open, the probe's slot-map read and its check that the
+    /// Cluster connection answers (see [When Redis cannot decide](self#when-redis-cannot-decide)).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self

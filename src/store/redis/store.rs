@@ -550,7 +550,8 @@ impl Inner {
         }
     }
 
-    /// Whether `conn` answers within the connect timeout (see [`Conn::responsive`]).
+    /// Whether `conn` answers within the connect timeout (see
+    /// [`Conn::responsive`](super::conn::Conn::responsive)).
     async fn answers(&self, conn: &super::conn::Conn) -> bool {
         matches!(
             tokio::time::timeout(self.connect_timeout, conn.responsive()).await,
