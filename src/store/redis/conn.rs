@@ -7,10 +7,13 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use redis::aio::MultiplexedConnection;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
+use redis::{
+    AsyncConnectionConfig, Cmd, ConnectionAddr, ErrorKind, RedisError, ServerErrorKind, Value,
+};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
@@ -22,7 +25,12 @@ use crate::error::{StoreError, StoreErrorKind};
 #[derive(Debug, Clone)]
 pub(crate) enum Target {
     Node(redis::Client),
-    Cluster(Box<redis::cluster::ClusterClient>),
+    /// A Cluster: its client, and the first seed node's connection settings (credentials, TLS),
+    /// with which a [`NodeProbe`] connects to one node directly.
+    Cluster(
+        Box<redis::cluster::ClusterClient>,
+        Box<redis::ConnectionInfo>,
+    ),
 }
 
 /// A live connection. Cloning is cheap (both are handles to one multiplexed connection).
@@ -54,7 +62,7 @@ impl Conn {
                     .set_max_delay(Duration::from_millis(200));
                 ConnectionManager::new_lazy_with_config(client.clone(), config).map(Conn::Node)
             }
-            Target::Cluster(client) => {
+            Target::Cluster(client, _) => {
                 let config = redis::cluster::ClusterConfig::new()
                     .set_connection_timeout(connect_timeout)
                     .set_response_timeout(Duration::from_secs(5));
@@ -65,21 +73,16 @@ impl Conn {
         }
     }
 
-    /// `PING` to the node at `addr` (`host:port`; for a Cluster, routed to that node), or to the
-    /// node when `addr` is `None`.
-    pub(crate) async fn ping(&self, addr: Option<&str>) -> Result<Value, RedisError> {
-        let cmd = redis::cmd("PING");
-        match (self, addr.and_then(|a| a.rsplit_once(':'))) {
-            (Conn::Cluster(c), Some((host, port))) => {
-                let port = port.parse().unwrap_or(0);
-                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                    host: host.to_owned(),
-                    port,
-                });
-                c.clone().route_command(cmd, route).await?.extract_error()
-            }
-            _ => self.query(&cmd).await,
-        }
+    /// Whether the connection answers: `ECHO` to the node, or for a Cluster to any node it holds
+    /// a live connection to (`PING` would go to every master, and fail while one is down).
+    ///
+    /// A Cluster node is probed with a [`NodeProbe`] instead: a command routed to a node the
+    /// Cluster connection has no live connection to makes it reconnect to every seed and read
+    /// the slot map again, holding every other call meanwhile.
+    pub(crate) async fn responsive(&self) -> bool {
+        let mut echo = redis::cmd("ECHO");
+        echo.arg("tollgate");
+        self.query(&echo).await.is_ok()
     }
 
     pub(crate) async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
@@ -138,6 +141,76 @@ impl Conn {
             }
             _ => self.query(&cmd).await,
         }
+    }
+}
+
+/// A circuit-breaker probe's own connection to one Cluster node, outside the Cluster
+/// connection: that connection, asked for a node it cannot reach (a dead master), reconnects to
+/// every seed node and reads the slot map again while every other call waits, so probing a dead
+/// master through it every probe interval would stall the healthy masters' calls too.
+pub(crate) struct NodeProbe {
+    client: redis::Client,
+    conn: Option<MultiplexedConnection>,
+    connect_timeout: Duration,
+}
+
+impl NodeProbe {
+    /// A probe of the Cluster node at `addr` (`host:port`, as `CLUSTER SLOTS` names it), with
+    /// the seed node's credentials and TLS settings; `None` for a single node or an address
+    /// that is not `host:port`.
+    pub(crate) fn new(target: &Target, addr: &str, connect_timeout: Duration) -> Option<Self> {
+        let Target::Cluster(_, seed) = target else {
+            return None;
+        };
+        let (host, port) = addr.rsplit_once(':')?;
+        let port: u16 = port.parse().ok()?;
+        let host = host.to_owned();
+        let addr = match seed.addr() {
+            ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => ConnectionAddr::Tcp(host, port),
+        };
+        let client = redis::Client::open(seed.as_ref().clone().set_addr(addr)).ok()?;
+        Some(Self {
+            client,
+            conn: None,
+            connect_timeout,
+        })
+    }
+
+    /// Whether the node answers `PING` within `timeout` (connecting first, within the connect
+    /// timeout, when the probe holds no connection). A failed probe drops its connection.
+    pub(crate) async fn ping(&mut self, timeout: Duration) -> bool {
+        let mut conn = match self.conn.take() {
+            Some(conn) => conn,
+            None => {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(self.connect_timeout))
+                    .set_response_timeout(Some(timeout));
+                let connect = self
+                    .client
+                    .get_multiplexed_async_connection_with_config(&config);
+                match tokio::time::timeout(self.connect_timeout, connect).await {
+                    Ok(Ok(conn)) => conn,
+                    _ => return false,
+                }
+            }
+        };
+        let ping = redis::cmd("PING");
+        let answered = tokio::time::timeout(timeout, conn.send_packed_command(&ping)).await;
+        let ok = matches!(answered, Ok(Ok(v)) if !matches!(v, Value::ServerError(_)));
+        if ok {
+            self.conn = Some(conn);
+        }
+        ok
     }
 }
 
@@ -429,12 +502,16 @@ struct Link {
     _stop: oneshot::Sender<()>,
     conn: Conn,
     batchers: Option<Arc<Batchers>>,
+    /// Which connection of this runtime it is (see [`Links::rebuild`]).
+    generation: u64,
 }
 
 /// What a call needs: the connection of the current runtime and its batchers.
 pub(crate) struct Handle {
     pub(crate) conn: Conn,
     pub(crate) batchers: Option<Arc<Batchers>>,
+    /// The connection's generation, for [`Links::rebuild`].
+    pub(crate) generation: u64,
 }
 
 /// The store's connections, one per tokio runtime it is used from. A store built (or first used)
@@ -445,6 +522,8 @@ pub(crate) struct Handle {
 pub(crate) struct Links {
     links: Mutex<Vec<Link>>,
     connected_once: AtomicBool,
+    /// The last generation handed out.
+    generations: AtomicU64,
 }
 
 /// How a store connects.
@@ -474,6 +553,7 @@ impl Links {
                 Handle {
                     conn: link.conn.clone(),
                     batchers: link.batchers.clone(),
+                    generation: link.generation,
                 },
                 false,
             ));
@@ -483,12 +563,7 @@ impl Links {
         if links.len() >= MAX_RUNTIMES {
             links.remove(0);
         }
-        let conn = Conn::open(cfg.target, cfg.connect_timeout).map_err(|e| {
-            StoreError::new(
-                StoreErrorKind::Unavailable,
-                format!("redis connection: {e}"),
-            )
-        })?;
+        let (conn, batchers) = self.connect(cfg)?;
         let token = Arc::new(());
         let alive = Arc::downgrade(&token);
         let (stop, stopped) = oneshot::channel::<()>();
@@ -496,6 +571,75 @@ impl Links {
             let _token = token;
             let _ = stopped.await;
         });
+        if self.connected_once.swap(true, Ordering::Relaxed) {
+            cfg.stats.add_reconnect();
+            tracing::info!(
+                runtimes = links.len() + 1,
+                "redis store used from another tokio runtime; connecting there"
+            );
+        }
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
+        let handle = Handle {
+            conn: conn.clone(),
+            batchers: batchers.clone(),
+            generation,
+        };
+        links.push(Link {
+            runtime: id,
+            alive,
+            _stop: stop,
+            conn,
+            batchers,
+            generation,
+        });
+        Ok((handle, true))
+    }
+
+    /// Replaces the current runtime's connection of generation `generation` (and its batchers)
+    /// with a new one, and returns a handle to it; `None` when that connection was already
+    /// replaced (another probe saw it first) or the runtime has none.
+    ///
+    /// For a Cluster connection that no longer answers while its nodes do: the Cluster client
+    /// (`redis` 1.8) can stop answering for good after a master dies under load (a slot refresh
+    /// it starts never completes, and it dispatches nothing meanwhile), and nothing repairs it
+    /// from outside. Calls still waiting on the old connection end at their deadlines, its
+    /// batchers stop once their queues are empty, and its task ends with its last handle.
+    pub(crate) fn rebuild(
+        &self,
+        cfg: &LinkConfig<'_>,
+        generation: u64,
+    ) -> Result<Option<Handle>, StoreError> {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return Ok(None);
+        };
+        let id = runtime.id();
+        let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(link) = links
+            .iter_mut()
+            .find(|l| l.runtime == id && l.generation == generation)
+        else {
+            return Ok(None);
+        };
+        let (conn, batchers) = self.connect(cfg)?;
+        link.conn = conn;
+        link.batchers = batchers;
+        link.generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
+        cfg.stats.add_reconnect();
+        Ok(Some(Handle {
+            conn: link.conn.clone(),
+            batchers: link.batchers.clone(),
+            generation: link.generation,
+        }))
+    }
+
+    /// A new connection, and its batchers, on the current runtime.
+    fn connect(&self, cfg: &LinkConfig<'_>) -> Result<(Conn, Option<Arc<Batchers>>), StoreError> {
+        let conn = Conn::open(cfg.target, cfg.connect_timeout).map_err(|e| {
+            StoreError::new(
+                StoreErrorKind::Unavailable,
+                format!("redis connection: {e}"),
+            )
+        })?;
         let batchers = cfg.batching.map(|limits| {
             Arc::new(Batchers {
                 conn: conn.clone(),
@@ -505,25 +649,7 @@ impl Links {
                 by_node: RwLock::new(Vec::new()),
             })
         });
-        if self.connected_once.swap(true, Ordering::Relaxed) {
-            cfg.stats.add_reconnect();
-            tracing::info!(
-                runtimes = links.len() + 1,
-                "redis store used from another tokio runtime; connecting there"
-            );
-        }
-        let handle = Handle {
-            conn: conn.clone(),
-            batchers: batchers.clone(),
-        };
-        links.push(Link {
-            runtime: id,
-            alive,
-            _stop: stop,
-            conn,
-            batchers,
-        });
-        Ok((handle, true))
+        Ok((conn, batchers))
     }
 }
 
@@ -697,6 +823,65 @@ mod tests {
             let restarted = again.batchers.unwrap().get("");
             assert_eq!(stats.batcher_restarts(), 1);
             assert!(!restarted.is_closed(), "a new task took over");
+        });
+    }
+
+    #[test]
+    fn a_node_probe_connects_to_its_node_with_the_seeds_credentials() {
+        let seed = "redis://user:secret@10.0.0.1:7000/";
+        let client = redis::cluster::ClusterClient::new(vec![seed]).unwrap();
+        let info = redis::IntoConnectionInfo::into_connection_info(seed).unwrap();
+        let target = Target::Cluster(Box::new(client), Box::new(info));
+        let probe = NodeProbe::new(&target, "10.0.0.2:7001", Duration::from_millis(10)).unwrap();
+        let info = probe.client.get_connection_info();
+        assert_eq!(
+            info.addr(),
+            &ConnectionAddr::Tcp("10.0.0.2".into(), 7001),
+            "the probed node, not the seed"
+        );
+        assert_eq!(info.redis_settings().username(), Some("user"));
+        assert_eq!(info.redis_settings().password(), Some("secret"));
+        // IPv6 as `CLUSTER SLOTS` names it; no probe for what is not host:port, nor for a node.
+        assert!(NodeProbe::new(&target, "::1:7002", Duration::from_millis(10)).is_some());
+        assert!(NodeProbe::new(&target, "10.0.0.2", Duration::from_millis(10)).is_none());
+        let node = Target::Node(redis::Client::open("redis://127.0.0.1:1").unwrap());
+        assert!(NodeProbe::new(&node, "127.0.0.1:1", Duration::from_millis(10)).is_none());
+    }
+
+    #[test]
+    fn a_connection_is_rebuilt_once_per_generation() {
+        let target = Target::Node(redis::Client::open("redis://127.0.0.1:1").unwrap());
+        let stats = RedisStats::default();
+        let cfg = LinkConfig {
+            target: &target,
+            connect_timeout: Duration::from_millis(10),
+            batching: Some((64, 4)),
+            stats: &stats,
+            slots: None,
+        };
+        let links = Links::default();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (first, _) = links.get(&cfg).unwrap();
+            let rebuilt = links
+                .rebuild(&cfg, first.generation)
+                .unwrap()
+                .expect("rebuilt");
+            assert_ne!(rebuilt.generation, first.generation);
+            assert!(
+                links.rebuild(&cfg, first.generation).unwrap().is_none(),
+                "a second probe that saw the old connection does not replace the new one"
+            );
+            let (now, fresh) = links.get(&cfg).unwrap();
+            assert!(!fresh);
+            assert_eq!(
+                now.generation, rebuilt.generation,
+                "calls use the new connection"
+            );
+            assert_eq!(stats.reconnects(), 1);
         });
     }
 

@@ -10,7 +10,9 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use super::breaker::{Breaker, Breakers};
-use super::conn::{slot_of_tag, BatchError, Handle, Job, LinkConfig, Links, SlotCache, Target};
+use super::conn::{
+    slot_of_tag, BatchError, Handle, Job, LinkConfig, Links, NodeProbe, SlotCache, Target,
+};
 use super::keys::KeyEncoder;
 use super::script::{
     decision, reply_ints, Group, Ints, LimitArg, LimitInfo, LuaScript, Mode, QuotaArg,
@@ -500,6 +502,12 @@ impl Inner {
                 let mut load = redis::cmd("SCRIPT");
                 load.arg("LOAD");
                 if let Some(inner) = weak.upgrade() {
+                    // The slot map first: `SCRIPT LOAD` goes to every master of a Cluster and
+                    // fails while one is down, and without the map every check would share the
+                    // breaker of unknown nodes.
+                    if inner.cluster {
+                        inner.refresh_slots(&conn).await;
+                    }
                     load.arg(inner.script.code());
                 } else {
                     return;
@@ -516,14 +524,39 @@ impl Inner {
                     }
                 }
                 super::memory_policy::check(&conn, &weak).await;
-                if let Some(inner) = weak.upgrade() {
-                    if inner.cluster {
-                        inner.refresh_slots(&conn).await;
-                    }
-                }
             });
         }
         Ok(handle)
+    }
+
+    /// Replaces the current runtime's connection `generation` (a Cluster connection that stopped
+    /// answering while its nodes answer a probe; see [`Links::rebuild`]) and reads the slot map
+    /// on the new one. Returns the new connection's handle, or `None` if that connection was
+    /// already replaced or a new one could not be opened.
+    async fn rebuild(self: &Arc<Self>, generation: u64) -> Option<Handle> {
+        match self.links.rebuild(&self.link_config(), generation) {
+            Ok(Some(handle)) => {
+                tracing::warn!(
+                    "the redis cluster connection stopped answering while its nodes answer; replaced it with a new one"
+                );
+                self.refresh_slots(&handle.conn).await;
+                Some(handle)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not replace the redis cluster connection");
+                None
+            }
+        }
+    }
+
+    /// Whether `conn` answers within the connect timeout (see
+    /// [`Conn::responsive`](super::conn::Conn::responsive)).
+    async fn answers(&self, conn: &super::conn::Conn) -> bool {
+        matches!(
+            tokio::time::timeout(self.connect_timeout, conn.responsive()).await,
+            Ok(true)
+        )
     }
 
     /// Reads the Cluster's slot map again (at most once per probe interval).
@@ -1094,6 +1127,10 @@ impl Inner {
         let weak = Arc::downgrade(self);
         let breaker = breaker.clone();
         let interval = self.probe_interval;
+        // A Cluster master is pinged on a connection of the probe's own (see `NodeProbe`).
+        let mut node_probe = addr
+            .as_deref()
+            .and_then(|a| NodeProbe::new(&self.target, a, self.connect_timeout));
         runtime.spawn(async move {
             let _token = token;
             loop {
@@ -1115,10 +1152,23 @@ impl Inner {
                         return;
                     }
                 }
-                let ok = matches!(
-                    tokio::time::timeout(inner.timeout, handle.conn.ping(addr.as_deref())).await,
-                    Ok(Ok(_))
-                );
+                let ok = match &mut node_probe {
+                    // The node answers on the probe's own connection: the breaker closes once
+                    // the Cluster connection answers too. One that does not is stuck (see
+                    // `Links::rebuild`), and is replaced.
+                    Some(probe) => {
+                        probe.ping(inner.timeout).await
+                            && (inner.answers(&handle.conn).await
+                                || match inner.rebuild(handle.generation).await {
+                                    Some(new) => inner.answers(&new.conn).await,
+                                    None => false,
+                                })
+                    }
+                    None => matches!(
+                        tokio::time::timeout(inner.timeout, handle.conn.responsive()).await,
+                        Ok(true)
+                    ),
+                };
                 if ok {
                     breaker.close(&inner.stats);
                     tracing::info!(
