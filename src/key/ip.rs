@@ -415,12 +415,23 @@ mod tests {
     fn six_to_four_and_teredo_clients_key_as_their_ipv4_host() {
         // 6to4: 2002:c000:0201::/48 is the site of 192.0.2.1; every subnet and interface in it
         // is one key (with /64 grouping it was 65,536 keys for one IPv4 host).
-        let site = ["2002:c000:201::1", "2002:c000:201:1::1", "2002:c000:201:ffff:1:2:3:4"];
+        let site = [
+            "2002:c000:201::1",
+            "2002:c000:201:1::1",
+            "2002:c000:201:ffff:1:2:3:4",
+        ];
         let mut keys: Vec<IpAddr> = site.iter().map(|a| group(canonical(ip(a)), 64)).collect();
         keys.dedup();
-        println!("6to4: {} addresses of 192.0.2.1 -> {} key(s)", site.len(), keys.len());
+        println!(
+            "6to4: {} addresses of 192.0.2.1 -> {} key(s)",
+            site.len(),
+            keys.len()
+        );
         assert_eq!(keys, [ip("192.0.2.1")]);
-        assert_eq!(group(canonical(ip("2002:cb00:7109::5")), 128), ip("203.0.113.9"));
+        assert_eq!(
+            group(canonical(ip("2002:cb00:7109::5")), 128),
+            ip("203.0.113.9")
+        );
         // Teredo: the client's IPv4 is the last 32 bits inverted (RFC 4380's example: server
         // 65.54.227.120, client 192.0.2.45 behind port 40000).
         let teredo = ip("2001:0:4136:e378:8000:63bf:3fff:fdd2");

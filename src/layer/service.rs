@@ -205,9 +205,9 @@ impl Applied {
 /// charge to give back when the response says so.
 #[derive(Debug, Clone)]
 pub(crate) struct OwnedCheck {
-    limit: usize,
-    key: Key<'static>,
-    cost: u64,
+    pub(super) limit: usize,
+    pub(super) key: Key<'static>,
+    pub(super) cost: u64,
     quota: Option<PlanQuota>,
     plan: Option<PolicyName>,
 }

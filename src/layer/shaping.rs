@@ -19,9 +19,17 @@
 //!   Redis store shares one schedule between instances with no change to its scripts;
 //! - **bounded per key**: at most `max_wait × rate` units (or [`Shape::max_queued`]) wait per
 //!   key, enforced by the store itself;
-//! - **cancellation-safe**: a waiting request that is dropped gives its reservation back with
-//!   [`Store::refund`], so the next request takes the time it
-//!   freed.
+//! - **cancellation-safe**: a waiting request that is dropped frees exactly its own place. The
+//!   next request of the same key (and cost) arriving before that place is due takes it over,
+//!   and its own place, the last of the schedule, goes back to the store with
+//!   [`Store::refund`]; a freed place that is (or becomes) the last of the schedule goes back
+//!   to the store at once. So whatever is cancelled, no two requests are given the same turn
+//!   (over any window, at most `burst + rate × span` reach the service), and dropped waiters
+//!   leave no place behind that nobody will use (1,000 waiters dropped in arrival order: the
+//!   next request waits one interval). Places are tracked by the layer that reserved them: with
+//!   several instances sharing a Redis schedule, a place freed on one instance is taken over
+//!   only by that instance's requests, and given back to Redis when it is that instance's last
+//!   place.
 //!
 //! The windows (fixed, sliding, log) have no schedule to reserve a place in: their units come
 //! back all at once at a window's edge, so every waiter would be released together. Shaping
@@ -100,9 +108,11 @@
 //! # }
 //! ```
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use http::{Request, Response};
@@ -112,6 +122,7 @@ use super::service::OwnedCheck;
 use crate::algorithm::AlgorithmKind;
 use crate::decision::Decision;
 use crate::error::ConfigError;
+use crate::key::Key;
 use crate::quota::Quota;
 use crate::response::{RejectReason, Rejected, RejectionBody};
 use crate::store::{Checked, Decisions, LimitCheck, Store};
@@ -313,11 +324,12 @@ impl CompiledShape {
     }
 }
 
-/// The bound on requests waiting in one layer, across keys.
+/// The bound on requests waiting in one layer, across keys, and the places they hold.
 #[derive(Debug)]
 pub(crate) struct Waiting {
     count: Arc<AtomicUsize>,
     max: usize,
+    schedules: Arc<Schedules>,
 }
 
 impl Waiting {
@@ -325,6 +337,7 @@ impl Waiting {
         Self {
             count: Arc::new(AtomicUsize::new(0)),
             max,
+            schedules: Arc::new(Schedules::new()),
         }
     }
 
@@ -355,10 +368,194 @@ impl Drop for WaitSlot {
     }
 }
 
+/// Which schedule a place is in: the shaped checks' limits and keys, and their costs (a place
+/// is taken over only by a request of the same costs).
+type ScheduleKey = Vec<(usize, Key<'static>, u64)>;
+
+/// Gives a place's charge back to the store.
+type Refund = Box<dyn FnOnce() + Send>;
+
+/// One place in a key's schedule that a request of this layer reserved.
+struct Place {
+    id: u64,
+    /// When it is due (the store's clock, µs).
+    turn: u64,
+    /// Whether a waiting request holds it; a place whose request was dropped is free, and is
+    /// either taken over by the next request of the same key or, once it is the schedule's
+    /// last place, given back to the store.
+    held: bool,
+    /// Gives exactly this place back (its checks, refunded at its turn).
+    refund: Refund,
+}
+
+/// The places this layer's waiting requests reserved, per schedule, in turn order.
+///
+/// The store keeps one schedule per key, whose end (GCRA's theoretical arrival time, the
+/// buckets' deficit) is all it knows: giving back a place that is not the last one would move
+/// the end back under places still held, so that the next request is given the turn of a
+/// request still waiting (two where the rate allows one). So a dropped request's place is
+/// given back to the store only once every place after it is free too; until then it is
+/// free here, and the next request of the same key takes it over (and gives the store back
+/// its own place, the last one).
+pub(crate) struct Schedules {
+    shards: Box<[Mutex<HashMap<ScheduleKey, Vec<Place>>>]>,
+    next_id: AtomicU64,
+}
+
+impl fmt::Debug for Schedules {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Schedules").finish_non_exhaustive()
+    }
+}
+
+/// Shards of [`Schedules`]: requests of different keys rarely contend.
+const SCHEDULE_SHARDS: usize = 16;
+
+impl Schedules {
+    fn new() -> Self {
+        Self {
+            shards: (0..SCHEDULE_SHARDS)
+                .map(|_| Mutex::new(HashMap::new()))
+                .collect(),
+            next_id: AtomicU64::new(0),
+        }
+    }
+
+    fn shard(&self, key: &ScheduleKey) -> MutexGuard<'_, HashMap<ScheduleKey, Vec<Place>>> {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        key.hash(&mut h);
+        let i = (h.finish() as usize) % self.shards.len();
+        // A panic while holding the lock leaves the places consistent (every change is one
+        // push, remove or flag); keep going.
+        self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records the place a request was given at `turn` (the last of its schedule) and returns
+    /// its id and turn: an earlier free place of the same schedule due no sooner than `now`,
+    /// if there is one (the request takes it over, and its own place is given back), else its
+    /// own.
+    fn enter(&self, key: &ScheduleKey, now: u64, turn: u64, refund: Refund) -> (u64, u64) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut refunds = Vec::new();
+        let taken = {
+            let mut shards = self.shard(key);
+            let places = shards.entry(key.clone()).or_default();
+            // Free places already due were never used: nobody can take them any more.
+            places.retain(|p| p.held || p.turn >= now);
+            let free = places
+                .iter_mut()
+                .find(|p| !p.held && p.turn >= now && p.turn < turn);
+            let taken = match free {
+                Some(place) => {
+                    place.held = true;
+                    place.id = id;
+                    let at = place.turn;
+                    // This request's own place is free now, and the last: given back below.
+                    insert(
+                        places,
+                        Place {
+                            id: u64::MAX,
+                            turn,
+                            held: false,
+                            refund,
+                        },
+                    );
+                    at
+                }
+                None => {
+                    insert(
+                        places,
+                        Place {
+                            id,
+                            turn,
+                            held: true,
+                            refund,
+                        },
+                    );
+                    turn
+                }
+            };
+            pop_free_tail(places, &mut refunds);
+            if places.is_empty() {
+                shards.remove(key);
+            }
+            taken
+        };
+        for refund in refunds {
+            refund();
+        }
+        (id, taken)
+    }
+
+    /// The request holding place `id` was dropped before its turn: its place is free.
+    fn cancel(&self, key: &ScheduleKey, id: u64) {
+        let mut refunds = Vec::new();
+        {
+            let mut shards = self.shard(key);
+            let Some(places) = shards.get_mut(key) else {
+                return;
+            };
+            if let Some(place) = places.iter_mut().find(|p| p.held && p.id == id) {
+                place.held = false;
+            }
+            pop_free_tail(places, &mut refunds);
+            if places.is_empty() {
+                shards.remove(key);
+            }
+        }
+        for refund in refunds {
+            refund();
+        }
+    }
+
+    /// The request holding place `id` had its turn: the place is spent, and so are the free
+    /// places before it (their time has passed).
+    fn spend(&self, key: &ScheduleKey, id: u64) {
+        let mut shards = self.shard(key);
+        let Some(places) = shards.get_mut(key) else {
+            return;
+        };
+        if let Some(i) = places.iter().position(|p| p.held && p.id == id) {
+            let turn = places[i].turn;
+            places.retain(|p| p.held && p.id != id || p.turn > turn);
+        }
+        if places.is_empty() {
+            shards.remove(key);
+        }
+    }
+}
+
+/// Inserts `place` in turn order (after places of the same turn).
+fn insert(places: &mut Vec<Place>, place: Place) {
+    let i = places.partition_point(|p| p.turn <= place.turn);
+    places.insert(i, place);
+}
+
+/// Removes the free places at the end of a schedule, last first, collecting their refunds:
+/// each is the schedule's last place when it is given back, so the store's schedule ends
+/// exactly one place earlier each time.
+fn pop_free_tail(places: &mut Vec<Place>, refunds: &mut Vec<Refund>) {
+    while places.last().is_some_and(|p| !p.held) {
+        if let Some(place) = places.pop() {
+            refunds.push(place.refund);
+        }
+    }
+}
+
+/// A place held in a schedule: given back (freed) on drop unless spent.
+struct Held {
+    schedules: Arc<Schedules>,
+    key: ScheduleKey,
+    id: u64,
+}
+
 /// What a waiting request reserved: given back unless [`release`](Self::release)d, so a
 /// request dropped while it waits frees its place in the schedule for the next one.
 pub(crate) struct Reservation {
-    /// Gives the reservation back (the store's refund of the request's checks).
+    /// Its place in its key's schedule (none when the store reports no decision time).
+    place: Option<Held>,
+    /// Gives back what the request's other checks were charged (and, without a place, the
+    /// shaped checks' charge too).
     give_back: Option<Box<dyn FnOnce() + Send>>,
     delay: Duration,
     _slot: WaitSlot,
@@ -381,16 +578,27 @@ impl Reservation {
     /// The request's turn has come: the reservation is spent, not given back.
     pub(crate) fn release(mut self) {
         self.give_back = None;
+        if let Some(place) = self.place.take() {
+            place.schedules.spend(&place.key, place.id);
+        }
     }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        if let Some(give_back) = self.give_back.take() {
-            tracing::debug!(
-                delay_ms = self.delay.as_millis() as u64,
-                "shaped request dropped while waiting; its reservation is given back"
-            );
+        let place = self.place.take();
+        let give_back = self.give_back.take();
+        if place.is_none() && give_back.is_none() {
+            return;
+        }
+        tracing::debug!(
+            delay_ms = self.delay.as_millis() as u64,
+            "shaped request dropped while waiting; its reservation is given back"
+        );
+        if let Some(place) = place {
+            place.schedules.cancel(&place.key, place.id);
+        }
+        if let Some(give_back) = give_back {
             give_back();
         }
     }
@@ -473,10 +681,29 @@ pub(crate) fn reserve<St: Store, ReqBody>(
         }
         return Err(response);
     };
+    let snapshot = Arc::clone(snapshot);
+    let (place, delay, shaped_checks) = match (at, turn) {
+        (Some(at), Some(turn)) => {
+            let key: ScheduleKey = shaped_checks
+                .iter()
+                .map(|c| (c.limit, c.key.clone(), c.cost))
+                .collect();
+            let refund_snapshot = Arc::clone(&snapshot);
+            let refund: Refund = Box::new(move || {
+                give_back(&refund_snapshot, &shaped_checks, Some(turn));
+            });
+            let schedules = Arc::clone(&waiting.schedules);
+            let (id, taken) = schedules.enter(&key, at, turn, refund);
+            let delay = Duration::from_micros(taken.saturating_sub(at));
+            (Some(Held { schedules, key, id }), delay, Vec::new())
+        }
+        // No decision time: no place to keep (and nothing the store could refund).
+        _ => (None, delay, shaped_checks),
+    };
     tracing::debug!(policy = %decision.policy(), delay_ms = delay.as_millis() as u64, delay_us = delay.as_micros() as u64, "request shaped: it waits for its turn");
     req.extensions_mut().insert(ShapedDelay(delay));
-    let snapshot = Arc::clone(snapshot);
     Ok(Reservation {
+        place,
         give_back: Some(Box::new(move || {
             give_back(&snapshot, &shaped_checks, turn);
             give_back(&snapshot, &others, at);
