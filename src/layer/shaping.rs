@@ -372,6 +372,9 @@ impl Drop for WaitSlot {
 /// is taken over only by a request of the same costs).
 type ScheduleKey = Vec<(usize, Key<'static>, u64)>;
 
+/// One shard of [`Schedules`]: the places of the schedules whose keys hash to it.
+type Shard = HashMap<ScheduleKey, Vec<Place>>;
+
 /// Gives a place's charge back to the store.
 type Refund = Box<dyn FnOnce() + Send>;
 
@@ -398,7 +401,7 @@ struct Place {
 /// free here, and the next request of the same key takes it over (and gives the store back
 /// its own place, the last one).
 pub(crate) struct Schedules {
-    shards: Box<[Mutex<HashMap<ScheduleKey, Vec<Place>>>]>,
+    shards: Box<[Mutex<Shard>]>,
     next_id: AtomicU64,
 }
 
@@ -421,7 +424,7 @@ impl Schedules {
         }
     }
 
-    fn shard(&self, key: &ScheduleKey) -> MutexGuard<'_, HashMap<ScheduleKey, Vec<Place>>> {
+    fn shard(&self, key: &ScheduleKey) -> MutexGuard<'_, Shard> {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         key.hash(&mut h);
         let i = (h.finish() as usize) % self.shards.len();

@@ -134,12 +134,15 @@ async fn waiters_dropped_in_arrival_order_leave_no_phantom_places() {
     assert!(failures.is_empty(), "{failures:?}");
 }
 
+/// Which waiters are dropped: a name, and whether the waiter at this position is.
+type Pattern = (&'static str, fn(usize) -> bool);
+
 #[tokio::test(start_paused = true)]
 async fn the_rate_bound_holds_whatever_is_cancelled() {
     // 10 per second, burst 1: one request through and 200 waiting (100 ms apart); some are
     // dropped; then 150 new arrivals. Over every window, at most 1 + 10/s × span reach the
     // service.
-    let patterns: [(&str, fn(usize) -> bool); 2] = [
+    let patterns: [Pattern; 2] = [
         ("the first 100 in arrival order", |i| i < 100),
         ("every other one", |i| i % 2 == 0),
     ];
