@@ -110,12 +110,15 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
 use std::hash::{Hash, Hasher};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use http::{Request, Response};
+use tokio::sync::mpsc;
 
 use super::layer::Snapshot;
 use super::service::OwnedCheck;
@@ -375,8 +378,12 @@ type ScheduleKey = Vec<(usize, Key<'static>, u64)>;
 /// One shard of [`Schedules`]: the places of the schedules whose keys hash to it.
 type Shard = HashMap<ScheduleKey, Vec<Place>>;
 
-/// Gives a place's charge back to the store.
-type Refund = Box<dyn FnOnce() + Send>;
+/// A refund the store answers later: the call to wait for.
+type PendingRefund = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Gives a place's charge back to the store; returns the call to wait for when the store
+/// answers later.
+type Refund = Box<dyn FnOnce() -> Option<PendingRefund> + Send>;
 
 /// One place in a key's schedule that a request of this layer reserved.
 struct Place {
@@ -403,6 +410,10 @@ struct Place {
 pub(crate) struct Schedules {
     shards: Box<[Mutex<Shard>]>,
     next_id: AtomicU64,
+    /// Refunds a networked store answers later, sent in the order they were made to one task
+    /// that waits for each in turn: a key's places go back last first, and the store must see
+    /// them in that order (GCRA gives back a place only while it is the schedule's last).
+    lane: Mutex<Option<mpsc::UnboundedSender<PendingRefund>>>,
 }
 
 impl fmt::Debug for Schedules {
@@ -421,7 +432,45 @@ impl Schedules {
                 .map(|_| Mutex::new(HashMap::new()))
                 .collect(),
             next_id: AtomicU64::new(0),
+            lane: Mutex::new(None),
         }
+    }
+
+    /// Runs `refunds` in order: those the store answers at once now, the others through the
+    /// lane (after every refund sent to it before).
+    fn run(&self, refunds: Vec<Refund>) {
+        for refund in refunds {
+            if let Some(pending) = refund() {
+                self.send(pending);
+            }
+        }
+    }
+
+    /// Sends `pending` to the lane's task, starting one on the current Tokio runtime when there
+    /// is none (or the runtime it ran on is gone).
+    fn send(&self, pending: PendingRefund) {
+        let mut lane = self.lane.lock().unwrap_or_else(|e| e.into_inner());
+        let pending = match lane.as_ref() {
+            Some(tx) => match tx.send(pending) {
+                Ok(()) => return,
+                Err(mpsc::error::SendError(pending)) => pending,
+            },
+            None => pending,
+        };
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            *lane = None;
+            tracing::warn!("no Tokio runtime to give a shaped reservation back on; it is spent");
+            return;
+        };
+        let (tx, mut rx) = mpsc::unbounded_channel::<PendingRefund>();
+        handle.spawn(async move {
+            while let Some(refund) = rx.recv().await {
+                refund.await;
+            }
+        });
+        // The receiver was just moved into a live task: the send succeeds.
+        let _ = tx.send(pending);
+        *lane = Some(tx);
     }
 
     fn shard(&self, key: &ScheduleKey) -> MutexGuard<'_, Shard> {
@@ -440,8 +489,10 @@ impl Schedules {
     fn enter(&self, key: &ScheduleKey, now: u64, turn: u64, refund: Refund) -> (u64, u64) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut refunds = Vec::new();
+        // The refunds are made under the shard's lock, so that a schedule's places reach the
+        // store in the order they were given back.
+        let mut shards = self.shard(key);
         let taken = {
-            let mut shards = self.shard(key);
             let places = shards.entry(key.clone()).or_default();
             // Free places already due were never used: nobody can take them any more.
             places.retain(|p| p.held || p.turn >= now);
@@ -484,31 +535,26 @@ impl Schedules {
             }
             taken
         };
-        for refund in refunds {
-            refund();
-        }
+        self.run(refunds);
+        drop(shards);
         (id, taken)
     }
 
     /// The request holding place `id` was dropped before its turn: its place is free.
     fn cancel(&self, key: &ScheduleKey, id: u64) {
         let mut refunds = Vec::new();
-        {
-            let mut shards = self.shard(key);
-            let Some(places) = shards.get_mut(key) else {
-                return;
-            };
-            if let Some(place) = places.iter_mut().find(|p| p.held && p.id == id) {
-                place.held = false;
-            }
-            pop_free_tail(places, &mut refunds);
-            if places.is_empty() {
-                shards.remove(key);
-            }
+        let mut shards = self.shard(key);
+        let Some(places) = shards.get_mut(key) else {
+            return;
+        };
+        if let Some(place) = places.iter_mut().find(|p| p.held && p.id == id) {
+            place.held = false;
         }
-        for refund in refunds {
-            refund();
+        pop_free_tail(places, &mut refunds);
+        if places.is_empty() {
+            shards.remove(key);
         }
+        self.run(refunds);
     }
 
     /// The request holding place `id` had its turn: the place is spent, and so are the free
@@ -607,35 +653,47 @@ impl Drop for Reservation {
     }
 }
 
-/// Gives back the charge of `checks` made at `at`, without waiting for the store.
-fn give_back<St: Store>(snapshot: &Snapshot<St>, checks: &[OwnedCheck], at: Option<u64>) {
+/// Gives back the charge of `checks` made at `at`; returns the store call to wait for when the
+/// store answers later.
+fn refund_call<St: Store>(
+    snapshot: &Snapshot<St>,
+    checks: &[OwnedCheck],
+    at: Option<u64>,
+) -> Option<PendingRefund> {
     let Some(at) = at else {
         tracing::warn!("the rate-limit store reports no decision time; a shaped request's reservation cannot be given back");
-        return;
+        return None;
     };
     if checks.is_empty() {
-        return;
+        return None;
     }
     let checks: Vec<LimitCheck<'_>> = checks.iter().map(OwnedCheck::as_check).collect();
     match snapshot.store.refund(&checks, at) {
-        Checked::Ready(Ok(_)) => {}
+        Checked::Ready(Ok(_)) => None,
         Checked::Ready(Err(error)) => {
             tracing::warn!(error = %error, "rate-limit store could not give a shaped reservation back");
+            None
         }
-        Checked::Pending(future) => match tokio::runtime::Handle::try_current() {
-            Ok(handle) => {
-                handle.spawn(async move {
-                    if let Err(error) = future.await {
-                        tracing::warn!(error = %error, "rate-limit store could not give a shaped reservation back");
-                    }
-                });
+        Checked::Pending(future) => Some(Box::pin(async move {
+            if let Err(error) = future.await {
+                tracing::warn!(error = %error, "rate-limit store could not give a shaped reservation back");
             }
-            Err(_) => {
-                tracing::warn!(
-                    "no Tokio runtime to give a shaped reservation back on; it is spent"
-                );
-            }
-        },
+        })),
+    }
+}
+
+/// Gives back the charge of `checks` made at `at`, without waiting for the store.
+fn give_back<St: Store>(snapshot: &Snapshot<St>, checks: &[OwnedCheck], at: Option<u64>) {
+    let Some(pending) = refund_call(snapshot, checks, at) else {
+        return;
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => {
+            handle.spawn(pending);
+        }
+        Err(_) => {
+            tracing::warn!("no Tokio runtime to give a shaped reservation back on; it is spent");
+        }
     }
 }
 
@@ -692,9 +750,8 @@ pub(crate) fn reserve<St: Store, ReqBody>(
                 .map(|c| (c.limit, c.key.clone(), c.cost))
                 .collect();
             let refund_snapshot = Arc::clone(&snapshot);
-            let refund: Refund = Box::new(move || {
-                give_back(&refund_snapshot, &shaped_checks, Some(turn));
-            });
+            let refund: Refund =
+                Box::new(move || refund_call(&refund_snapshot, &shaped_checks, Some(turn)));
             let schedules = Arc::clone(&waiting.schedules);
             let (id, taken) = schedules.enter(&key, at, turn, refund);
             let delay = Duration::from_micros(taken.saturating_sub(at));

@@ -186,3 +186,97 @@ async fn the_rate_bound_holds_whatever_is_cancelled() {
     }
     assert!(failures.is_empty(), "{failures:?}");
 }
+
+/// The same on Redis, for one instance: 200 waiters (one a second, frozen store clock) dropped
+/// in arrival order; the next request's place is one interval away.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_waiters_dropped_in_arrival_order_leave_no_phantom_places() {
+    use tollgate::clock::ManualClock;
+    use tollgate::layer::{RateLimit, ShapedDelay};
+    use tollgate::store::redis::RedisBackend;
+    use tollgate::store::FailurePolicy;
+    use tower::ServiceExt;
+
+    let server = crate::support::RedisServer::start();
+    let clock = ManualClock::new();
+    let mut failures = Vec::new();
+    for algorithm in ALGORITHMS {
+        let layer = RateLimitLayer::builder()
+            .backend(
+                RedisBackend::new(server.url())
+                    .prefix(crate::common::prefix(&format!("shape-drop-{algorithm}")))
+                    // Generous: this test is about places, not a loaded machine's latency.
+                    .timeout(Duration::from_millis(500))
+                    .clock(clock.clone()),
+            )
+            .limit(
+                Limit::new("smooth", Quota::per_second(1).burst(1))
+                    .algorithm(algorithm)
+                    .key(GlobalKey)
+                    .on_store_error(FailurePolicy::Closed {
+                        retry_after: Duration::from_secs(1),
+                    })
+                    .shape(Duration::from_secs(2_000)),
+            )
+            .build()
+            .unwrap();
+        let mut svc = RateLimit::new(
+            tower::service_fn(|_req: Request<()>| async {
+                Ok::<_, Infallible>(Response::new(String::new()))
+            }),
+            &layer,
+        );
+        let first = svc.clone().oneshot(Request::new(())).await.unwrap();
+        assert_eq!(first.extensions().get::<ShapedDelay>(), None);
+        // Each waiter reserves its place (one Redis call) and starts waiting, in order.
+        let mut waiting = Vec::new();
+        for i in 0..200 {
+            svc.ready().await.unwrap();
+            let mut call = Box::pin(svc.call(Request::new(())));
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while !format!("{call:?}").contains("shaping") {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{algorithm}: never waited"
+                );
+                if let Ok(res) = tokio::time::timeout(Duration::from_micros(200), &mut call).await {
+                    let res = res.unwrap();
+                    panic!(
+                        "{algorithm}: waiter {i} was answered at once: {} {:?}",
+                        res.status(),
+                        res.headers()
+                    );
+                }
+            }
+            waiting.push(call);
+        }
+        for call in waiting {
+            drop(call);
+        }
+        // The refunds reach Redis in the background: the next request sees them within 1 s.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let next = tokio::time::timeout(
+            Duration::from_secs(5),
+            svc.clone().oneshot(Request::new(())),
+        )
+        .await;
+        let waited = next.as_ref().ok().map(|res| {
+            res.as_ref()
+                .unwrap()
+                .extensions()
+                .get::<ShapedDelay>()
+                .map(ShapedDelay::get)
+        });
+        let shown = match waited {
+            None => "still waiting after 5s".to_owned(),
+            Some(None) => "no wait".to_owned(),
+            Some(Some(d)) => format!("{d:?}"),
+        };
+        println!("{algorithm} on Redis: 200 waiters dropped in arrival order; the next request waited {shown} (one interval: 1s)");
+        if waited != Some(Some(Duration::from_secs(1))) {
+            failures.push(format!("{algorithm}: {shown}"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
