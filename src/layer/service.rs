@@ -576,7 +576,8 @@ impl Outcome {
                 true
             }
         };
-        if ours_wins && self.reported.is_counted() {
+        // An uncounted decision (failure policy `Open`) writes nothing.
+        if ours_wins {
             self.headers
                 .write_x_ratelimit(&self.reported, response.headers_mut());
         }

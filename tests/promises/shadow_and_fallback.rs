@@ -219,3 +219,48 @@ async fn a_limit_redis_did_not_decide_claims_no_budget() {
         ]
     );
 }
+
+#[tokio::test]
+async fn a_request_the_enforcing_limit_refuses_leaves_no_shadow_charge() {
+    // The shadow limit is checked together with the enforcing one (one store wait), and
+    // decides only the requests the enforcing limit allows: a refused request's shadow charge
+    // is given back.
+    let server = RedisServer::start();
+    let layer = RateLimitLayer::builder()
+        .backend(
+            RedisBackend::new(server.url())
+                .prefix(common::prefix("shadow-refused"))
+                .timeout(Duration::from_millis(500)),
+        )
+        .limit(limit_at(
+            "enforced",
+            Quota::per_hour(1),
+            FailurePolicy::Open,
+        ))
+        .limit(
+            Limit::new("tried", Quota::per_hour(100))
+                .key(tollgate::key::GlobalKey)
+                .on_store_error(FailurePolicy::Open)
+                .mode(Mode::Shadow { headers: true }),
+        )
+        .ietf_headers(true)
+        .build()
+        .unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(tower::service_fn(|_req: Request<()>| async {
+            Ok::<_, Infallible>(Response::new(String::new()))
+        }));
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        statuses.push(svc.clone().oneshot(req(7)).await.unwrap().status().as_u16());
+    }
+    assert_eq!(statuses, [200, 429, 429, 429, 429]);
+    // The refunds of the refused requests' shadow charges run in the background.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Another client's request shows the shadow limit: 100 - 1 (allowed) - 1 (this one).
+    let res = svc.clone().oneshot(req(8)).await.unwrap();
+    let shown = res.headers()["ratelimit"].to_str().unwrap().to_owned();
+    println!("shadow limit after 1 allowed + 4 refused requests, and one more allowed: {shown}");
+    assert!(shown.contains(r#""tried";r=98;"#), "{shown}");
+}
