@@ -201,7 +201,7 @@ impl Applied {
     }
 }
 
-/// A check that outlives the request: a shadow limit checked after the enforcing ones, or a
+/// A check that outlives the request: a shadow limit (decided in a store call of its own), or a
 /// charge to give back when the response says so.
 #[derive(Debug, Clone)]
 pub(crate) struct OwnedCheck {
@@ -869,7 +869,8 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
                 shaped,
                 shaping,
             ) {
-                // A shadow limit: decided on its own after the enforcing limits allowed.
+                // A shadow limit: decided in a store call of its own, for a request the
+                // enforcing limits allow.
                 continue;
             }
         }
@@ -1057,7 +1058,8 @@ fn plan_of<St>(
 }
 
 /// Records `check` for the work after the enforcing check (a shadow limit, charges decided by
-/// the response, shaping). Returns whether the limit is a shadow one (checked later, not now).
+/// the response, shaping). Returns whether the limit is a shadow one (checked in a call of its
+/// own, not with the enforcing ones).
 #[inline(never)]
 fn follow_up<St: Store>(
     shared: &Shared<St>,
@@ -1103,7 +1105,8 @@ fn follow_up<St: Store>(
     false
 }
 
-/// Checks the shadow limits of a request the enforcing limits allowed.
+/// Checks the shadow limits of a request the enforcing limits allowed, or takes the answer of
+/// the check started together with theirs.
 pub(crate) fn shadow_step<St: Store>(
     _shared: &Arc<Shared<St>>,
     mut outcome: Option<Outcome>,
