@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use super::layer::{RateLimitLayer, Shared, Snapshot};
 use super::limit::{CompiledPlan, Limit};
 use super::overrides::Active;
-use super::shaping::{self, Reservation, ShapedDelay};
+use super::shaping::{self, Deciding, Reservation, ShapedDelay};
 use crate::decision::{Decision, PolicyName};
 use crate::error::{ConfigError, StoreError, StoreErrorKind};
 use crate::headers::{
@@ -259,6 +259,9 @@ pub(crate) struct FollowupData<St: Store> {
     /// back with the shaped ones when the request never gets its turn.
     unshaped: Vec<OwnedCheck>,
     pub(crate) reservation: Option<Reservation>,
+    /// Shaping: marks the request's schedule as being decided until the request has its place
+    /// or is decided without one (see [`Deciding`]).
+    deciding: Option<Deciding>,
     /// The shadow limits' check, started together with the enforcing one when that one waits
     /// for the store, so that a request waits for one store call, not two in a row.
     shadow_check: Option<ShadowCheck<St>>,
@@ -918,6 +921,9 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
         for check in &mut checks[..n] {
             check.cost = 0;
         }
+    } else if let Some(f) = followup.as_mut() {
+        // shaping hook: the store may give this request a place at the end of its schedule.
+        f.deciding = shared.waiting.deciding(&f.shaped);
     }
     let checked = snapshot.store.check(&checks[..n]);
     drop((keys, checks));
@@ -1083,6 +1089,7 @@ fn follow_up<St: Store>(
             shaped: Vec::new(),
             unshaped: Vec::new(),
             reservation: None,
+            deciding: None,
             shadow_check: None,
         }))
     });
@@ -1236,8 +1243,11 @@ pub(crate) fn finish<ReqBody, St: Store>(
     let mut outcome = Outcome::new(shared, snapshot, applied, &decisions, reported);
     if let Some(f) = followup {
         f.reserved_at = decisions.decided_at();
-        // shaping hook: a request that must wait takes a place among the waiting ones.
-        if !shaped.0.is_zero() {
+        // shaping hook: a request that must wait takes a place among the waiting ones; one
+        // that need not wait was given no place.
+        if shaped.0.is_zero() {
+            f.deciding = None;
+        } else {
             if let Err(mut response) = take_turn(
                 shared,
                 snapshot,
@@ -1277,13 +1287,14 @@ fn take_turn<ReqBody, St: Store>(
     let decision = decisions.as_slice()[j];
     let quota = applied.quota(snapshot, j);
     let checks = (mem::take(&mut f.shaped), mem::take(&mut f.unshaped));
+    let deciding = f.deciding.take();
     let reservation = shaping::reserve(
         &shared.waiting,
         &*shared.rejection,
         &f.snapshot,
         req,
         checks,
-        f.reserved_at,
+        (f.reserved_at, deciding),
         wait,
         (&decision, quota),
         decisions,

@@ -375,8 +375,8 @@ impl Drop for WaitSlot {
 /// is taken over only by a request of the same costs).
 type ScheduleKey = Vec<(usize, Key<'static>, u64)>;
 
-/// One shard of [`Schedules`]: the places of the schedules whose keys hash to it.
-type Shard = HashMap<ScheduleKey, Vec<Place>>;
+/// One shard of [`Schedules`]: the schedules whose keys hash to it.
+type Shard = HashMap<ScheduleKey, Schedule>;
 
 /// A refund the store answers later: the call to wait for.
 type PendingRefund = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -398,15 +398,47 @@ struct Place {
     refund: Refund,
 }
 
+/// What this layer knows of one key's schedule.
+#[derive(Default)]
+struct Schedule {
+    /// The places its waiting requests hold or freed, in turn order.
+    places: Vec<Place>,
+    /// Requests of this schedule the store is deciding: each may be given a place after the
+    /// last one known here, so no free place is given back to the store meanwhile (it might
+    /// not be the store's last).
+    deciding: usize,
+}
+
+impl Schedule {
+    /// Removes the free places at the end, last first, collecting their refunds, unless a
+    /// request is being decided: each is then the store's last place when it is given back, so
+    /// the store's schedule ends exactly one place earlier each time.
+    fn pop_free_tail(&mut self, refunds: &mut Vec<Refund>) {
+        if self.deciding > 0 {
+            return;
+        }
+        while self.places.last().is_some_and(|p| !p.held) {
+            if let Some(place) = self.places.pop() {
+                refunds.push(place.refund);
+            }
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.places.is_empty() && self.deciding == 0
+    }
+}
+
 /// The places this layer's waiting requests reserved, per schedule, in turn order.
 ///
 /// The store keeps one schedule per key, whose end (GCRA's theoretical arrival time, the
 /// buckets' deficit) is all it knows: giving back a place that is not the last one would move
 /// the end back under places still held, so that the next request is given the turn of a
 /// request still waiting (two where the rate allows one). So a dropped request's place is
-/// given back to the store only once every place after it is free too; until then it is
-/// free here, and the next request of the same key takes it over (and gives the store back
-/// its own place, the last one).
+/// given back to the store only once every place after it is free too (and no request of the
+/// key is being decided, which could be given a later place); until then it is free here, and
+/// the next request of the same key takes it over (and gives the store back its own place, the
+/// last one).
 pub(crate) struct Schedules {
     shards: Box<[Mutex<Shard>]>,
     next_id: AtomicU64,
@@ -478,98 +510,127 @@ impl Schedules {
         key.hash(&mut h);
         let i = (h.finish() as usize) % self.shards.len();
         // A panic while holding the lock leaves the places consistent (every change is one
-        // push, remove or flag); keep going.
+        // push, remove, flag or count); keep going.
         self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records the place a request was given at `turn` (the last of its schedule) and returns
-    /// its id and turn: an earlier free place of the same schedule due no sooner than `now`,
-    /// if there is one (the request takes it over, and its own place is given back), else its
-    /// own.
-    fn enter(&self, key: &ScheduleKey, now: u64, turn: u64, refund: Refund) -> (u64, u64) {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+    /// A request of schedule `key` goes to the store: until it has its place (or is decided
+    /// without one), no free place of the schedule is given back.
+    pub(crate) fn deciding(self: &Arc<Self>, key: ScheduleKey) -> Deciding {
+        self.shard(&key).entry(key.clone()).or_default().deciding += 1;
+        Deciding {
+            schedules: Arc::clone(self),
+            key: Some(key),
+        }
+    }
+
+    /// Changes schedule `key` with `change`, then gives back what it freed at its end (under
+    /// the shard's lock, so that a schedule's places reach the store in the order they were
+    /// given back).
+    fn update<R>(&self, key: &ScheduleKey, change: impl FnOnce(&mut Schedule) -> R) -> Option<R> {
         let mut refunds = Vec::new();
-        // The refunds are made under the shard's lock, so that a schedule's places reach the
-        // store in the order they were given back.
         let mut shards = self.shard(key);
-        let taken = {
-            let places = shards.entry(key.clone()).or_default();
+        let schedule = shards.get_mut(key)?;
+        let out = change(schedule);
+        schedule.pop_free_tail(&mut refunds);
+        if schedule.is_empty() {
+            shards.remove(key);
+        }
+        self.run(refunds);
+        Some(out)
+    }
+
+    /// Records the place a request was given at `turn` (the last of its schedule when the store
+    /// decided) and returns its id and turn: an earlier free place of the same schedule due no
+    /// sooner than `now`, if there is one (the request takes it over, and its own place is
+    /// given back), else its own.
+    fn enter(&self, mut deciding: Deciding, now: u64, turn: u64, refund: Refund) -> (u64, u64) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let Some(key) = deciding.key.take() else {
+            return (id, turn);
+        };
+        let mut refund = Some(refund);
+        let taken = self.update(&key, |schedule| {
+            schedule.deciding = schedule.deciding.saturating_sub(1);
+            let places = &mut schedule.places;
             // Free places already due were never used: nobody can take them any more.
             places.retain(|p| p.held || p.turn >= now);
             let free = places
                 .iter_mut()
                 .find(|p| !p.held && p.turn >= now && p.turn < turn);
-            let taken = match free {
+            let (held, taken) = match free {
                 Some(place) => {
                     place.held = true;
                     place.id = id;
-                    let at = place.turn;
-                    // This request's own place is free now, and the last: given back below.
-                    insert(
-                        places,
-                        Place {
-                            id: u64::MAX,
-                            turn,
-                            held: false,
-                            refund,
-                        },
-                    );
-                    at
+                    // This request's own place is free now: given back when it is the last.
+                    (false, place.turn)
                 }
-                None => {
-                    insert(
-                        places,
-                        Place {
-                            id,
-                            turn,
-                            held: true,
-                            refund,
-                        },
-                    );
-                    turn
-                }
+                None => (true, turn),
             };
-            pop_free_tail(places, &mut refunds);
-            if places.is_empty() {
-                shards.remove(key);
+            if let Some(refund) = refund.take() {
+                insert(
+                    places,
+                    Place {
+                        id: if held { id } else { u64::MAX },
+                        turn,
+                        held,
+                        refund,
+                    },
+                );
             }
             taken
-        };
-        self.run(refunds);
-        drop(shards);
-        (id, taken)
+        });
+        (id, taken.unwrap_or(turn))
     }
 
     /// The request holding place `id` was dropped before its turn: its place is free.
     fn cancel(&self, key: &ScheduleKey, id: u64) {
-        let mut refunds = Vec::new();
-        let mut shards = self.shard(key);
-        let Some(places) = shards.get_mut(key) else {
-            return;
-        };
-        if let Some(place) = places.iter_mut().find(|p| p.held && p.id == id) {
-            place.held = false;
-        }
-        pop_free_tail(places, &mut refunds);
-        if places.is_empty() {
-            shards.remove(key);
-        }
-        self.run(refunds);
+        self.update(key, |schedule| {
+            if let Some(place) = schedule.places.iter_mut().find(|p| p.held && p.id == id) {
+                place.held = false;
+            }
+        });
     }
 
     /// The request holding place `id` had its turn: the place is spent, and so are the free
     /// places before it (their time has passed).
     fn spend(&self, key: &ScheduleKey, id: u64) {
-        let mut shards = self.shard(key);
-        let Some(places) = shards.get_mut(key) else {
-            return;
-        };
-        if let Some(i) = places.iter().position(|p| p.held && p.id == id) {
-            let turn = places[i].turn;
-            places.retain(|p| p.held && p.id != id || p.turn > turn);
-        }
-        if places.is_empty() {
-            shards.remove(key);
+        self.update(key, |schedule| {
+            let places = &mut schedule.places;
+            if let Some(i) = places.iter().position(|p| p.held && p.id == id) {
+                let turn = places[i].turn;
+                places.retain(|p| (p.held && p.id != id) || p.turn > turn);
+            }
+        });
+    }
+}
+
+/// A request of a schedule being decided by the store (see [`Schedules::deciding`]); ends when
+/// dropped, or when the request takes its place.
+pub(crate) struct Deciding {
+    schedules: Arc<Schedules>,
+    key: Option<ScheduleKey>,
+}
+
+impl Deciding {
+    /// The schedule.
+    fn key(&self) -> Option<&ScheduleKey> {
+        self.key.as_ref()
+    }
+}
+
+impl fmt::Debug for Deciding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Deciding").finish_non_exhaustive()
+    }
+}
+
+impl Drop for Deciding {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.schedules.update(&key, |schedule| {
+                schedule.deciding = schedule.deciding.saturating_sub(1);
+            });
         }
     }
 }
@@ -578,17 +639,6 @@ impl Schedules {
 fn insert(places: &mut Vec<Place>, place: Place) {
     let i = places.partition_point(|p| p.turn <= place.turn);
     places.insert(i, place);
-}
-
-/// Removes the free places at the end of a schedule, last first, collecting their refunds:
-/// each is the schedule's last place when it is given back, so the store's schedule ends
-/// exactly one place earlier each time.
-fn pop_free_tail(places: &mut Vec<Place>, refunds: &mut Vec<Refund>) {
-    while places.last().is_some_and(|p| !p.held) {
-        if let Some(place) = places.pop() {
-            refunds.push(place.refund);
-        }
-    }
 }
 
 /// A place held in a schedule: given back (freed) on drop unless spent.
@@ -697,9 +747,31 @@ fn give_back<St: Store>(snapshot: &Snapshot<St>, checks: &[OwnedCheck], at: Opti
     }
 }
 
-/// Makes an allowed request that must wait `delay` wait: records the delay on the request and
-/// takes a place among the layer's waiting requests. When the layer's bound on waiting
-/// requests is reached, gives the reservation back and answers the refusal instead.
+/// The schedule of a request's shaped checks.
+fn schedule_key(checks: &[OwnedCheck]) -> ScheduleKey {
+    checks
+        .iter()
+        .map(|c| (c.limit, c.key.clone(), c.cost))
+        .collect()
+}
+
+impl Waiting {
+    /// Marks a request with the shaped checks `checks` as being decided by the store (see
+    /// [`Schedules::deciding`]); `None` without shaped checks.
+    pub(crate) fn deciding(&self, checks: &[OwnedCheck]) -> Option<Deciding> {
+        if checks.is_empty() {
+            return None;
+        }
+        Some(self.schedules.deciding(schedule_key(checks)))
+    }
+}
+
+/// Makes an allowed request that must wait `delay` wait: records its place in its key's
+/// schedule (taking over an earlier place a dropped request freed, if there is one), records
+/// the delay on the request and takes a place among the layer's waiting requests. When the
+/// layer's bound on waiting requests is reached, frees the place, gives the other charges back
+/// and answers the refusal instead. `deciding` is the request's mark from before the store
+/// decided it.
 // The refusal is rare (the layer bound is reached) and built once; boxing it buys nothing.
 #[allow(clippy::too_many_arguments, clippy::result_large_err)]
 pub(crate) fn reserve<St: Store, ReqBody>(
@@ -708,7 +780,7 @@ pub(crate) fn reserve<St: Store, ReqBody>(
     snapshot: &Arc<Snapshot<St>>,
     req: &mut Request<ReqBody>,
     checks: (Vec<OwnedCheck>, Vec<OwnedCheck>),
-    at: Option<u64>,
+    (at, deciding): (Option<u64>, Option<Deciding>),
     delay: Duration,
     shaped: (&Decision, &Quota),
     decisions: &Decisions,
@@ -720,9 +792,31 @@ pub(crate) fn reserve<St: Store, ReqBody>(
     // The other limits were charged at the decision: given back from then.
     let turn = at.map(|at| at.saturating_add(u64::try_from(delay.as_micros()).unwrap_or(u64::MAX)));
     let (shaped_checks, others) = checks;
+    let snapshot = Arc::clone(snapshot);
+    let (place, wait, shaped_checks) = match (at, turn) {
+        (Some(at), Some(turn)) if !shaped_checks.is_empty() => {
+            let key = schedule_key(&shaped_checks);
+            let deciding = match deciding {
+                Some(d) if d.key() == Some(&key) => d,
+                _ => waiting.schedules.deciding(key.clone()),
+            };
+            let refund_snapshot = Arc::clone(&snapshot);
+            let refund: Refund =
+                Box::new(move || refund_call(&refund_snapshot, &shaped_checks, Some(turn)));
+            let schedules = Arc::clone(&waiting.schedules);
+            let (id, taken) = schedules.enter(deciding, at, turn, refund);
+            let wait = Duration::from_micros(taken.saturating_sub(at));
+            (Some(Held { schedules, key, id }), wait, Vec::new())
+        }
+        // No decision time: no place to keep (and nothing the store could refund).
+        _ => (None, delay, shaped_checks),
+    };
     let Some(slot) = waiting.enter() else {
-        give_back(snapshot, &shaped_checks, turn);
-        give_back(snapshot, &others, at);
+        if let Some(place) = place {
+            place.schedules.cancel(&place.key, place.id);
+        }
+        give_back(&snapshot, &shaped_checks, turn);
+        give_back(&snapshot, &others, at);
         tracing::debug!(policy = %decision.policy(), delay_ms = delay.as_millis() as u64, "too many requests waiting in this layer; shaped request refused");
         let refused = Decision::rejected(decision.limit(), 0, decision.reset(), delay)
             .with_policy(decision.policy());
@@ -742,33 +836,15 @@ pub(crate) fn reserve<St: Store, ReqBody>(
         }
         return Err(response);
     };
-    let snapshot = Arc::clone(snapshot);
-    let (place, delay, shaped_checks) = match (at, turn) {
-        (Some(at), Some(turn)) => {
-            let key: ScheduleKey = shaped_checks
-                .iter()
-                .map(|c| (c.limit, c.key.clone(), c.cost))
-                .collect();
-            let refund_snapshot = Arc::clone(&snapshot);
-            let refund: Refund =
-                Box::new(move || refund_call(&refund_snapshot, &shaped_checks, Some(turn)));
-            let schedules = Arc::clone(&waiting.schedules);
-            let (id, taken) = schedules.enter(&key, at, turn, refund);
-            let delay = Duration::from_micros(taken.saturating_sub(at));
-            (Some(Held { schedules, key, id }), delay, Vec::new())
-        }
-        // No decision time: no place to keep (and nothing the store could refund).
-        _ => (None, delay, shaped_checks),
-    };
-    tracing::debug!(policy = %decision.policy(), delay_ms = delay.as_millis() as u64, delay_us = delay.as_micros() as u64, "request shaped: it waits for its turn");
-    req.extensions_mut().insert(ShapedDelay(delay));
+    tracing::debug!(policy = %decision.policy(), delay_ms = wait.as_millis() as u64, delay_us = wait.as_micros() as u64, "request shaped: it waits for its turn");
+    req.extensions_mut().insert(ShapedDelay(wait));
     Ok(Reservation {
         place,
         give_back: Some(Box::new(move || {
             give_back(&snapshot, &shaped_checks, turn);
             give_back(&snapshot, &others, at);
         })),
-        delay,
+        delay: wait,
         _slot: slot,
     })
 }
@@ -776,6 +852,90 @@ pub(crate) fn reserve<St: Store, ReqBody>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A schedule, and a refund for place `turn` that records it in `given`.
+    fn recorder() -> (ScheduleKey, Arc<Mutex<Vec<u64>>>) {
+        (vec![(0, Key::global(), 1)], Arc::default())
+    }
+
+    fn refund(given: &Arc<Mutex<Vec<u64>>>, turn: u64) -> Refund {
+        let given = Arc::clone(given);
+        Box::new(move || {
+            given.lock().unwrap().push(turn);
+            None
+        })
+    }
+
+    fn enter(
+        s: &Arc<Schedules>,
+        key: &ScheduleKey,
+        given: &Arc<Mutex<Vec<u64>>>,
+        now: u64,
+        turn: u64,
+    ) -> (u64, u64) {
+        let deciding = s.deciding(key.clone());
+        s.enter(deciding, now, turn, refund(given, turn))
+    }
+
+    #[test]
+    fn free_places_go_back_to_the_store_last_first_once_they_end_the_schedule() {
+        let s = Arc::new(Schedules::new());
+        let (key, given) = recorder();
+        let (a, _) = enter(&s, &key, &given, 0, 100);
+        let (b, _) = enter(&s, &key, &given, 0, 200);
+        let (c, _) = enter(&s, &key, &given, 0, 300);
+        s.cancel(&key, a);
+        s.cancel(&key, b);
+        assert!(
+            given.lock().unwrap().is_empty(),
+            "c still waits behind them"
+        );
+        s.cancel(&key, c);
+        assert_eq!(*given.lock().unwrap(), [300, 200, 100]);
+        assert!(
+            s.shard(&key).get(&key).is_none(),
+            "nothing kept for the key"
+        );
+    }
+
+    #[test]
+    fn the_next_request_takes_over_a_freed_place_and_gives_its_own_back() {
+        let s = Arc::new(Schedules::new());
+        let (key, given) = recorder();
+        let (_a, _) = enter(&s, &key, &given, 0, 100);
+        let (b, _) = enter(&s, &key, &given, 0, 200);
+        let (_c, _) = enter(&s, &key, &given, 0, 300);
+        s.cancel(&key, b);
+        // Given 400 (the end of the store's schedule), it goes at 200, and 400 goes back.
+        let (_d, taken) = enter(&s, &key, &given, 50, 400);
+        assert_eq!(taken, 200);
+        assert_eq!(*given.lock().unwrap(), [400]);
+        // A freed place already due is never taken over.
+        let (_e, taken) = enter(&s, &key, &given, 350, 400);
+        assert_eq!(taken, 400);
+    }
+
+    #[test]
+    fn nothing_goes_back_while_a_request_of_the_key_is_being_decided() {
+        let s = Arc::new(Schedules::new());
+        let (key, given) = recorder();
+        let (a, _) = enter(&s, &key, &given, 0, 100);
+        // Another request is at the store: it may be given 200, after a.
+        let deciding = s.deciding(key.clone());
+        s.cancel(&key, a);
+        assert!(given.lock().unwrap().is_empty());
+        // It is given 200 and takes over 100 instead; 200 goes back.
+        let (_b, taken) = s.enter(deciding, 0, 200, refund(&given, 200));
+        assert_eq!(taken, 100);
+        assert_eq!(*given.lock().unwrap(), [200]);
+        // Decided without a place: what was held back goes back then.
+        let (c, _) = enter(&s, &key, &given, 0, 200);
+        let deciding = s.deciding(key.clone());
+        s.cancel(&key, c);
+        assert_eq!(*given.lock().unwrap(), [200]);
+        drop(deciding);
+        assert_eq!(*given.lock().unwrap(), [200, 200]);
+    }
 
     fn shape(q: Quota, wait_ms: u64) -> Result<CompiledShape, ConfigError> {
         compile(
