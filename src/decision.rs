@@ -334,6 +334,7 @@ impl fmt::Debug for Decision {
             .field("remaining", &self.remaining)
             .field("reset", &self.reset())
             .field("retry_after", &self.retry_after())
+            .field("counted", &self.is_counted())
             .finish()
     }
 }
