@@ -26,10 +26,12 @@
 //!   to the store at once. So whatever is cancelled, no two requests are given the same turn
 //!   (over any window, at most `burst + rate × span` reach the service), and dropped waiters
 //!   leave no place behind that nobody will use (1,000 waiters dropped in arrival order: the
-//!   next request waits one interval). Places are tracked by the layer that reserved them: with
-//!   several instances sharing a Redis schedule, a place freed on one instance is taken over
-//!   only by that instance's requests, and given back to Redis when it is that instance's last
-//!   place.
+//!   next request waits one interval). Places are tracked by the layer that reserved them,
+//!   which holds a freed place back while a request of its key is at the store. With several
+//!   instances sharing a Redis schedule, a place freed on one instance is taken over only by
+//!   that instance's requests, and given back to Redis when it is that instance's last place,
+//!   which may not be the shared schedule's last: then one later request may share its turn
+//!   with another instance's waiting request (one admission over the rate per such place).
 //!
 //! The windows (fixed, sliding, log) have no schedule to reserve a place in: their units come
 //! back all at once at a window's edge, so every waiter would be released together. Shaping
