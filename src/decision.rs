@@ -114,6 +114,9 @@ pub struct Decision {
 
 /// `retry_after_us` of a decision that can never succeed.
 const NEVER: u64 = u64::MAX;
+/// `reset_us` of an [uncounted](Decision::uncounted) decision (no constructor of a counted one
+/// writes it: times saturate below [`NEVER`]).
+const UNCOUNTED: u64 = u64::MAX;
 
 /// `d` in whole microseconds, rounded up, saturating just below [`NEVER`].
 // u64 arithmetic (no u128): this runs for every decision on the hot path.
@@ -149,6 +152,39 @@ impl Decision {
             policy: PolicyName::DEFAULT,
             plan: None,
         }
+    }
+
+    /// An allowed decision the store did not count: it could not decide, and the limit's
+    /// failure policy lets the request through uncounted
+    /// ([`FailurePolicy::Open`](crate::store::FailurePolicy::Open)). It reports `limit`, a
+    /// [`remaining`](Self::remaining) of `limit` and a zero [`reset`](Self::reset), but
+    /// [`is_counted`](Self::is_counted) is false: the layer writes no rate-limit headers for it,
+    /// since no budget was read.
+    ///
+    /// ```
+    /// use tollgate::Decision;
+    ///
+    /// let d = Decision::uncounted(10);
+    /// assert!(d.allowed() && !d.is_counted());
+    /// assert!(Decision::allowed_with(10, 9, std::time::Duration::from_secs(1)).is_counted());
+    /// ```
+    #[inline]
+    pub fn uncounted(limit: u64) -> Self {
+        Self {
+            limit,
+            remaining: limit,
+            reset_us: UNCOUNTED,
+            retry_after_us: 0,
+            policy: PolicyName::DEFAULT,
+            plan: None,
+        }
+    }
+
+    /// Whether the store counted this decision: false for [`uncounted`](Self::uncounted)
+    /// ones, whose numbers are not a budget anybody read.
+    #[inline]
+    pub fn is_counted(&self) -> bool {
+        self.reset_us != UNCOUNTED
     }
 
     /// A rejected decision that would succeed after `retry_after` (clamped to at least 1 µs).
@@ -216,7 +252,17 @@ impl Decision {
     /// Time until the limit is fully restored (`remaining == limit`); zero when already full.
     #[inline]
     pub fn reset(&self) -> Duration {
-        Duration::from_micros(self.reset_us)
+        Duration::from_micros(self.reset_micros())
+    }
+
+    /// `reset` in microseconds (0 for an uncounted decision).
+    #[inline]
+    fn reset_micros(&self) -> u64 {
+        if self.reset_us == UNCOUNTED {
+            0
+        } else {
+            self.reset_us
+        }
     }
 
     /// `Some(ZERO)` when allowed; `Some(positive)` when rejected, the wait after which this
@@ -269,7 +315,7 @@ impl Decision {
         // remaining_a / limit_a < remaining_b / limit_b, cross-multiplied in u128.
         let a = u128::from(self.remaining) * u128::from(other.limit.max(1));
         let b = u128::from(other.remaining) * u128::from(self.limit.max(1));
-        a < b || (a == b && self.reset_us > other.reset_us)
+        a < b || (a == b && self.reset_micros() > other.reset_micros())
     }
 }
 
@@ -288,6 +334,7 @@ impl fmt::Debug for Decision {
             .field("remaining", &self.remaining)
             .field("reset", &self.reset())
             .field("retry_after", &self.retry_after())
+            .field("counted", &self.is_counted())
             .finish()
     }
 }

@@ -167,8 +167,10 @@ impl RateLimitHeaders {
     }
 
     /// Writes (replacing) `X-RateLimit-Limit`, `-Remaining` and `-Reset` for `decision`, if enabled.
+    /// Nothing for a decision the store did not count ([`Decision::is_counted`]): its numbers
+    /// are no budget anybody read.
     pub fn write_x_ratelimit(&self, decision: &Decision, headers: &mut HeaderMap) {
-        if !self.x_ratelimit {
+        if !self.x_ratelimit || !decision.is_counted() {
             return;
         }
         let reset = match self.reset {
@@ -199,6 +201,8 @@ impl RateLimitHeaders {
 
     /// Appends `RateLimit-Policy` and `RateLimit` items for every `(decision, quota)` pair, if
     /// enabled. Appending (not replacing) lets stacked layers each add their limits to the list.
+    /// A decision the store did not count ([`Decision::is_counted`]) has a policy item but no
+    /// `RateLimit` item.
     pub fn write_ietf<'a, I>(&self, limits: I, headers: &mut HeaderMap)
     where
         I: IntoIterator<Item = (&'a Decision, &'a Quota)>,
@@ -485,12 +489,12 @@ pub(crate) fn policy_field<'a>(
     to_header_value(out)
 }
 
-/// `"name";r=R;t=T, ...`, or `None` for no decisions.
+/// `"name";r=R;t=T, ...` for the decisions the store counted, or `None` for none.
 pub(crate) fn ratelimit_field<'a>(
     decisions: impl Iterator<Item = &'a Decision>,
 ) -> Option<HeaderValue> {
     let mut out = String::new();
-    for d in decisions {
+    for d in decisions.filter(|d| d.is_counted()) {
         if !out.is_empty() {
             out.push_str(", ");
         }
@@ -516,6 +520,23 @@ mod tests {
 
     fn named(d: Decision, name: &str) -> Decision {
         d.with_policy(PolicyName::new(name))
+    }
+
+    #[test]
+    fn an_uncounted_decision_writes_no_numbers() {
+        let cfg = RateLimitHeaders::default().ietf(true);
+        let mut h = HeaderMap::new();
+        let open = named(Decision::uncounted(10), "open");
+        cfg.write_x_ratelimit(&open, &mut h);
+        assert!(h.is_empty(), "{h:?}");
+        let counted = named(
+            Decision::allowed_with(5, 4, Duration::from_secs(1)),
+            "local",
+        );
+        let q = Quota::per_second(5);
+        cfg.write_ietf([(&open, &q), (&counted, &q)], &mut h);
+        assert_eq!(h[RATELIMIT], r#""local";r=4;t=1"#);
+        assert!(h.get("x-ratelimit-remaining").is_none());
     }
 
     #[test]

@@ -68,8 +68,9 @@ impl ForwardedHeader {
 /// The peer is read like [`PeerIp`](super::PeerIp) does (axum's `ConnectInfo`, tonic's
 /// `TcpConnectInfo` with the `tonic` feature, or a `SocketAddr` extension). Addresses are
 /// grouped like `PeerIp` does: IPv6 addresses embedding an IPv4 host (IPv4-mapped, IPv4-compatible,
-/// NAT64 `64:ff9b::/96`) count as IPv4 (for the trust check too), and IPv6 keys are grouped by
-/// `/64` unless
+/// NAT64 `64:ff9b::/96`) count as IPv4 (for the trust check too), 6to4 (`2002::/16`) and Teredo
+/// (`2001::/32`) clients key as the IPv4 host they tunnel (for the key only: the trust check
+/// matches them as IPv6), and other IPv6 keys are grouped by `/64` unless
 /// [`ClientIp::ipv6_prefix`] says otherwise. Extraction never panics and never allocates,
 /// whatever the headers hold.
 ///

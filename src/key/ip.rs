@@ -67,13 +67,45 @@ pub(crate) fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// `ip` as a key: IPv4 unchanged, IPv6 masked to its first `v6_prefix` bits. Expects a
-/// [`canonical`] address.
+/// The 6to4 prefix `2002::/16` (RFC 3056), as the top 16 bits of a `u128`.
+const SIX_TO_FOUR: u128 = 0x2002_u128 << 112;
+/// The Teredo prefix `2001::/32` (RFC 4380), as the top 32 bits of a `u128`.
+const TEREDO: u128 = 0x2001_0000_u128 << 96;
+
+/// The IPv4 host behind a tunnelled IPv6 address, whose prefix names the IPv4 host that owns
+/// the whole address block:
+///
+/// - 6to4 `2002::/16` (RFC 3056): `2002:AABB:CCDD::/48` is the site of the IPv4 host
+///   `AA.BB.CC.DD`, and every address in it (2^80 of them) belongs to that host;
+/// - Teredo `2001::/32` (RFC 4380): the client's public IPv4 address is the last 32 bits,
+///   inverted (`2001:0:SERVER:FLAGS:PORT:CLIENT`, with `PORT` and `CLIENT` bit-flipped).
+///
+/// Used for keys only ([`group`]): trusted-proxy ranges ([`Cidr::contains`]) match these
+/// addresses as the IPv6 addresses they are, since a tunnel's embedded address does not say
+/// the packet came from that IPv4 host.
+fn tunnelled_ipv4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
+    let bits = u128::from(v6);
+    if bits >> 112 == SIX_TO_FOUR >> 112 {
+        return Some(Ipv4Addr::from((bits >> 80) as u32));
+    }
+    if bits >> 96 == TEREDO >> 96 {
+        return Some(Ipv4Addr::from(!(bits as u32)));
+    }
+    None
+}
+
+/// `ip` as a key: IPv4 unchanged; a 6to4 or Teredo address as the IPv4 host it tunnels (see
+/// [`tunnelled_ipv4`]), so that one IPv4 host gets one key rather than one per `/v6_prefix`
+/// of its 2^80 (6to4) addresses; any other IPv6 address masked to its first `v6_prefix` bits.
+/// Expects a [`canonical`] address.
 #[inline]
 pub(crate) fn group(ip: IpAddr, v6_prefix: u8) -> IpAddr {
     match ip {
         IpAddr::V4(v4) => IpAddr::V4(v4),
-        IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & mask128(v6_prefix))),
+        IpAddr::V6(v6) => match tunnelled_ipv4(v6) {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & mask128(v6_prefix))),
+        },
     }
 }
 
@@ -377,6 +409,45 @@ mod tests {
         let d = group(canonical(ip("::198.51.100.4")), 64);
         assert_ne!(c, d);
         assert_eq!(c, a);
+    }
+
+    #[test]
+    fn six_to_four_and_teredo_clients_key_as_their_ipv4_host() {
+        // 6to4: 2002:c000:0201::/48 is the site of 192.0.2.1; every subnet and interface in it
+        // is one key (with /64 grouping it was 65,536 keys for one IPv4 host).
+        let site = [
+            "2002:c000:201::1",
+            "2002:c000:201:1::1",
+            "2002:c000:201:ffff:1:2:3:4",
+        ];
+        let mut keys: Vec<IpAddr> = site.iter().map(|a| group(canonical(ip(a)), 64)).collect();
+        keys.dedup();
+        println!(
+            "6to4: {} addresses of 192.0.2.1 -> {} key(s)",
+            site.len(),
+            keys.len()
+        );
+        assert_eq!(keys, [ip("192.0.2.1")]);
+        assert_eq!(
+            group(canonical(ip("2002:cb00:7109::5")), 128),
+            ip("203.0.113.9")
+        );
+        // Teredo: the client's IPv4 is the last 32 bits inverted (RFC 4380's example: server
+        // 65.54.227.120, client 192.0.2.45 behind port 40000).
+        let teredo = ip("2001:0:4136:e378:8000:63bf:3fff:fdd2");
+        assert_eq!(group(canonical(teredo), 64), ip("192.0.2.45"));
+        assert_eq!(
+            group(canonical(ip("2001:0:4136:e378:8000:63bf:3fff:fdd2")), 128),
+            group(canonical(ip("2001:0:4136:e378:0:1234:3fff:fdd2")), 64),
+        );
+        // Neighbours stay IPv6 and grouped: 2001:db8::/32 (documentation), 2001:1::/32,
+        // 2003::/16.
+        assert_eq!(group(ip("2001:db8:1:2::9"), 64), ip("2001:db8:1:2::"));
+        assert_eq!(group(ip("2001:1::3fff:fdd2"), 64), ip("2001:1::"));
+        assert_eq!(group(ip("2003:c000:201::1"), 48), ip("2003:c000:201::"));
+        // Trust is not keying: an IPv4 proxy range does not trust a 6to4 address claiming it.
+        let net: Cidr = "192.0.2.0/24".parse().unwrap();
+        assert!(!net.contains(ip("2002:c000:201::1")));
     }
 
     #[test]

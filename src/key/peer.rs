@@ -31,6 +31,9 @@ use crate::request::RequestView;
 ///   from dual-stack sockets), IPv4-compatible `::/96` (`::192.0.2.1`; not `::` or `::1`) and
 ///   the well-known NAT64 prefix `64:ff9b::/96` (`64:ff9b::192.0.2.1`). The local-use NAT64
 ///   prefix `64:ff9b:1::/48` is left as IPv6: its operator picks where the IPv4 bits sit.
+/// - Tunnelled IPv6 addresses key as the IPv4 host that owns them: 6to4 `2002::/16`
+///   (`2002:AABB:CCDD::/48` is the whole site of `AA.BB.CC.DD`, which would otherwise get 65,536
+///   `/64` keys) and Teredo `2001::/32` (the client's public IPv4, the last 32 bits inverted).
 ///
 /// ```
 /// use std::net::SocketAddr;
@@ -47,6 +50,7 @@ use crate::request::RequestView;
 /// assert_eq!(key_for(&by_peer, "203.0.113.9:443"), "ip:203.0.113.9");
 /// assert_eq!(key_for(&by_peer, "[::ffff:203.0.113.9]:443"), "ip:203.0.113.9");
 /// assert_eq!(key_for(&by_peer, "[64:ff9b::203.0.113.9]:443"), "ip:203.0.113.9"); // NAT64
+/// assert_eq!(key_for(&by_peer, "[2002:cb00:7109:1::5]:443"), "ip:203.0.113.9"); // 6to4
 /// assert_eq!(key_for(&by_peer, "[2001:db8:1:2:3:4:5:6]:443"), "ip:2001:db8:1:2::");
 ///
 /// let by_56 = PeerIp::new().ipv6_prefix(56).unwrap();

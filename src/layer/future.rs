@@ -16,8 +16,8 @@ use tower_service::Service;
 use super::body::ResponseBody;
 use super::layer::{Shared, Snapshot};
 use super::service::{
-    begin, finish, shadow_done, shadow_step, shaping_wait, Applied, Begin, Finish, Followup,
-    Outcome,
+    begin, finish, shadow_done, shadow_started_done, shadow_step, shaping_wait, Applied, Begin,
+    Finish, Followup, Outcome,
 };
 use crate::response::RejectionBody;
 use crate::store::{Checked, Store};
@@ -35,6 +35,8 @@ enum Step<St: Store> {
     Lookup(u8),
     Check(Applied, Arc<Snapshot<St>>, Option<Followup<St>>),
     Shadow(Option<Outcome>, Followup<St>),
+    /// Waits for the shadow check started with the enforcing one (in the followup).
+    ShadowStarted(Option<Outcome>, Followup<St>),
     /// Shaping: waits for its turn (the reservation is in the future's followup).
     Shaped,
 }
@@ -70,6 +72,10 @@ pin_project! {
         Checking {
             #[pin]
             check: C,
+            waiting: Option<W>,
+        },
+        // The shadow limits' check, started with the enforcing one, is still to answer.
+        Shadowing {
             waiting: Option<W>,
         },
         Inner {
@@ -203,6 +209,16 @@ where
             (Step::Check(applied, snapshot, followup), check)
         }
         Begin::Shadow(check, outcome, followup) => (Step::Shadow(outcome, followup), check),
+        Begin::ShadowStarted(outcome, followup) => {
+            return State::Shadowing {
+                waiting: Some(Box::new(Waiting {
+                    req,
+                    inner,
+                    shared,
+                    step: Step::ShadowStarted(outcome, followup),
+                })),
+            }
+        }
         Begin::Proceed(..) | Begin::Reject(..) => {
             unreachable!("a future waits only for a lookup or a store call")
         }
@@ -227,6 +243,7 @@ where
         let state = match &self.state {
             State::Resolving { .. } => "resolving",
             State::Checking { .. } => "checking",
+            State::Shadowing { .. } => "shadowing",
             State::Inner { .. } => "inner",
             State::Shaping { .. } => "shaping",
             State::Refunding { .. } => "refunding",
@@ -273,6 +290,14 @@ where
                     continue;
                 }
                 StateProj::Checking { check, waiting: w } => {
+                    // A shadow check started with this one runs at the same time.
+                    if let Some(Waiting {
+                        step: Step::Check(_, _, Some(f)),
+                        ..
+                    }) = w.as_deref_mut()
+                    {
+                        let _ = f.poll_shadow(cx);
+                    }
                     let result = ready!(check.poll(cx));
                     waiting = w.take().expect("ResponseFuture polled after completion");
                     let Waiting {
@@ -297,16 +322,45 @@ where
                                     }
                                     f => Begin::Proceed(Some(outcome), f),
                                 },
-                                Finish::Reject(response) => Begin::Reject(response),
+                                Finish::Reject(response) => {
+                                    if let Some(f) = followup {
+                                        f.abandon_shadow();
+                                    }
+                                    Begin::Reject(response)
+                                }
                             }
                         }
                         Step::Shadow(mut outcome, mut followup) => {
                             shadow_done(&mut followup, result, &mut outcome);
                             Begin::Proceed(outcome, Some(followup))
                         }
-                        Step::Lookup(_) | Step::Shaped => {
+                        Step::Lookup(_) | Step::Shaped | Step::ShadowStarted(..) => {
                             unreachable!("a lookup or a wait is not a store check")
                         }
+                    };
+                    advance(&mut this, next, req, inner, shared);
+                    continue;
+                }
+                StateProj::Shadowing { waiting: w } => {
+                    if let Some(Waiting {
+                        step: Step::ShadowStarted(_, f),
+                        ..
+                    }) = w.as_deref_mut()
+                    {
+                        ready!(f.poll_shadow(cx));
+                    }
+                    let Waiting {
+                        req,
+                        inner,
+                        shared,
+                        step,
+                    } = *w.take().expect("ResponseFuture polled after completion");
+                    let next = match step {
+                        Step::ShadowStarted(mut outcome, mut followup) => {
+                            shadow_started_done(&mut followup, &mut outcome);
+                            Begin::Proceed(outcome, Some(followup))
+                        }
+                        _ => unreachable!("only a started shadow check is waited for here"),
                     };
                     advance(&mut this, next, req, inner, shared);
                     continue;

@@ -21,7 +21,12 @@
 //!    reported `Decision` in the response extensions. When layers are nested, the inner one's
 //!    responses carry its decision, the more pressing decision (a rejection, else the one
 //!    closer to exhaustion) wins `X-RateLimit-*` and the extensions, and each layer appends its
-//!    IETF items.
+//!    IETF items. When the store could not decide a limit, the headers show what did: the local
+//!    limiter's own numbers under
+//!    [`FailurePolicy::Local`](crate::store::FailurePolicy::Local), and nothing for a limit
+//!    let through uncounted under [`FailurePolicy::Open`](crate::store::FailurePolicy::Open)
+//!    (its [`Decision`](crate::Decision) is [uncounted](crate::Decision::is_counted)): no
+//!    `X-RateLimit-*` unless another limit was counted, and no `RateLimit` item for it.
 //!
 //! With the in-memory store the check is synchronous: the response future is the inner
 //! service's future plus the headers to write, with no allocation. With a networked store the

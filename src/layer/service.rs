@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use super::layer::{RateLimitLayer, Shared, Snapshot};
 use super::limit::{CompiledPlan, Limit};
 use super::overrides::Active;
-use super::shaping::{self, Reservation, ShapedDelay};
+use super::shaping::{self, Deciding, Reservation, ShapedDelay};
 use crate::decision::{Decision, PolicyName};
 use crate::error::{ConfigError, StoreError, StoreErrorKind};
 use crate::headers::{
@@ -201,13 +201,13 @@ impl Applied {
     }
 }
 
-/// A check that outlives the request: a shadow limit checked after the enforcing ones, or a
+/// A check that outlives the request: a shadow limit (decided in a store call of its own), or a
 /// charge to give back when the response says so.
 #[derive(Debug, Clone)]
 pub(crate) struct OwnedCheck {
-    limit: usize,
-    key: Key<'static>,
-    cost: u64,
+    pub(super) limit: usize,
+    pub(super) key: Key<'static>,
+    pub(super) cost: u64,
     quota: Option<PlanQuota>,
     plan: Option<PolicyName>,
 }
@@ -224,9 +224,9 @@ impl OwnedCheck {
 
 /// Work after the enforcing check: shadow limits, and charges decided by the response. Boxed
 /// (it is rare, and allocates anyway), so the request's future stays small.
-pub(crate) struct Followup<St>(Box<FollowupData<St>>);
+pub(crate) struct Followup<St: Store>(Box<FollowupData<St>>);
 
-impl<St> std::ops::Deref for Followup<St> {
+impl<St: Store> std::ops::Deref for Followup<St> {
     type Target = FollowupData<St>;
 
     fn deref(&self) -> &FollowupData<St> {
@@ -234,14 +234,14 @@ impl<St> std::ops::Deref for Followup<St> {
     }
 }
 
-impl<St> std::ops::DerefMut for Followup<St> {
+impl<St: Store> std::ops::DerefMut for Followup<St> {
     fn deref_mut(&mut self) -> &mut FollowupData<St> {
         &mut self.0
     }
 }
 
 /// What a [`Followup`] holds.
-pub(crate) struct FollowupData<St> {
+pub(crate) struct FollowupData<St: Store> {
     snapshot: Arc<Snapshot<St>>,
     shadow: Vec<OwnedCheck>,
     by_outcome: Vec<OwnedCheck>,
@@ -259,11 +259,23 @@ pub(crate) struct FollowupData<St> {
     /// back with the shaped ones when the request never gets its turn.
     unshaped: Vec<OwnedCheck>,
     pub(crate) reservation: Option<Reservation>,
+    /// Shaping: marks the request's schedule as being decided until the request has its place
+    /// or is decided without one (see [`Deciding`]).
+    deciding: Option<Deciding>,
+    /// The shadow limits' check, started together with the enforcing one when that one waits
+    /// for the store, so that a request waits for one store call, not two in a row.
+    shadow_check: Option<ShadowCheck<St>>,
+}
+
+/// The shadow limits' check, started early.
+enum ShadowCheck<St: Store> {
+    Pending(Pin<Box<St::Future>>),
+    Done(Result<Decisions, StoreError>),
 }
 
 /// The reservation of a request that must wait for its turn (shaping), if any.
 #[inline]
-pub(crate) fn shaping_wait<St>(followup: &Option<Followup<St>>) -> Option<&Reservation> {
+pub(crate) fn shaping_wait<St: Store>(followup: &Option<Followup<St>>) -> Option<&Reservation> {
     followup.as_ref().and_then(|f| f.reservation.as_ref())
 }
 
@@ -271,6 +283,83 @@ impl<St: Store> Followup<St> {
     /// Whether no shadow limit waits to be checked.
     pub(crate) fn shadow_is_empty(&self) -> bool {
         self.shadow.is_empty()
+    }
+
+    /// Starts the shadow limits' check now, while the enforcing check is pending: both store
+    /// calls then run at once, and the request waits for the slower of the two, which is
+    /// bounded by one store timeout.
+    fn start_shadow(&mut self) {
+        if self.shadow.is_empty() || self.shadow_check.is_some() {
+            return;
+        }
+        let checks: Vec<LimitCheck<'_>> = self.shadow.iter().map(OwnedCheck::as_check).collect();
+        let checked = self.snapshot.store.check(&checks);
+        drop(checks);
+        self.shadow_check = Some(match checked {
+            Checked::Ready(result) => ShadowCheck::Done(result),
+            Checked::Pending(future) => ShadowCheck::Pending(Box::pin(future)),
+        });
+    }
+
+    /// Drives the early shadow check; ready when it has answered (or was never started).
+    pub(crate) fn poll_shadow(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if let Some(ShadowCheck::Pending(future)) = &mut self.shadow_check {
+            let result = std::task::ready!(future.as_mut().poll(cx));
+            self.shadow_check = Some(ShadowCheck::Done(result));
+        }
+        Poll::Ready(())
+    }
+
+    /// The enforcing limits refused the request: the shadow limits, checked at the same time,
+    /// give back what they charged (they decide only requests the enforcing limits allow), in
+    /// the background when their answer is still to come.
+    pub(crate) fn abandon_shadow(mut self) {
+        let Some(check) = self.shadow_check.take() else {
+            return;
+        };
+        let snapshot = Arc::clone(&self.snapshot);
+        let shadow = mem::take(&mut self.shadow);
+        let give_back = move |result: Result<Decisions, StoreError>| {
+            let Ok(decisions) = result else {
+                return None;
+            };
+            let at = decisions.decided_at()?;
+            if !decisions.allowed() {
+                return None;
+            }
+            let checks: Vec<LimitCheck<'_>> = shadow.iter().map(OwnedCheck::as_check).collect();
+            match snapshot.store.refund(&checks, at) {
+                Checked::Ready(Err(error)) => {
+                    tracing::warn!(error = %error, "rate-limit store could not give a shadow charge back");
+                    None
+                }
+                Checked::Ready(Ok(_)) => None,
+                Checked::Pending(future) => Some(future),
+            }
+        };
+        match check {
+            ShadowCheck::Done(result) => {
+                if let Some(future) = give_back(result) {
+                    spawn_refund(future);
+                }
+            }
+            ShadowCheck::Pending(future) => {
+                match tokio::runtime::Handle::try_current() {
+                    Ok(handle) => {
+                        handle.spawn(async move {
+                        if let Some(refund) = give_back(future.await) {
+                            if let Err(error) = refund.await {
+                                tracing::warn!(error = %error, "rate-limit store could not give a shadow charge back");
+                            }
+                        }
+                    });
+                    }
+                    Err(_) => {
+                        tracing::debug!("no Tokio runtime to finish a refused request's shadow check on; dropped");
+                    }
+                }
+            }
+        }
     }
 
     /// Records the shadow decisions: counted, sampled in the log, and folded into the headers
@@ -305,7 +394,7 @@ impl<St: Store> Followup<St> {
                     tracing::info!(policy = %limit.name, plan, would_be_rejections = n, remaining = d.remaining(), "shadow limit would have refused this request");
                 }
             }
-            if matches!(limit.mode, Mode::Shadow { headers: true }) {
+            if matches!(limit.mode, Mode::Shadow { headers: true }) && d.is_counted() {
                 let seen = if d.allowed() {
                     d
                 } else {
@@ -371,6 +460,20 @@ impl<St: Store> Followup<St> {
     }
 }
 
+/// Waits for `refund` in the background (on the current Tokio runtime, if any).
+fn spawn_refund<F>(refund: F)
+where
+    F: Future<Output = Result<Decisions, StoreError>> + Send + 'static,
+{
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        handle.spawn(async move {
+            if let Err(error) = refund.await {
+                tracing::warn!(error = %error, "rate-limit store could not give a shadow charge back");
+            }
+        });
+    }
+}
+
 /// What to write on a response: the reported decision and, when enabled, the IETF fields
 /// (rendered when the decision is made, so the future holds no reference to the layer).
 #[derive(Debug)]
@@ -394,7 +497,9 @@ impl Outcome {
         decisions: &Decisions,
         reported: Decision,
     ) -> Self {
-        let ietf = if shared.headers.writes_ietf() {
+        // A decision the store did not count (failure policy `Open`) has no budget to show.
+        let counted = decisions.as_slice().iter().any(Decision::is_counted);
+        let ietf = if shared.headers.writes_ietf() && counted {
             let policy =
                 if usize::from(applied.len) == snapshot.limits.len() && applied.at_own_quotas() {
                     snapshot.policy_header.clone()
@@ -407,7 +512,9 @@ impl Outcome {
                     }))
                 };
             policy
-                .zip(ratelimit_field(decisions.as_slice().iter()))
+                .zip(ratelimit_field(
+                    decisions.as_slice().iter().filter(|d| d.is_counted()),
+                ))
                 .map(Box::new)
         } else {
             None
@@ -472,6 +579,7 @@ impl Outcome {
                 true
             }
         };
+        // An uncounted decision (failure policy `Open`) writes nothing.
         if ours_wins {
             self.headers
                 .write_x_ratelimit(&self.reported, response.headers_mut());
@@ -558,6 +666,9 @@ pub(crate) enum Begin<St: Store> {
     Pending(St::Future, Applied, Arc<Snapshot<St>>, Option<Followup<St>>),
     /// Wait for the shadow limits' check, then call the inner service.
     Shadow(St::Future, Option<Outcome>, Followup<St>),
+    /// Wait for the shadow limits' check started with the enforcing one (in the followup),
+    /// then call the inner service.
+    ShadowStarted(Option<Outcome>, Followup<St>),
     /// Wait for a plan lookup, then begin again (the lookups so far).
     Resolve(Pin<Box<dyn Future<Output = ()> + Send>>, u8),
 }
@@ -761,7 +872,8 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
                 shaped,
                 shaping,
             ) {
-                // A shadow limit: decided on its own after the enforcing limits allowed.
+                // A shadow limit: decided in a store call of its own, for a request the
+                // enforcing limits allow.
                 continue;
             }
         }
@@ -809,6 +921,9 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
         for check in &mut checks[..n] {
             check.cost = 0;
         }
+    } else if let Some(f) = followup.as_mut() {
+        // shaping hook: the store may give this request a place at the end of its schedule.
+        f.deciding = shared.waiting.deciding(&f.shaped);
     }
     let checked = snapshot.store.check(&checks[..n]);
     drop((keys, checks));
@@ -822,7 +937,12 @@ fn begin_with<const N: usize, ReqBody, St: Store>(
                 Finish::Reject(response) => Begin::Reject(response),
             }
         }
-        Checked::Pending(future) => Begin::Pending(future, applied, Arc::clone(snapshot), followup),
+        Checked::Pending(future) => {
+            if let Some(f) = followup.as_mut() {
+                f.start_shadow();
+            }
+            Begin::Pending(future, applied, Arc::clone(snapshot), followup)
+        }
     }
 }
 
@@ -944,7 +1064,8 @@ fn plan_of<St>(
 }
 
 /// Records `check` for the work after the enforcing check (a shadow limit, charges decided by
-/// the response, shaping). Returns whether the limit is a shadow one (checked later, not now).
+/// the response, shaping). Returns whether the limit is a shadow one (checked in a call of its
+/// own, not with the enforcing ones).
 #[inline(never)]
 fn follow_up<St: Store>(
     shared: &Shared<St>,
@@ -968,6 +1089,8 @@ fn follow_up<St: Store>(
             shaped: Vec::new(),
             unshaped: Vec::new(),
             reservation: None,
+            deciding: None,
+            shadow_check: None,
         }))
     });
     if limit.mode.is_shadow() {
@@ -989,7 +1112,8 @@ fn follow_up<St: Store>(
     false
 }
 
-/// Checks the shadow limits of a request the enforcing limits allowed.
+/// Checks the shadow limits of a request the enforcing limits allowed, or takes the answer of
+/// the check started together with theirs.
 pub(crate) fn shadow_step<St: Store>(
     _shared: &Arc<Shared<St>>,
     mut outcome: Option<Outcome>,
@@ -997,6 +1121,18 @@ pub(crate) fn shadow_step<St: Store>(
 ) -> Begin<St> {
     // The shadow limits of a request decide together, all-or-nothing among themselves (as
     // they would if they enforced), and never with the enforcing limits.
+    let mut followup = followup;
+    match followup.shadow_check.take() {
+        Some(ShadowCheck::Done(result)) => {
+            followup.record_shadow(result, &mut outcome);
+            return Begin::Proceed(outcome, Some(followup));
+        }
+        Some(pending) => {
+            followup.shadow_check = Some(pending);
+            return Begin::ShadowStarted(outcome, followup);
+        }
+        None => {}
+    }
     let checks: Vec<LimitCheck<'_>> = followup.shadow.iter().map(OwnedCheck::as_check).collect();
     let checked = followup.snapshot.store.check(&checks);
     drop(checks);
@@ -1017,6 +1153,16 @@ pub(crate) fn shadow_done<St: Store>(
     outcome: &mut Option<Outcome>,
 ) {
     followup.record_shadow(result, outcome);
+}
+
+/// Finishes the shadow check started with the enforcing one (its answer has come).
+pub(crate) fn shadow_started_done<St: Store>(
+    followup: &mut Followup<St>,
+    outcome: &mut Option<Outcome>,
+) {
+    if let Some(ShadowCheck::Done(result)) = followup.shadow_check.take() {
+        followup.record_shadow(result, outcome);
+    }
 }
 
 /// Turns the store's answer into a rejection, or a request ready for the inner service.
@@ -1080,9 +1226,15 @@ pub(crate) fn finish<ReqBody, St: Store>(
         return refuse_by(shared, snapshot, req, applied, decisions, i);
     }
 
-    // There is at least one decision, so `reported` is `Some`.
+    // There is at least one decision, so `reported` is `Some`. The tightest decision the
+    // store counted is reported; one it did not count (failure policy `Open`) only when no
+    // other was counted, and then no header shows it.
     let reported = decisions
-        .reported()
+        .as_slice()
+        .iter()
+        .filter(|d| d.is_counted())
+        .reduce(|best, d| if d.is_tighter_than(best) { d } else { best })
+        .or_else(|| decisions.reported())
         .copied()
         .unwrap_or_else(|| Decision::allowed_with(0, 0, Duration::ZERO));
     for d in decisions.as_slice() {
@@ -1091,8 +1243,11 @@ pub(crate) fn finish<ReqBody, St: Store>(
     let mut outcome = Outcome::new(shared, snapshot, applied, &decisions, reported);
     if let Some(f) = followup {
         f.reserved_at = decisions.decided_at();
-        // shaping hook: a request that must wait takes a place among the waiting ones.
-        if !shaped.0.is_zero() {
+        // shaping hook: a request that must wait takes a place among the waiting ones; one
+        // that need not wait was given no place.
+        if shaped.0.is_zero() {
+            f.deciding = None;
+        } else {
             if let Err(mut response) = take_turn(
                 shared,
                 snapshot,
@@ -1132,13 +1287,14 @@ fn take_turn<ReqBody, St: Store>(
     let decision = decisions.as_slice()[j];
     let quota = applied.quota(snapshot, j);
     let checks = (mem::take(&mut f.shaped), mem::take(&mut f.unshaped));
+    let deciding = f.deciding.take();
     let reservation = shaping::reserve(
         &shared.waiting,
         &*shared.rejection,
         &f.snapshot,
         req,
         checks,
-        f.reserved_at,
+        (f.reserved_at, deciding),
         wait,
         (&decision, quota),
         decisions,

@@ -19,9 +19,19 @@
 //!   Redis store shares one schedule between instances with no change to its scripts;
 //! - **bounded per key**: at most `max_wait × rate` units (or [`Shape::max_queued`]) wait per
 //!   key, enforced by the store itself;
-//! - **cancellation-safe**: a waiting request that is dropped gives its reservation back with
-//!   [`Store::refund`], so the next request takes the time it
-//!   freed.
+//! - **cancellation-safe**: a waiting request that is dropped frees exactly its own place. The
+//!   next request of the same key (and cost) arriving before that place is due takes it over,
+//!   and its own place, the last of the schedule, goes back to the store with
+//!   [`Store::refund`]; a freed place that is (or becomes) the last of the schedule goes back
+//!   to the store at once. So whatever is cancelled, no two requests are given the same turn
+//!   (over any window, at most `burst + rate × span` reach the service), and dropped waiters
+//!   leave no place behind that nobody will use (1,000 waiters dropped in arrival order: the
+//!   next request waits one interval). Places are tracked by the layer that reserved them,
+//!   which holds a freed place back while a request of its key is at the store. With several
+//!   instances sharing a Redis schedule, a place freed on one instance is taken over only by
+//!   that instance's requests, and given back to Redis when it is that instance's last place,
+//!   which may not be the shared schedule's last: then one later request may share its turn
+//!   with another instance's waiting request (one admission over the rate per such place).
 //!
 //! The windows (fixed, sliding, log) have no schedule to reserve a place in: their units come
 //! back all at once at a window's edge, so every waiter would be released together. Shaping
@@ -100,18 +110,24 @@
 //! # }
 //! ```
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::future::Future;
+use std::hash::{Hash, Hasher};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use http::{Request, Response};
+use tokio::sync::mpsc;
 
 use super::layer::Snapshot;
 use super::service::OwnedCheck;
 use crate::algorithm::AlgorithmKind;
 use crate::decision::Decision;
 use crate::error::ConfigError;
+use crate::key::Key;
 use crate::quota::Quota;
 use crate::response::{RejectReason, Rejected, RejectionBody};
 use crate::store::{Checked, Decisions, LimitCheck, Store};
@@ -313,11 +329,12 @@ impl CompiledShape {
     }
 }
 
-/// The bound on requests waiting in one layer, across keys.
+/// The bound on requests waiting in one layer, across keys, and the places they hold.
 #[derive(Debug)]
 pub(crate) struct Waiting {
     count: Arc<AtomicUsize>,
     max: usize,
+    schedules: Arc<Schedules>,
 }
 
 impl Waiting {
@@ -325,6 +342,7 @@ impl Waiting {
         Self {
             count: Arc::new(AtomicUsize::new(0)),
             max,
+            schedules: Arc::new(Schedules::new()),
         }
     }
 
@@ -355,10 +373,290 @@ impl Drop for WaitSlot {
     }
 }
 
+/// Which schedule a place is in: the shaped checks' limits and keys, and their costs (a place
+/// is taken over only by a request of the same costs).
+type ScheduleKey = Vec<(usize, Key<'static>, u64)>;
+
+/// One shard of [`Schedules`]: the schedules whose keys hash to it.
+type Shard = HashMap<ScheduleKey, Schedule>;
+
+/// A refund the store answers later: the call to wait for.
+type PendingRefund = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Gives a place's charge back to the store; returns the call to wait for when the store
+/// answers later.
+type Refund = Box<dyn FnOnce() -> Option<PendingRefund> + Send>;
+
+/// One place in a key's schedule that a request of this layer reserved.
+struct Place {
+    id: u64,
+    /// When it is due (the store's clock, µs).
+    turn: u64,
+    /// Whether a waiting request holds it; a place whose request was dropped is free, and is
+    /// either taken over by the next request of the same key or, once it is the schedule's
+    /// last place, given back to the store.
+    held: bool,
+    /// Gives exactly this place back (its checks, refunded at its turn).
+    refund: Refund,
+}
+
+/// What this layer knows of one key's schedule.
+#[derive(Default)]
+struct Schedule {
+    /// The places its waiting requests hold or freed, in turn order.
+    places: Vec<Place>,
+    /// Requests of this schedule the store is deciding: each may be given a place after the
+    /// last one known here, so no free place is given back to the store meanwhile (it might
+    /// not be the store's last).
+    deciding: usize,
+}
+
+impl Schedule {
+    /// Removes the free places at the end, last first, collecting their refunds, unless a
+    /// request is being decided: each is then the store's last place when it is given back, so
+    /// the store's schedule ends exactly one place earlier each time.
+    fn pop_free_tail(&mut self, refunds: &mut Vec<Refund>) {
+        if self.deciding > 0 {
+            return;
+        }
+        while self.places.last().is_some_and(|p| !p.held) {
+            if let Some(place) = self.places.pop() {
+                refunds.push(place.refund);
+            }
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.places.is_empty() && self.deciding == 0
+    }
+}
+
+/// The places this layer's waiting requests reserved, per schedule, in turn order.
+///
+/// The store keeps one schedule per key, whose end (GCRA's theoretical arrival time, the
+/// buckets' deficit) is all it knows: giving back a place that is not the last one would move
+/// the end back under places still held, so that the next request is given the turn of a
+/// request still waiting (two where the rate allows one). So a dropped request's place is
+/// given back to the store only once every place after it is free too (and no request of the
+/// key is being decided, which could be given a later place); until then it is free here, and
+/// the next request of the same key takes it over (and gives the store back its own place, the
+/// last one).
+pub(crate) struct Schedules {
+    shards: Box<[Mutex<Shard>]>,
+    next_id: AtomicU64,
+    /// Refunds a networked store answers later, sent in the order they were made to one task
+    /// that waits for each in turn: a key's places go back last first, and the store must see
+    /// them in that order (GCRA gives back a place only while it is the schedule's last).
+    lane: Mutex<Option<mpsc::UnboundedSender<PendingRefund>>>,
+}
+
+impl fmt::Debug for Schedules {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Schedules").finish_non_exhaustive()
+    }
+}
+
+/// Shards of [`Schedules`]: requests of different keys rarely contend.
+const SCHEDULE_SHARDS: usize = 16;
+
+impl Schedules {
+    fn new() -> Self {
+        Self {
+            shards: (0..SCHEDULE_SHARDS)
+                .map(|_| Mutex::new(HashMap::new()))
+                .collect(),
+            next_id: AtomicU64::new(0),
+            lane: Mutex::new(None),
+        }
+    }
+
+    /// Runs `refunds` in order: those the store answers at once now, the others through the
+    /// lane (after every refund sent to it before).
+    fn run(&self, refunds: Vec<Refund>) {
+        for refund in refunds {
+            if let Some(pending) = refund() {
+                self.send(pending);
+            }
+        }
+    }
+
+    /// Sends `pending` to the lane's task, starting one on the current Tokio runtime when there
+    /// is none (or the runtime it ran on is gone).
+    fn send(&self, pending: PendingRefund) {
+        let mut lane = self.lane.lock().unwrap_or_else(|e| e.into_inner());
+        let pending = match lane.as_ref() {
+            Some(tx) => match tx.send(pending) {
+                Ok(()) => return,
+                Err(mpsc::error::SendError(pending)) => pending,
+            },
+            None => pending,
+        };
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            *lane = None;
+            tracing::warn!("no Tokio runtime to give a shaped reservation back on; it is spent");
+            return;
+        };
+        let (tx, mut rx) = mpsc::unbounded_channel::<PendingRefund>();
+        handle.spawn(async move {
+            while let Some(refund) = rx.recv().await {
+                refund.await;
+            }
+        });
+        // The receiver was just moved into a live task: the send succeeds.
+        let _ = tx.send(pending);
+        *lane = Some(tx);
+    }
+
+    fn shard(&self, key: &ScheduleKey) -> MutexGuard<'_, Shard> {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        key.hash(&mut h);
+        let i = (h.finish() as usize) % self.shards.len();
+        // A panic while holding the lock leaves the places consistent (every change is one
+        // push, remove, flag or count); keep going.
+        self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A request of schedule `key` goes to the store: until it has its place (or is decided
+    /// without one), no free place of the schedule is given back.
+    pub(crate) fn deciding(self: &Arc<Self>, key: ScheduleKey) -> Deciding {
+        self.shard(&key).entry(key.clone()).or_default().deciding += 1;
+        Deciding {
+            schedules: Arc::clone(self),
+            key: Some(key),
+        }
+    }
+
+    /// Changes schedule `key` with `change`, then gives back what it freed at its end (under
+    /// the shard's lock, so that a schedule's places reach the store in the order they were
+    /// given back).
+    fn update<R>(&self, key: &ScheduleKey, change: impl FnOnce(&mut Schedule) -> R) -> Option<R> {
+        let mut refunds = Vec::new();
+        let mut shards = self.shard(key);
+        let schedule = shards.get_mut(key)?;
+        let out = change(schedule);
+        schedule.pop_free_tail(&mut refunds);
+        if schedule.is_empty() {
+            shards.remove(key);
+        }
+        self.run(refunds);
+        Some(out)
+    }
+
+    /// Records the place a request was given at `turn` (the last of its schedule when the store
+    /// decided) and returns its id and turn: an earlier free place of the same schedule due no
+    /// sooner than `now`, if there is one (the request takes it over, and its own place is
+    /// given back), else its own.
+    fn enter(&self, mut deciding: Deciding, now: u64, turn: u64, refund: Refund) -> (u64, u64) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let Some(key) = deciding.key.take() else {
+            return (id, turn);
+        };
+        let mut refund = Some(refund);
+        let taken = self.update(&key, |schedule| {
+            schedule.deciding = schedule.deciding.saturating_sub(1);
+            let places = &mut schedule.places;
+            // Free places already due were never used: nobody can take them any more.
+            places.retain(|p| p.held || p.turn >= now);
+            let free = places
+                .iter_mut()
+                .find(|p| !p.held && p.turn >= now && p.turn < turn);
+            let (held, taken) = match free {
+                Some(place) => {
+                    place.held = true;
+                    place.id = id;
+                    // This request's own place is free now: given back when it is the last.
+                    (false, place.turn)
+                }
+                None => (true, turn),
+            };
+            if let Some(refund) = refund.take() {
+                insert(
+                    places,
+                    Place {
+                        id: if held { id } else { u64::MAX },
+                        turn,
+                        held,
+                        refund,
+                    },
+                );
+            }
+            taken
+        });
+        (id, taken.unwrap_or(turn))
+    }
+
+    /// The request holding place `id` was dropped before its turn: its place is free.
+    fn cancel(&self, key: &ScheduleKey, id: u64) {
+        self.update(key, |schedule| {
+            if let Some(place) = schedule.places.iter_mut().find(|p| p.held && p.id == id) {
+                place.held = false;
+            }
+        });
+    }
+
+    /// The request holding place `id` had its turn: the place is spent, and so are the free
+    /// places before it (their time has passed).
+    fn spend(&self, key: &ScheduleKey, id: u64) {
+        self.update(key, |schedule| {
+            let places = &mut schedule.places;
+            if let Some(i) = places.iter().position(|p| p.held && p.id == id) {
+                let turn = places[i].turn;
+                places.retain(|p| (p.held && p.id != id) || p.turn > turn);
+            }
+        });
+    }
+}
+
+/// A request of a schedule being decided by the store (see [`Schedules::deciding`]); ends when
+/// dropped, or when the request takes its place.
+pub(crate) struct Deciding {
+    schedules: Arc<Schedules>,
+    key: Option<ScheduleKey>,
+}
+
+impl Deciding {
+    /// The schedule.
+    fn key(&self) -> Option<&ScheduleKey> {
+        self.key.as_ref()
+    }
+}
+
+impl fmt::Debug for Deciding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Deciding").finish_non_exhaustive()
+    }
+}
+
+impl Drop for Deciding {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.schedules.update(&key, |schedule| {
+                schedule.deciding = schedule.deciding.saturating_sub(1);
+            });
+        }
+    }
+}
+
+/// Inserts `place` in turn order (after places of the same turn).
+fn insert(places: &mut Vec<Place>, place: Place) {
+    let i = places.partition_point(|p| p.turn <= place.turn);
+    places.insert(i, place);
+}
+
+/// A place held in a schedule: given back (freed) on drop unless spent.
+struct Held {
+    schedules: Arc<Schedules>,
+    key: ScheduleKey,
+    id: u64,
+}
+
 /// What a waiting request reserved: given back unless [`release`](Self::release)d, so a
 /// request dropped while it waits frees its place in the schedule for the next one.
 pub(crate) struct Reservation {
-    /// Gives the reservation back (the store's refund of the request's checks).
+    /// Its place in its key's schedule (none when the store reports no decision time).
+    place: Option<Held>,
+    /// Gives back what the request's other checks were charged (and, without a place, the
+    /// shaped checks' charge too).
     give_back: Option<Box<dyn FnOnce() + Send>>,
     delay: Duration,
     _slot: WaitSlot,
@@ -381,56 +679,101 @@ impl Reservation {
     /// The request's turn has come: the reservation is spent, not given back.
     pub(crate) fn release(mut self) {
         self.give_back = None;
+        if let Some(place) = self.place.take() {
+            place.schedules.spend(&place.key, place.id);
+        }
     }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        if let Some(give_back) = self.give_back.take() {
-            tracing::debug!(
-                delay_ms = self.delay.as_millis() as u64,
-                "shaped request dropped while waiting; its reservation is given back"
-            );
+        let place = self.place.take();
+        let give_back = self.give_back.take();
+        if place.is_none() && give_back.is_none() {
+            return;
+        }
+        tracing::debug!(
+            delay_ms = self.delay.as_millis() as u64,
+            "shaped request dropped while waiting; its reservation is given back"
+        );
+        if let Some(place) = place {
+            place.schedules.cancel(&place.key, place.id);
+        }
+        if let Some(give_back) = give_back {
             give_back();
         }
     }
 }
 
-/// Gives back the charge of `checks` made at `at`, without waiting for the store.
-fn give_back<St: Store>(snapshot: &Snapshot<St>, checks: &[OwnedCheck], at: Option<u64>) {
+/// Gives back the charge of `checks` made at `at`; returns the store call to wait for when the
+/// store answers later.
+fn refund_call<St: Store>(
+    snapshot: &Snapshot<St>,
+    checks: &[OwnedCheck],
+    at: Option<u64>,
+) -> Option<PendingRefund> {
     let Some(at) = at else {
         tracing::warn!("the rate-limit store reports no decision time; a shaped request's reservation cannot be given back");
-        return;
+        return None;
     };
     if checks.is_empty() {
-        return;
+        return None;
     }
     let checks: Vec<LimitCheck<'_>> = checks.iter().map(OwnedCheck::as_check).collect();
     match snapshot.store.refund(&checks, at) {
-        Checked::Ready(Ok(_)) => {}
+        Checked::Ready(Ok(_)) => None,
         Checked::Ready(Err(error)) => {
             tracing::warn!(error = %error, "rate-limit store could not give a shaped reservation back");
+            None
         }
-        Checked::Pending(future) => match tokio::runtime::Handle::try_current() {
-            Ok(handle) => {
-                handle.spawn(async move {
-                    if let Err(error) = future.await {
-                        tracing::warn!(error = %error, "rate-limit store could not give a shaped reservation back");
-                    }
-                });
+        Checked::Pending(future) => Some(Box::pin(async move {
+            if let Err(error) = future.await {
+                tracing::warn!(error = %error, "rate-limit store could not give a shaped reservation back");
             }
-            Err(_) => {
-                tracing::warn!(
-                    "no Tokio runtime to give a shaped reservation back on; it is spent"
-                );
-            }
-        },
+        })),
     }
 }
 
-/// Makes an allowed request that must wait `delay` wait: records the delay on the request and
-/// takes a place among the layer's waiting requests. When the layer's bound on waiting
-/// requests is reached, gives the reservation back and answers the refusal instead.
+/// Gives back the charge of `checks` made at `at`, without waiting for the store.
+fn give_back<St: Store>(snapshot: &Snapshot<St>, checks: &[OwnedCheck], at: Option<u64>) {
+    let Some(pending) = refund_call(snapshot, checks, at) else {
+        return;
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => {
+            handle.spawn(pending);
+        }
+        Err(_) => {
+            tracing::warn!("no Tokio runtime to give a shaped reservation back on; it is spent");
+        }
+    }
+}
+
+/// The schedule of a request's shaped checks.
+fn schedule_key(checks: &[OwnedCheck]) -> ScheduleKey {
+    checks
+        .iter()
+        .map(|c| (c.limit, c.key.clone(), c.cost))
+        .collect()
+}
+
+impl Waiting {
+    /// Marks a request with the shaped checks `checks` as being decided by the store (see
+    /// [`Schedules::deciding`]); `None` without shaped checks.
+    pub(crate) fn deciding(&self, checks: &[OwnedCheck]) -> Option<Deciding> {
+        if checks.is_empty() {
+            return None;
+        }
+        Some(self.schedules.deciding(schedule_key(checks)))
+    }
+}
+
+/// Makes an allowed request that must wait `delay` wait: records its place in its key's
+/// schedule (taking over an earlier place a dropped request freed, if there is one), records
+/// the delay on the request and takes a place among the layer's waiting requests. When the
+/// layer's bound on waiting requests is reached, frees the place, gives the other charges back
+/// and answers the refusal instead. `deciding` is the request's mark from before the store
+/// decided it.
 // The refusal is rare (the layer bound is reached) and built once; boxing it buys nothing.
 #[allow(clippy::too_many_arguments, clippy::result_large_err)]
 pub(crate) fn reserve<St: Store, ReqBody>(
@@ -439,7 +782,7 @@ pub(crate) fn reserve<St: Store, ReqBody>(
     snapshot: &Arc<Snapshot<St>>,
     req: &mut Request<ReqBody>,
     checks: (Vec<OwnedCheck>, Vec<OwnedCheck>),
-    at: Option<u64>,
+    (at, deciding): (Option<u64>, Option<Deciding>),
     delay: Duration,
     shaped: (&Decision, &Quota),
     decisions: &Decisions,
@@ -451,9 +794,31 @@ pub(crate) fn reserve<St: Store, ReqBody>(
     // The other limits were charged at the decision: given back from then.
     let turn = at.map(|at| at.saturating_add(u64::try_from(delay.as_micros()).unwrap_or(u64::MAX)));
     let (shaped_checks, others) = checks;
+    let snapshot = Arc::clone(snapshot);
+    let (place, wait, shaped_checks) = match (at, turn) {
+        (Some(at), Some(turn)) if !shaped_checks.is_empty() => {
+            let key = schedule_key(&shaped_checks);
+            let deciding = match deciding {
+                Some(d) if d.key() == Some(&key) => d,
+                _ => waiting.schedules.deciding(key.clone()),
+            };
+            let refund_snapshot = Arc::clone(&snapshot);
+            let refund: Refund =
+                Box::new(move || refund_call(&refund_snapshot, &shaped_checks, Some(turn)));
+            let schedules = Arc::clone(&waiting.schedules);
+            let (id, taken) = schedules.enter(deciding, at, turn, refund);
+            let wait = Duration::from_micros(taken.saturating_sub(at));
+            (Some(Held { schedules, key, id }), wait, Vec::new())
+        }
+        // No decision time: no place to keep (and nothing the store could refund).
+        _ => (None, delay, shaped_checks),
+    };
     let Some(slot) = waiting.enter() else {
-        give_back(snapshot, &shaped_checks, turn);
-        give_back(snapshot, &others, at);
+        if let Some(place) = place {
+            place.schedules.cancel(&place.key, place.id);
+        }
+        give_back(&snapshot, &shaped_checks, turn);
+        give_back(&snapshot, &others, at);
         tracing::debug!(policy = %decision.policy(), delay_ms = delay.as_millis() as u64, "too many requests waiting in this layer; shaped request refused");
         let refused = Decision::rejected(decision.limit(), 0, decision.reset(), delay)
             .with_policy(decision.policy());
@@ -473,15 +838,15 @@ pub(crate) fn reserve<St: Store, ReqBody>(
         }
         return Err(response);
     };
-    tracing::debug!(policy = %decision.policy(), delay_ms = delay.as_millis() as u64, delay_us = delay.as_micros() as u64, "request shaped: it waits for its turn");
-    req.extensions_mut().insert(ShapedDelay(delay));
-    let snapshot = Arc::clone(snapshot);
+    tracing::debug!(policy = %decision.policy(), delay_ms = wait.as_millis() as u64, delay_us = wait.as_micros() as u64, "request shaped: it waits for its turn");
+    req.extensions_mut().insert(ShapedDelay(wait));
     Ok(Reservation {
+        place,
         give_back: Some(Box::new(move || {
             give_back(&snapshot, &shaped_checks, turn);
             give_back(&snapshot, &others, at);
         })),
-        delay,
+        delay: wait,
         _slot: slot,
     })
 }
@@ -489,6 +854,90 @@ pub(crate) fn reserve<St: Store, ReqBody>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A schedule, and a refund for place `turn` that records it in `given`.
+    fn recorder() -> (ScheduleKey, Arc<Mutex<Vec<u64>>>) {
+        (vec![(0, Key::global(), 1)], Arc::default())
+    }
+
+    fn refund(given: &Arc<Mutex<Vec<u64>>>, turn: u64) -> Refund {
+        let given = Arc::clone(given);
+        Box::new(move || {
+            given.lock().unwrap().push(turn);
+            None
+        })
+    }
+
+    fn enter(
+        s: &Arc<Schedules>,
+        key: &ScheduleKey,
+        given: &Arc<Mutex<Vec<u64>>>,
+        now: u64,
+        turn: u64,
+    ) -> (u64, u64) {
+        let deciding = s.deciding(key.clone());
+        s.enter(deciding, now, turn, refund(given, turn))
+    }
+
+    #[test]
+    fn free_places_go_back_to_the_store_last_first_once_they_end_the_schedule() {
+        let s = Arc::new(Schedules::new());
+        let (key, given) = recorder();
+        let (a, _) = enter(&s, &key, &given, 0, 100);
+        let (b, _) = enter(&s, &key, &given, 0, 200);
+        let (c, _) = enter(&s, &key, &given, 0, 300);
+        s.cancel(&key, a);
+        s.cancel(&key, b);
+        assert!(
+            given.lock().unwrap().is_empty(),
+            "c still waits behind them"
+        );
+        s.cancel(&key, c);
+        assert_eq!(*given.lock().unwrap(), [300, 200, 100]);
+        assert!(
+            s.shard(&key).get(&key).is_none(),
+            "nothing kept for the key"
+        );
+    }
+
+    #[test]
+    fn the_next_request_takes_over_a_freed_place_and_gives_its_own_back() {
+        let s = Arc::new(Schedules::new());
+        let (key, given) = recorder();
+        let (_a, _) = enter(&s, &key, &given, 0, 100);
+        let (b, _) = enter(&s, &key, &given, 0, 200);
+        let (_c, _) = enter(&s, &key, &given, 0, 300);
+        s.cancel(&key, b);
+        // Given 400 (the end of the store's schedule), it goes at 200, and 400 goes back.
+        let (_d, taken) = enter(&s, &key, &given, 50, 400);
+        assert_eq!(taken, 200);
+        assert_eq!(*given.lock().unwrap(), [400]);
+        // A freed place already due is never taken over.
+        let (_e, taken) = enter(&s, &key, &given, 350, 400);
+        assert_eq!(taken, 400);
+    }
+
+    #[test]
+    fn nothing_goes_back_while_a_request_of_the_key_is_being_decided() {
+        let s = Arc::new(Schedules::new());
+        let (key, given) = recorder();
+        let (a, _) = enter(&s, &key, &given, 0, 100);
+        // Another request is at the store: it may be given 200, after a.
+        let deciding = s.deciding(key.clone());
+        s.cancel(&key, a);
+        assert!(given.lock().unwrap().is_empty());
+        // It is given 200 and takes over 100 instead; 200 goes back.
+        let (_b, taken) = s.enter(deciding, 0, 200, refund(&given, 200));
+        assert_eq!(taken, 100);
+        assert_eq!(*given.lock().unwrap(), [200]);
+        // Decided without a place: what was held back goes back then.
+        let (c, _) = enter(&s, &key, &given, 0, 200);
+        let deciding = s.deciding(key.clone());
+        s.cancel(&key, c);
+        assert_eq!(*given.lock().unwrap(), [200]);
+        drop(deciding);
+        assert_eq!(*given.lock().unwrap(), [200, 200]);
+    }
 
     fn shape(q: Quota, wait_ms: u64) -> Result<CompiledShape, ConfigError> {
         compile(

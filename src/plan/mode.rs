@@ -9,9 +9,12 @@ use http::StatusCode;
 ///
 /// A limit in [`Shadow`](Mode::Shadow) is decided and counted exactly as if it enforced (its own
 /// state is charged by the requests it would have admitted), but it never refuses: would-be
-/// rejections are logged (sampled) and counted (metric `outcome="shadow_rejected"`). It is checked
-/// after the enforcing limits of its layer allowed, on its own, so it never changes what they
-/// decide. A reload moves it to [`Enforce`](Mode::Enforce) with its counters intact.
+/// rejections are logged (sampled) and counted (metric `outcome="shadow_rejected"`). It decides
+/// on its own, in a store call of its own, so it never changes what the enforcing limits of its
+/// layer decide, and it decides only the requests they allow. With a store that answers later
+/// (Redis), its call is made at the same time as theirs, so a request waits for one store call
+/// (at most one store timeout), not two; a request they refuse has its shadow charge given back.
+/// A reload moves it to [`Enforce`](Mode::Enforce) with its counters intact.
 ///
 /// ```
 /// use tollgate::plan::Mode;

@@ -142,12 +142,14 @@
 //! Every limit must choose a [`FailurePolicy`] (building fails with
 //! a [`ConfigError`] otherwise):
 //!
-//! - `Open`: the limit allows (reporting its full limit as remaining); a `tracing` warning is
-//!   logged and [`RedisStats::fail_open`] counts it;
+//! - `Open`: the limit allows, uncounted ([`Decision::uncounted`](crate::Decision::uncounted):
+//!   the layer writes no rate-limit headers for it); a `tracing` warning is logged and
+//!   [`RedisStats::fail_open`] counts it;
 //! - `Closed { retry_after }`: the check fails with a [`StoreError`](crate::StoreError) carrying
 //!   `retry_after`, which the layer turns into `503` with `Retry-After` and a problem+json body;
 //! - `Local { share }`: a local in-memory limiter holding `share` of the quota (count and burst,
-//!   rounded down, at least 1) decides.
+//!   rounded down, at least 1) decides, and its numbers are what the response's rate-limit
+//!   headers show.
 //!
 //! Each call has a tight timeout ([`RedisBackend::timeout`], default 5 ms). There is one
 //! circuit breaker per node (the node of a single-node store; each master of a Cluster, found

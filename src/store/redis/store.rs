@@ -1046,10 +1046,7 @@ impl Inner {
                 // Open (and any future policy) lets the request through, counted.
                 _ => {
                     opened += 1;
-                    fb.got[i] = Some(
-                        Decision::allowed_with(info.limit, info.limit, Duration::ZERO)
-                            .with_policy(info.name),
-                    );
+                    fb.got[i] = Some(Decision::uncounted(info.limit).with_policy(info.name));
                 }
             }
         }
