@@ -1,15 +1,25 @@
 //! [`Decision`]: what a limiter answers for one request against one limit.
 
-use std::collections::HashMap;
+use std::cmp::Ordering;
 use std::fmt;
-use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-/// The name of a limit (`"burst"`, `"daily"`, `"global"`), as reported in headers and bodies.
+use crate::error::ConfigError;
+
+/// The name of a limit or plan (`"burst"`, `"daily"`, `"pro"`), as reported in headers and bodies.
 ///
-/// Names are interned once when a limit is configured, so a `PolicyName` is a `Copy` thin pointer
-/// (one word) and carrying it in every [`Decision`] costs nothing on the hot path. Memory used by interning is
-/// bounded by the number of *distinct* names a program configures.
+/// A `PolicyName` holds its text inline: it is `Copy`, 48 bytes, and making, copying or
+/// comparing one allocates nothing, takes no lock and touches no shared memory, so carrying it
+/// in every [`Decision`] is free of contention. Nothing is kept once the last copy is gone: a
+/// program that configures new names (a policy reload) uses no more memory for them than the
+/// names in force.
+///
+/// A name is at most [`MAX_LEN`](Self::MAX_LEN) (47) bytes. Where names are configured (a
+/// [`Limit`](crate::Limit), a [`Plan`](crate::plan::Plan), a policy file) a longer one is
+/// refused with a [`ConfigError`] when the layer is built. [`PolicyName::new`] itself never
+/// fails: it holds a longer name as *over-long* (see [`is_over_long`](Self::is_over_long)),
+/// which no configured name equals, so a plan name read from a request that is too long is an
+/// unknown plan. [`PolicyName::try_new`] refuses it instead.
 ///
 /// ```
 /// use tollgate::PolicyName;
@@ -17,45 +27,165 @@ use std::time::Duration;
 /// let name = PolicyName::new("burst");
 /// assert_eq!(name.as_str(), "burst");
 /// assert_eq!(name, PolicyName::new(String::from("burst")));
+///
+/// let long = "x".repeat(PolicyName::MAX_LEN + 1);
+/// assert!(PolicyName::try_new(&long).is_err());
+/// assert!(PolicyName::new(&long).is_over_long());
+/// assert_ne!(PolicyName::new(&long), PolicyName::new(&long[1..]));
 /// ```
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PolicyName(&'static &'static str);
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PolicyName {
+    /// A name held whole: its length (at most `MAX_LEN`). An over-long name: `OVER_LONG` plus
+    /// the length of the prefix kept. [`ABSENT`]: no name (a decision without a plan).
+    len: u8,
+    /// The name's bytes (or its prefix then its `fnv1a` digest), zero after them, so that the
+    /// derived `Eq` and `Hash` are the names'.
+    bytes: [u8; PolicyName::MAX_LEN],
+}
+
+/// `len` of an over-long name, plus its prefix's length.
+const OVER_LONG: u8 = 0x80;
+/// The bytes of an over-long name's digest, after its prefix.
+const DIGEST: usize = 8;
+/// `len` of the absent plan in a [`Decision`]: neither a name nor an over-long one.
+const ABSENT_LEN: u8 = u8::MAX;
+/// The absent plan in a [`Decision`] (so that a decision holds no `Option` tag).
+const ABSENT: PolicyName = PolicyName {
+    len: ABSENT_LEN,
+    bytes: [0; PolicyName::MAX_LEN],
+};
 
 impl PolicyName {
+    /// The longest name, in bytes, that a `PolicyName` holds (and a limit or plan may have).
+    pub const MAX_LEN: usize = 47;
+
     /// The name used when a limit was given none.
-    pub const DEFAULT: PolicyName = PolicyName(&"default");
+    pub const DEFAULT: PolicyName = PolicyName::inline("default");
 
-    /// Interns `name`.
-    pub fn new(name: impl AsRef<str>) -> Self {
-        static NAMES: OnceLock<Mutex<HashMap<&'static str, &'static &'static str>>> =
-            OnceLock::new();
-        let name = name.as_ref();
-        let mut names = NAMES
-            .get_or_init(Default::default)
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(existing) = names.get(name) {
-            return PolicyName(existing);
+    /// `name`, at most `MAX_LEN` bytes (a longer one does not compile in a `const`).
+    const fn inline(name: &str) -> Self {
+        let src = name.as_bytes();
+        assert!(
+            src.len() <= Self::MAX_LEN,
+            "a PolicyName holds at most 47 bytes"
+        );
+        let mut bytes = [0; Self::MAX_LEN];
+        let mut i = 0;
+        while i < src.len() {
+            bytes[i] = src[i];
+            i += 1;
         }
-        let leaked: &'static str = Box::leak(name.to_owned().into_boxed_str());
-        let thin: &'static &'static str = Box::leak(Box::new(leaked));
-        names.insert(leaked, thin);
-        PolicyName(thin)
+        Self {
+            len: src.len() as u8,
+            bytes,
+        }
     }
 
-    /// The name as a string.
-    #[inline]
-    pub fn as_str(&self) -> &'static str {
-        self.0
+    /// The name `name`. Never fails and never allocates.
+    ///
+    /// A name longer than [`MAX_LEN`](Self::MAX_LEN) bytes is held as over-long: its first
+    /// 39 bytes (cut at a character boundary), which [`as_str`](Self::as_str) returns, and a
+    /// 64-bit digest of the whole name, so two over-long names are equal only if they are the
+    /// same name (or their digests collide, a 2^-64 chance), and an over-long name equals no
+    /// name held whole. Limits and plans refuse over-long names when the layer is built; use
+    /// [`try_new`](Self::try_new) to refuse them here.
+    pub fn new(name: impl AsRef<str>) -> Self {
+        let name = name.as_ref();
+        if name.len() <= Self::MAX_LEN {
+            return Self::inline(name);
+        }
+        let mut cut = Self::MAX_LEN - DIGEST;
+        while !name.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let mut bytes = [0; Self::MAX_LEN];
+        bytes[..cut].copy_from_slice(&name.as_bytes()[..cut]);
+        bytes[Self::MAX_LEN - DIGEST..].copy_from_slice(&fnv1a(name.as_bytes()).to_le_bytes());
+        Self {
+            len: OVER_LONG + cut as u8,
+            bytes,
+        }
     }
 
-    /// An address that is the same for every copy of this name (names are interned): a cheap
-    /// map key. [`PolicyName::DEFAULT`] and an interned `"default"` have different ids.
-    #[cfg(feature = "metrics")]
-    #[inline]
-    pub(crate) fn id(self) -> usize {
-        std::ptr::from_ref::<&'static str>(self.0) as usize
+    /// The name `name`, or a [`ConfigError`] (field `name`) if it is longer than
+    /// [`MAX_LEN`](Self::MAX_LEN) bytes.
+    ///
+    /// ```
+    /// use tollgate::PolicyName;
+    ///
+    /// assert_eq!(PolicyName::try_new("pro").unwrap().as_str(), "pro");
+    /// let err = PolicyName::try_new("p".repeat(48)).unwrap_err();
+    /// assert_eq!(err.field(), "name");
+    /// assert!(err.to_string().contains("at most 47 bytes"));
+    /// ```
+    pub fn try_new(name: impl AsRef<str>) -> Result<Self, ConfigError> {
+        let name = name.as_ref();
+        check_len("name", "name", name)?;
+        Ok(Self::inline(name))
     }
+
+    /// Whether the name was longer than [`MAX_LEN`](Self::MAX_LEN) bytes (see
+    /// [`new`](Self::new)): [`as_str`](Self::as_str) then returns only its beginning.
+    #[inline]
+    pub fn is_over_long(&self) -> bool {
+        self.len != ABSENT_LEN && self.len >= OVER_LONG
+    }
+
+    /// The name as a string (the beginning of an over-long name).
+    #[inline]
+    pub fn as_str(&self) -> &str {
+        let len = if self.len == ABSENT_LEN {
+            0
+        } else {
+            usize::from(self.len & !OVER_LONG)
+        };
+        // Always valid UTF-8: whole names and prefixes cut at a character boundary.
+        std::str::from_utf8(&self.bytes[..len]).unwrap_or_default()
+    }
+}
+
+/// A [`ConfigError`] about `field` if `name` is longer than [`PolicyName::MAX_LEN`] bytes;
+/// `what` says whose name it is (`"limit name"`, `"plan name"`).
+pub(crate) fn check_len(field: &'static str, what: &str, name: &str) -> Result<(), ConfigError> {
+    if name.len() <= PolicyName::MAX_LEN {
+        return Ok(());
+    }
+    let shown: String = name.chars().take(24).collect();
+    Err(ConfigError::new(
+        field,
+        format!(
+            "{what} \"{shown}...\" is {} bytes, but a name has at most {} bytes (names are sent in headers and bodies): use a shorter one",
+            name.len(),
+            PolicyName::MAX_LEN
+        ),
+    ))
+}
+
+/// A [`ConfigError`] about `field` if `name` is over-long (see [`PolicyName::new`]); `what`
+/// says whose name it is (`"limit name"`, `"plan name"`).
+pub(crate) fn refuse_over_long(
+    field: &'static str,
+    what: &str,
+    name: PolicyName,
+) -> Result<(), ConfigError> {
+    if !name.is_over_long() {
+        return Ok(());
+    }
+    Err(ConfigError::new(
+        field,
+        format!(
+            "{what} \"{}...\" is longer than {} bytes, the most a name may have (names are sent in headers and bodies): use a shorter one",
+            name.as_str(),
+            PolicyName::MAX_LEN
+        ),
+    ))
+}
+
+/// 64-bit FNV-1a of `bytes`: the digest that tells over-long names apart.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 impl Default for PolicyName {
@@ -64,15 +194,38 @@ impl Default for PolicyName {
     }
 }
 
+impl PartialOrd for PolicyName {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// By the names' text; an over-long name after the name its beginning spells.
+impl Ord for PolicyName {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.as_str()
+            .cmp(other.as_str())
+            .then_with(|| (self.len, self.bytes).cmp(&(other.len, other.bytes)))
+    }
+}
+
 impl fmt::Debug for PolicyName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self.0, f)
+        fmt::Debug::fmt(self.as_str(), f)?;
+        if self.is_over_long() {
+            f.write_str("(over-long)")?;
+        }
+        Ok(())
     }
 }
 
 impl fmt::Display for PolicyName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.0)
+        f.write_str(self.as_str())?;
+        if self.is_over_long() {
+            f.write_str("...")?;
+        }
+        Ok(())
     }
 }
 
@@ -99,8 +252,9 @@ impl fmt::Display for PolicyName {
 /// ```
 // Times are held as whole microseconds (the unit of all limiter arithmetic), `retry_after` with
 // `NEVER` for "impossible" and 0 for "allowed" (a rejection's is at least 1 µs, so no flag is
-// needed), so that a decision is 48 bytes: it is copied into the store's answer and the
-// request's extensions on every request.
+// needed), and the absent plan as `ABSENT` rather than an `Option`, so that a decision is 128
+// bytes (its two names inline, no pointer to chase): it is copied into the store's answer and
+// the request's extensions on every request.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Decision {
     limit: u64,
@@ -109,7 +263,8 @@ pub struct Decision {
     /// 0: allowed; `NEVER`: impossible; otherwise the wait of a rejection (at least 1).
     retry_after_us: u64,
     policy: PolicyName,
-    plan: Option<PolicyName>,
+    /// `ABSENT` when no plan decided.
+    plan: PolicyName,
 }
 
 /// `retry_after_us` of a decision that can never succeed.
@@ -138,7 +293,7 @@ impl Decision {
         reset_us: 0,
         retry_after_us: 0,
         policy: PolicyName::DEFAULT,
-        plan: None,
+        plan: ABSENT,
     };
 
     /// An allowed decision.
@@ -150,7 +305,7 @@ impl Decision {
             reset_us: micros_ceil(reset),
             retry_after_us: 0,
             policy: PolicyName::DEFAULT,
-            plan: None,
+            plan: ABSENT,
         }
     }
 
@@ -176,7 +331,7 @@ impl Decision {
             reset_us: UNCOUNTED,
             retry_after_us: 0,
             policy: PolicyName::DEFAULT,
-            plan: None,
+            plan: ABSENT,
         }
     }
 
@@ -196,7 +351,7 @@ impl Decision {
             reset_us: micros_ceil(reset),
             retry_after_us: micros_ceil(retry_after).max(1),
             policy: PolicyName::DEFAULT,
-            plan: None,
+            plan: ABSENT,
         }
     }
 
@@ -210,7 +365,7 @@ impl Decision {
             reset_us: micros_ceil(reset),
             retry_after_us: NEVER,
             policy: PolicyName::DEFAULT,
-            plan: None,
+            plan: ABSENT,
         }
     }
 
@@ -227,7 +382,7 @@ impl Decision {
     #[must_use]
     #[inline]
     pub(crate) fn with_plan(mut self, plan: PolicyName) -> Self {
-        self.plan = Some(plan);
+        self.plan = plan;
         self
     }
 
@@ -294,6 +449,18 @@ impl Decision {
         self.policy
     }
 
+    /// The name of the limit that decided, borrowed from the decision.
+    #[inline]
+    pub(crate) fn policy_str(&self) -> &str {
+        self.policy.as_str()
+    }
+
+    /// The name of the plan that decided, if any, borrowed from the decision.
+    #[inline]
+    pub(crate) fn plan_str(&self) -> Option<&str> {
+        (self.plan.len != ABSENT_LEN).then(|| self.plan.as_str())
+    }
+
     /// The plan of the limit that decided (`"free"`, `"pro"`), or `None` when the limit has no
     /// plans or the request was decided by the limit's own quota.
     ///
@@ -306,7 +473,7 @@ impl Decision {
     /// ```
     #[inline]
     pub fn plan(&self) -> Option<PolicyName> {
-        self.plan
+        (self.plan.len != ABSENT_LEN).then_some(self.plan)
     }
 
     /// How close to exhaustion this limit is, as `remaining / limit` compared without floats.
@@ -328,7 +495,7 @@ impl fmt::Debug for Decision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Decision")
             .field("policy", &self.policy)
-            .field("plan", &self.plan)
+            .field("plan", &self.plan())
             .field("allowed", &self.allowed())
             .field("limit", &self.limit)
             .field("remaining", &self.remaining)
@@ -386,9 +553,8 @@ mod tests {
 
     #[test]
     fn decisions_stay_small() {
-        assert_eq!(std::mem::size_of::<PolicyName>(), 8);
-        assert_eq!(std::mem::size_of::<Option<PolicyName>>(), 8);
-        assert!(std::mem::size_of::<Decision>() <= 48);
+        assert_eq!(std::mem::size_of::<PolicyName>(), 48);
+        assert_eq!(std::mem::size_of::<Decision>(), 128);
     }
 
     #[test]
@@ -415,9 +581,52 @@ mod tests {
     }
 
     #[test]
-    fn names_are_interned() {
-        let a = PolicyName::new("x-interned");
-        let b = PolicyName::new(String::from("x-interned"));
-        assert!(std::ptr::eq(a.as_str(), b.as_str()));
+    fn names_are_held_inline_and_compare_by_text() {
+        let a = PolicyName::new("x-inline");
+        let b = PolicyName::new(String::from("x-inline"));
+        assert_eq!(a, b);
+        assert!(
+            !std::ptr::eq(a.as_str(), b.as_str()),
+            "each copy holds its own text"
+        );
+        assert_eq!(PolicyName::new("default"), PolicyName::DEFAULT);
+        assert_eq!(PolicyName::new(""), PolicyName::new(""));
+        assert_ne!(PolicyName::new("a"), PolicyName::new("a\0"));
+        let max = "m".repeat(PolicyName::MAX_LEN);
+        assert_eq!(PolicyName::new(&max).as_str(), max);
+        assert!(!PolicyName::new(&max).is_over_long());
+        let mut names = [
+            PolicyName::new("b"),
+            PolicyName::new("a"),
+            PolicyName::new("ab"),
+        ];
+        names.sort();
+        assert_eq!(names.map(|n| n.as_str().to_owned()), ["a", "ab", "b"]);
+    }
+
+    #[test]
+    fn over_long_names_are_kept_apart_and_never_panic() {
+        let base = "\u{e9}".repeat(30); // 60 bytes of two-byte characters
+        let a = PolicyName::new(format!("{base}-a"));
+        let b = PolicyName::new(format!("{base}-b"));
+        assert!(a.is_over_long() && b.is_over_long());
+        assert_ne!(a, b, "same prefix, different names");
+        assert_eq!(a, PolicyName::new(format!("{base}-a")));
+        assert_eq!(
+            a.as_str(),
+            "\u{e9}".repeat(19),
+            "cut at a character boundary"
+        );
+        // An over-long name never equals the name its prefix spells.
+        assert_ne!(PolicyName::new(a.as_str()), a);
+        assert!(format!("{a:?}").ends_with("(over-long)"));
+        assert!(a.to_string().ends_with("..."));
+        let err = PolicyName::try_new(format!("{base}-a")).unwrap_err();
+        assert_eq!(err.field(), "name");
+        assert!(err.to_string().contains("at most 47 bytes"), "{err}");
+        // The absent plan of a decision is not a name.
+        assert!(!ABSENT.is_over_long());
+        assert_eq!(ABSENT.as_str(), "");
+        assert_eq!(Decision::EMPTY.plan(), None);
     }
 }

@@ -212,7 +212,7 @@ impl RateLimitHeaders {
             return;
         }
         let limits = limits.into_iter();
-        if let Some(v) = policy_field(limits.clone().map(|(d, q)| (d.policy().as_str(), q))) {
+        if let Some(v) = policy_field(limits.clone().map(|(d, q)| (d.policy_str(), q))) {
             headers.append(RATELIMIT_POLICY, v);
         }
         if let Some(v) = ratelimit_field(limits.map(|(d, _)| d)) {

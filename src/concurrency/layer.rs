@@ -197,7 +197,8 @@ impl fmt::Debug for ConcurrencyLimitLayerBuilder {
 }
 
 impl ConcurrencyLimitLayerBuilder {
-    /// The limit's name, reported in rejection bodies (default `"concurrency"`).
+    /// The limit's name, reported in rejection bodies (default `"concurrency"`); at most
+    /// [`PolicyName::MAX_LEN`] (47) bytes, or [`build`](Self::build) refuses it.
     pub fn name(mut self, name: impl AsRef<str>) -> Self {
         self.name = PolicyName::new(name);
         self
@@ -259,6 +260,7 @@ impl ConcurrencyLimitLayerBuilder {
 
     /// Builds the layer, or says what is misconfigured.
     pub fn build(self) -> Result<ConcurrencyLimitLayer, ConfigError> {
+        crate::decision::refuse_over_long("name", "concurrency limit name", self.name)?;
         if self.max_in_flight == 0 {
             return Err(ConfigError::new(
                 "max_in_flight",

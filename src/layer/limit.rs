@@ -146,7 +146,9 @@ impl Limit {
     /// A limit named `name` enforcing `quota` with the token bucket, costing 1 per request.
     ///
     /// A key extractor must be set with [`key`](Self::key) before the layer is built. Names
-    /// appear in headers and bodies, so they must be printable ASCII, and unique per layer.
+    /// appear in headers and bodies, so they must be printable ASCII of at most
+    /// [`PolicyName::MAX_LEN`] (47) bytes, and unique per layer; building refuses others with a
+    /// [`ConfigError`] naming `limit.name`.
     pub fn new(name: impl AsRef<str>, quota: Quota) -> Self {
         Self {
             name: PolicyName::new(name),
@@ -346,6 +348,7 @@ impl Limit {
 
     /// Validates the limit and freezes it for the service.
     pub(crate) fn compile(&self) -> Result<CompiledLimit, ConfigError> {
+        crate::decision::refuse_over_long("limit.name", "limit name", self.name)?;
         let name = self.name.as_str();
         let bad = |field: &'static str, message: String| {
             ConfigError::new(field, format!("limit \"{name}\": {message}"))
@@ -430,7 +433,13 @@ impl Limit {
         }
         let mut plans: Vec<CompiledPlan> = Vec::with_capacity(self.plans.len());
         for plan in &self.plans {
-            let pname = plan.name().as_str();
+            crate::decision::refuse_over_long(
+                "limit.plans.name",
+                &format!("limit \"{name}\": plan name"),
+                plan.name(),
+            )?;
+            let pname = plan.name();
+            let pname = pname.as_str();
             if pname.is_empty() || !pname.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
                 return Err(bad(
                     "limit.plans.name",
@@ -469,7 +478,12 @@ impl Limit {
                 String::from("the limit has plans but nothing chooses between them; add .resolve_plan(..), e.g. a PlanFromHeader or a closure"),
             ));
         }
+        let pins = std::iter::once(&base)
+            .chain(plans.iter().map(|p| &p.quota))
+            .map(PlanQuota::pin)
+            .collect();
         Ok(CompiledLimit {
+            _pins: pins,
             name: self.name,
             quota: self.quota,
             algorithm: self.algorithm,
@@ -501,6 +515,9 @@ pub(crate) struct CompiledPlan {
 
 /// A validated limit, as the service uses it.
 pub(crate) struct CompiledLimit {
+    /// Keeps the tags of `base` and the plans' quotas while the limit serves (see
+    /// [`PlanQuota`]).
+    pub(crate) _pins: Box<[crate::store::QuotaPin]>,
     pub(crate) name: PolicyName,
     pub(crate) quota: Quota,
     pub(crate) algorithm: AlgorithmKind,

@@ -382,7 +382,8 @@ impl<St: Store> Followup<St> {
         let mut shown = Decisions::new();
         for (d, check) in decisions.as_slice().iter().zip(&self.shadow) {
             let limit = &self.snapshot.limits[check.limit];
-            let plan = check.plan.map_or("", |p| p.as_str());
+            let plan = check.plan.unwrap_or(PolicyName::new(""));
+            let plan = plan.as_str();
             let mut d = d.with_policy(limit.name);
             if let Some(p) = check.plan {
                 d = d.with_plan(p);

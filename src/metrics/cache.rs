@@ -2,7 +2,8 @@
 //!
 //! Registering a handle (`metrics::counter!` with labels built at run time) allocates the label
 //! list and makes the recorder look the key up; the handles are cached per thread instead,
-//! keyed by the interned names' addresses, for the recorder they came from. No lock, no atomic:
+//! keyed by the names themselves (a [`PolicyName`] is inline text: comparing two is a compare
+//! of 48 bytes, with no pointer to chase), for the recorder they came from. No lock, no atomic:
 //! each thread has its own. Bounded by [`MAX_CACHED`] entries (the label sets are bounded by the
 //! configuration anyway). The decision counters a thread used last are checked first, without
 //! hashing: a layer with one limit (or a run of requests of one plan) finds them with one compare.
@@ -23,8 +24,8 @@ pub(super) struct DecisionCounters {
     pub(super) near: Counter,
 }
 
-/// A limit's and plan's interned names' addresses (`0` for no plan).
-type DecisionId = (usize, usize);
+/// A limit's name and its plan's.
+type DecisionId = (PolicyName, Option<PolicyName>);
 
 #[derive(Default)]
 struct Cache {
@@ -37,7 +38,7 @@ struct Cache {
     /// The entry of `decisions` used last. After a clear it may be out of range or name another
     /// id's entry: its id is compared before it is used.
     last: usize,
-    keys: HashMap<usize, Gauge, foldhash::fast::FixedState>,
+    keys: HashMap<PolicyName, Gauge, foldhash::fast::FixedState>,
 }
 
 impl Cache {
@@ -50,7 +51,7 @@ impl Cache {
     /// The entry of `decisions` for `id`, registered now if it is new; it becomes `last`.
     #[cold]
     #[inline(never)]
-    fn find(&mut self, id: DecisionId, limit: PolicyName, plan: Option<PolicyName>) -> usize {
+    fn find(&mut self, id: DecisionId) -> usize {
         let at = match self.index.get(&id) {
             Some(&at) => at,
             None => {
@@ -58,7 +59,7 @@ impl Cache {
                     self.decisions.clear();
                     self.index.clear();
                 }
-                self.decisions.push((id, register(limit, plan)));
+                self.decisions.push((id, register(id.0, id.1)));
                 self.index.insert(id, self.decisions.len() - 1);
                 self.decisions.len() - 1
             }
@@ -92,12 +93,11 @@ fn with_cache<R>(f: impl FnOnce(&mut Cache) -> R) -> R {
 
 #[inline]
 pub(super) fn with_decision_counters(decision: &Decision, f: impl FnOnce(&DecisionCounters)) {
-    let (limit, plan) = (decision.policy(), decision.plan());
-    let id = (limit.id(), plan.map_or(0, PolicyName::id));
+    let id = (decision.policy(), decision.plan());
     with_cache(|cache| {
         let at = match cache.decisions.get(cache.last) {
             Some((last, _)) if *last == id => cache.last,
-            _ => cache.find(id, limit, plan),
+            _ => cache.find(id),
         };
         f(&cache.decisions[at].1);
     });
@@ -105,10 +105,14 @@ pub(super) fn with_decision_counters(decision: &Decision, f: impl FnOnce(&Decisi
 
 #[cold]
 fn register(limit: PolicyName, plan: Option<PolicyName>) -> DecisionCounters {
-    let (limit, plan) = (limit.as_str(), plan.map_or("", |p| p.as_str()));
+    // Owned labels: the names live no longer than the policy that holds them.
+    let (limit, plan) = (
+        limit.as_str().to_owned(),
+        plan.map_or(String::new(), |p| p.as_str().to_owned()),
+    );
     DecisionCounters {
         outcome: OUTCOMES.map(|outcome| {
-            metrics::counter!(DECISIONS_TOTAL, "limit" => limit, "plan" => plan, "outcome" => outcome)
+            metrics::counter!(DECISIONS_TOTAL, "limit" => limit.clone(), "plan" => plan.clone(), "outcome" => outcome)
         }),
         near: metrics::counter!(NEAR_LIMIT_TOTAL, "limit" => limit, "plan" => plan),
     }
@@ -116,13 +120,13 @@ fn register(limit: PolicyName, plan: Option<PolicyName>) -> DecisionCounters {
 
 pub(super) fn with_keys_gauge(limit: PolicyName, f: impl FnOnce(&Gauge)) {
     with_cache(|cache| {
-        if cache.keys.len() >= MAX_CACHED && !cache.keys.contains_key(&limit.id()) {
+        if cache.keys.len() >= MAX_CACHED && !cache.keys.contains_key(&limit) {
             cache.keys.clear();
         }
         let gauge = cache
             .keys
-            .entry(limit.id())
-            .or_insert_with(|| metrics::gauge!(KEYS, "limit" => limit.as_str()));
+            .entry(limit)
+            .or_insert_with(|| metrics::gauge!(KEYS, "limit" => limit.as_str().to_owned()));
         f(gauge);
     });
 }

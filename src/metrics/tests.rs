@@ -311,8 +311,8 @@ fn cost() {
                 let start = Instant::now();
                 for _ in 0..N {
                     let d = black_box(&d);
-                    metrics::counter!(DECISIONS_TOTAL, "limit" => d.policy().as_str(),
-                        "plan" => d.plan().map_or("", |p| p.as_str()), "outcome" => "allowed")
+                    metrics::counter!(DECISIONS_TOTAL, "limit" => d.policy().as_str().to_owned(),
+                        "plan" => d.plan().map_or(String::new(), |p| p.as_str().to_owned()), "outcome" => "allowed")
                     .increment(1);
                 }
                 best = best.min(start.elapsed().as_nanos() as f64 / f64::from(N));

@@ -28,7 +28,10 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// A plan named `name` (printable ASCII, unique within its limit) granting `quota`.
+    /// A plan named `name` (printable ASCII without spaces, at most
+    /// [`PolicyName::MAX_LEN`] (47) bytes, unique within its limit) granting `quota`. The
+    /// limit's build refuses another name with a [`ConfigError`](crate::ConfigError) naming
+    /// `limit.plans.name`.
     pub fn new(name: impl AsRef<str>, quota: Quota) -> Self {
         Self {
             name: PolicyName::new(name),

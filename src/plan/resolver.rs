@@ -14,9 +14,9 @@ use crate::request::RequestView;
 #[non_exhaustive]
 pub enum Resolution {
     /// One of the limit's plans, by name. A name the limit does not have is treated as
-    /// [`Unknown`](Resolution::Unknown). [`PolicyName`]s are interned for the life of the
-    /// process: make them once (when the resolver is built), never from request data, as the
-    /// resolvers of this module do.
+    /// [`Unknown`](Resolution::Unknown), and so is an over-long one (see [`PolicyName::new`]).
+    /// A [`PolicyName`] holds its text inline and keeps nothing once dropped, so making one from
+    /// request data per request is fine.
     Plan(PolicyName),
     /// The limit's own quota.
     Default,

@@ -107,6 +107,8 @@ fn compile_limit(ctx: &Ctx, doc: &LimitDoc) -> Result<Vec<Limit>, Fault> {
     if name.is_empty() || !name.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
         return Err(ctx.fault(&["name"], "the name must be non-empty printable ASCII (it is sent in headers and bodies), e.g. \"per-ip\""));
     }
+    crate::decision::check_len("name", "the name", name)
+        .map_err(|e| ctx.fault(&["name"], e.message().to_owned()))?;
     let algorithm = match &doc.algorithm {
         None => AlgorithmKind::default(),
         Some(a) => a
@@ -128,6 +130,8 @@ fn compile_limit(ctx: &Ctx, doc: &LimitDoc) -> Result<Vec<Limit>, Fault> {
         if pname.is_empty() || !pname.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
             return Err(ctx.fault(&["plans", pname], format!("plan name {pname:?} must be non-empty printable ASCII without spaces, e.g. \"pro\"")));
         }
+        crate::decision::check_len("plans", "the plan name", pname)
+            .map_err(|e| ctx.fault(&["plans", pname], e.message().to_owned()))?;
         let windows = text::windows(pdoc.quota()).map_err(|e| ctx.fault(&field, e))?;
         plans.push((pname, windows, pdoc.link()));
     }
@@ -274,6 +278,8 @@ fn compile_limit(ctx: &Ctx, doc: &LimitDoc) -> Result<Vec<Limit>, Fault> {
         } else {
             name.to_owned()
         };
+        crate::decision::check_len("name", "the name (with its window)", &limit_name)
+            .map_err(|e| ctx.fault(&["name"], e.message().to_owned()))?;
         let mut limit = Limit::new(&limit_name, *own_quota)
             .algorithm(algorithm)
             .key(key.build())

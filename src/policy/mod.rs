@@ -59,7 +59,7 @@
 //!     key = "peer_ip"
 //! "#, "inline").unwrap();
 //! let limits = policy.limits().unwrap();
-//! let names: Vec<_> = limits.iter().map(|l| l.name().as_str()).collect();
+//! let names: Vec<_> = limits.iter().map(|l| l.name().as_str().to_owned()).collect();
 //! assert_eq!(names, ["per-ip/s", "per-ip/h"]);
 //! let layer = RateLimitLayer::builder().limits(limits).build().unwrap();
 //! # let _ = layer;

@@ -210,6 +210,15 @@ impl<'a> Rejected<'a> {
             .or_else(|| self.decision().and_then(Decision::plan))
     }
 
+    /// [`plan`](Self::plan)'s name, borrowed.
+    #[cfg(feature = "tonic")]
+    fn plan_str(&self) -> Option<&str> {
+        match &self.plan {
+            Some(plan) => Some(plan.as_str()),
+            None => self.decision().and_then(Decision::plan_str),
+        }
+    }
+
     /// The link configured for that plan (e.g. where to upgrade), if any.
     pub fn link(&self) -> Option<&'a str> {
         self.link
@@ -479,12 +488,12 @@ impl DefaultRejection {
 impl DefaultRejection {
     /// `RetryInfo` whenever waiting helps (a rate limit, a store that suggests a delay), and a
     /// `QuotaFailure` naming the limit whenever a limit refused.
-    fn grpc_details<'a>(rejected: &Rejected<'a>) -> super::grpc_details::StatusDetails<'a> {
+    fn grpc_details<'a>(rejected: &'a Rejected<'_>) -> super::grpc_details::StatusDetails<'a> {
         let quota = match rejected.reason {
             RejectReason::RateLimited { decision, quota }
             | RejectReason::CostExceedsCapacity {
                 decision, quota, ..
-            } => Some((decision.policy().as_str(), quota)),
+            } => Some((decision.policy_str(), quota)),
             RejectReason::MissingKey { .. }
             | RejectReason::StoreUnavailable { .. }
             | RejectReason::UnknownPlan { .. }
@@ -493,7 +502,7 @@ impl DefaultRejection {
         super::grpc_details::StatusDetails {
             retry_after_secs: rejected.retry_after_secs(),
             quota,
-            plan: quota.and(rejected.plan()).map(|p| p.as_str()),
+            plan: quota.and(rejected.plan_str()),
         }
     }
 }

@@ -1,10 +1,11 @@
 //! [`PlanQuota`]: a quota compiled for one algorithm, chosen per request.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
-use parking_lot::RwLock;
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
 
 use crate::algorithm::{
     Algorithm, AlgorithmKind, FixedWindow, Gcra, LeakyBucket, SlidingLog, SlidingWindow,
@@ -37,15 +38,30 @@ use crate::quota::Quota;
 /// A key keeps what it spent when the quota it is checked at changes: the store converts its
 /// state with [`Algorithm::rebase`] (see each algorithm's **Plan changes**). To know which
 /// quota a state was written under, every distinct quota (algorithm and [`Quota`]) gets a
-/// small number, its *tag*, when it is first compiled; stores keep the tag beside the key's
-/// state. The tags live for the life of the process (a few dozen bytes per distinct quota).
+/// number, its *tag*, and stores keep the tag beside the key's state. A tag is never given to
+/// another quota.
+///
+/// The process keeps a tag's quota (a few hundred bytes) while a layer built with it serves
+/// (its limits' and plans' quotas), and otherwise while it is among the [`KEPT_QUOTAS`]
+/// quotas most recently added or released by a layer, so that keys written under a quota a
+/// reload replaced are converted from it when next seen. Memory is thus bounded by the quotas
+/// in force plus `KEPT_QUOTAS`, however many reloads. A key whose state was written under a
+/// quota no longer kept is counted as having spent its whole budget at the moment it is next
+/// checked, under the quota it is checked at: never a fresh budget (if it is never checked
+/// again, its slot may be reused once the state looks refilled under the limit's own quota).
+///
+/// Compiling takes a process-wide mutex only for a quota not compiled before; checks never
+/// take it (stores read the tags from a snapshot, without a lock).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct PlanQuota {
     pub(crate) compiled: CompiledAlgorithm,
-    /// This quota's tag in the process-wide registry: never 0, which a store keeps for its
-    /// limit's own quota. Equal quotas have equal tags.
+    /// This quota's tag: never 0, which a store keeps for its limit's own quota. Equal quotas
+    /// compiled while it is kept share a tag.
     pub(crate) tag: u32,
 }
+
+/// How many quotas that no layer in service holds the process keeps (see [`PlanQuota`]).
+pub const KEPT_QUOTAS: usize = 1024;
 
 /// One of the six algorithms, built for a quota.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,7 +87,7 @@ impl PlanQuota {
             AlgorithmKind::SlidingLog => CompiledAlgorithm::SlidingLog(SlidingLog::new(quota)?),
             AlgorithmKind::LeakyBucket => CompiledAlgorithm::LeakyBucket(LeakyBucket::new(quota)?),
         };
-        let tag = intern(algorithm, quota, compiled)?;
+        let tag = REGISTRY.tag(algorithm, quota, compiled)?;
         Ok(Self { compiled, tag })
     }
 
@@ -99,6 +115,12 @@ impl PlanQuota {
         }
     }
 
+    /// Keeps this quota's tag while the pin lives (see [`PlanQuota`]): a layer pins the quotas
+    /// it serves.
+    pub(crate) fn pin(&self) -> QuotaPin {
+        QuotaPin::new(&REGISTRY, self)
+    }
+
     /// The largest cost one request can be granted under it.
     pub fn capacity(&self) -> u64 {
         match &self.compiled {
@@ -121,50 +143,339 @@ impl fmt::Debug for PlanQuota {
     }
 }
 
-/// Every distinct quota compiled so far, by tag (see [`PlanQuota`]): the algorithm a store
-/// rebases a key's state from when the key is checked at another quota.
-struct Registry {
-    /// Tag `i + 1` names `by_tag[i]`.
-    by_tag: Vec<CompiledAlgorithm>,
-    tags: HashMap<(AlgorithmKind, Quota), u32>,
+/// Keeps a quota's tag in the registry while it lives (see [`PlanQuota::pin`]).
+pub(crate) struct QuotaPin {
+    tag: u32,
+    quotas: &'static Quotas,
 }
 
-static REGISTRY: LazyLock<RwLock<Registry>> = LazyLock::new(|| {
-    RwLock::new(Registry {
-        by_tag: Vec::new(),
-        tags: HashMap::new(),
-    })
-});
+impl QuotaPin {
+    fn new(quotas: &'static Quotas, quota: &PlanQuota) -> Self {
+        let key = (quota.algorithm(), *quota.quota());
+        quotas.update(|r| r.pin(quota.tag, key, quota.compiled));
+        Self {
+            tag: quota.tag,
+            quotas,
+        }
+    }
+}
 
-/// The tag of `quota` enforced by `algorithm` (compiled as `compiled`), registering it if new.
-fn intern(
+impl Drop for QuotaPin {
+    fn drop(&mut self) {
+        self.quotas.update(|r| r.unpin(self.tag));
+    }
+}
+
+impl fmt::Debug for QuotaPin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("QuotaPin").field(&self.tag).finish()
+    }
+}
+
+/// The quotas kept, by tag and by quota (see [`PlanQuota`]). Changed under a mutex when quotas
+/// are compiled and layers built or dropped (configuration time); stores and
+/// [`PlanQuota::new`] read a published snapshot of it without a lock.
+struct Quotas {
+    registry: Mutex<Registry>,
+    /// The registry as published: every tag given is in it before the tag is handed out; it
+    /// may still hold quotas forgotten since (they are then kept a little longer).
+    published: ArcSwap<Published>,
+}
+
+/// A snapshot of the registry: a full copy, and the quotas given since (at most `DELTA`), so
+/// that giving a tag copies at most `DELTA` entries and a full copy is made once per
+/// `DELTA` tags given (or once per half the registry's size in quotas forgotten).
+#[derive(Default)]
+struct Published {
+    full: Arc<Full>,
+    since: Vec<(u32, (AlgorithmKind, Quota), CompiledAlgorithm)>,
+}
+
+#[derive(Default)]
+struct Full {
+    tags: HashMap<(AlgorithmKind, Quota), u32>,
+    compiled: HashMap<u32, CompiledAlgorithm>,
+}
+
+/// Quotas given between two full copies of the registry.
+const DELTA: usize = 64;
+
+impl Published {
+    fn compiled(&self, tag: u32) -> Option<CompiledAlgorithm> {
+        match self.since.iter().find(|e| e.0 == tag) {
+            Some(e) => Some(e.2),
+            None => self.full.compiled.get(&tag).copied(),
+        }
+    }
+
+    fn tag(&self, key: (AlgorithmKind, Quota)) -> Option<u32> {
+        match self.since.iter().rev().find(|e| e.1 == key) {
+            Some(e) => Some(e.0),
+            None => self.full.tags.get(&key).copied(),
+        }
+    }
+}
+
+impl Quotas {
+    fn new(keep: usize) -> Self {
+        Self {
+            registry: Mutex::new(Registry::new(keep)),
+            published: ArcSwap::from_pointee(Published::default()),
+        }
+    }
+
+    /// Changes the registry, then publishes the tags it gave, and a full copy once enough
+    /// changed.
+    fn update<R>(&self, f: impl FnOnce(&mut Registry) -> R) -> R {
+        let mut registry = self.registry.lock();
+        let out = f(&mut registry);
+        let given = std::mem::take(&mut registry.given);
+        if registry.forgotten > registry.entries.len() / 2 + 16 {
+            self.publish_full(&mut registry);
+        } else if !given.is_empty() {
+            let published = self.published.load();
+            if published.since.len() + given.len() > DELTA {
+                drop(published);
+                self.publish_full(&mut registry);
+            } else {
+                let mut since = published.since.clone();
+                since.extend(given.iter().filter_map(|&tag| {
+                    let e = registry.entries.get(&tag)?;
+                    Some((tag, (e.algorithm, e.quota), e.compiled))
+                }));
+                self.published.store(Arc::new(Published {
+                    full: Arc::clone(&published.full),
+                    since,
+                }));
+            }
+        }
+        out
+    }
+
+    fn publish_full(&self, registry: &mut Registry) {
+        registry.forgotten = 0;
+        let tags = registry
+            .entries
+            .iter()
+            .map(|(&tag, e)| ((e.algorithm, e.quota), tag))
+            .collect();
+        let compiled = registry
+            .entries
+            .iter()
+            .map(|(&tag, e)| (tag, e.compiled))
+            .collect();
+        self.published.store(Arc::new(Published {
+            full: Arc::new(Full { tags, compiled }),
+            since: Vec::new(),
+        }));
+    }
+
+    /// The algorithm `tag` names, if kept.
+    fn compiled(&self, tag: u32) -> Option<CompiledAlgorithm> {
+        self.published.load().compiled(tag)
+    }
+
+    /// The tag of `quota` enforced by `algorithm`, compiled as `compiled`.
+    fn tag(
+        &self,
+        algorithm: AlgorithmKind,
+        quota: Quota,
+        compiled: CompiledAlgorithm,
+    ) -> Result<u32, ConfigError> {
+        if let Some(tag) = self.published.load().tag((algorithm, quota)) {
+            return Ok(tag);
+        }
+        self.update(|r| r.intern(algorithm, quota, compiled))
+    }
+}
+
+static REGISTRY: LazyLock<Quotas> = LazyLock::new(|| Quotas::new(KEPT_QUOTAS));
+
+/// The quotas kept: those pinned by a layer in service, and the `keep` unpinned ones most
+/// recently compiled or released.
+struct Registry {
+    /// The tag of each quota kept.
+    tags: HashMap<(AlgorithmKind, Quota), u32>,
+    /// Each kept quota, by tag.
+    entries: HashMap<u32, Entry>,
+    /// Unpinned tags, least recently used first, each with the use it was queued at; an item
+    /// whose entry was used again, pinned or forgotten since is stale and skipped.
+    recent: VecDeque<(u32, u64)>,
+    /// Entries with no pin.
+    unpinned: usize,
+    /// Uses so far (compiles and releases).
+    uses: u64,
+    /// The last tag given (tags are never given twice).
+    last: u32,
+    /// How many unpinned quotas are kept: [`KEPT_QUOTAS`].
+    keep: usize,
+    /// Tags given (or kept again) by the current change, to publish.
+    given: Vec<u32>,
+    /// Quotas forgotten since the last full publication.
+    forgotten: usize,
+}
+
+struct Entry {
     algorithm: AlgorithmKind,
     quota: Quota,
     compiled: CompiledAlgorithm,
-) -> Result<u32, ConfigError> {
-    if let Some(&tag) = REGISTRY.read().tags.get(&(algorithm, quota)) {
-        return Ok(tag);
-    }
-    let mut registry = REGISTRY.write();
-    let next = registry.by_tag.len() + 1;
-    let Ok(next) = u32::try_from(next) else {
-        return Err(ConfigError::new(
-            "quota",
-            "more than 4,294,967,295 distinct plan quotas in one process; reuse PlanQuota values \
-             (equal quotas share one) instead of compiling a new quota per key",
-        ));
-    };
-    let Registry { by_tag, tags } = &mut *registry;
-    Ok(*tags.entry((algorithm, quota)).or_insert_with(|| {
-        by_tag.push(compiled);
-        next
-    }))
+    /// Layers in service holding it.
+    pins: u32,
+    /// The use it was last queued at in `recent`.
+    used_at: u64,
 }
 
-/// The algorithm tag `tag` (not 0) names, if some [`PlanQuota`] has it.
+impl Registry {
+    fn new(keep: usize) -> Self {
+        Self {
+            tags: HashMap::new(),
+            entries: HashMap::new(),
+            recent: VecDeque::new(),
+            unpinned: 0,
+            uses: 0,
+            last: 0,
+            keep,
+            given: Vec::new(),
+            forgotten: 0,
+        }
+    }
+
+    /// The tag of `quota` enforced by `algorithm` (compiled as `compiled`): the kept one, or a
+    /// new one.
+    fn intern(
+        &mut self,
+        algorithm: AlgorithmKind,
+        quota: Quota,
+        compiled: CompiledAlgorithm,
+    ) -> Result<u32, ConfigError> {
+        if let Some(&tag) = self.tags.get(&(algorithm, quota)) {
+            self.used(tag);
+            return Ok(tag);
+        }
+        let Some(tag) = self.last.checked_add(1) else {
+            return Err(ConfigError::new(
+                "quota",
+                "more than 4,294,967,295 distinct plan quotas compiled in one process; reuse \
+                 PlanQuota values (equal quotas share one) instead of compiling a new quota per key",
+            ));
+        };
+        self.last = tag;
+        self.insert(tag, (algorithm, quota), compiled, 0);
+        self.used(tag);
+        Ok(tag)
+    }
+
+    fn insert(
+        &mut self,
+        tag: u32,
+        (algorithm, quota): (AlgorithmKind, Quota),
+        compiled: CompiledAlgorithm,
+        pins: u32,
+    ) {
+        self.tags.entry((algorithm, quota)).or_insert(tag);
+        self.entries.insert(
+            tag,
+            Entry {
+                algorithm,
+                quota,
+                compiled,
+                pins,
+                used_at: 0,
+            },
+        );
+        self.given.push(tag);
+        if pins == 0 {
+            self.unpinned += 1;
+        }
+    }
+
+    /// Pins `tag` (the quota `key`, compiled as `compiled`): kept again if it was forgotten
+    /// meanwhile (a tag names one quota only, so it is still that one).
+    fn pin(&mut self, tag: u32, key: (AlgorithmKind, Quota), compiled: CompiledAlgorithm) {
+        match self.entries.get_mut(&tag) {
+            Some(entry) => {
+                if entry.pins == 0 {
+                    self.unpinned -= 1;
+                }
+                entry.pins += 1;
+            }
+            None => self.insert(tag, key, compiled, 1),
+        }
+    }
+
+    fn unpin(&mut self, tag: u32) {
+        if let Some(entry) = self.entries.get_mut(&tag) {
+            entry.pins -= 1;
+            if entry.pins == 0 {
+                self.unpinned += 1;
+                self.used(tag);
+            }
+        }
+    }
+
+    /// `tag` was used: if unpinned, it becomes the most recent, and the least recent unpinned
+    /// tags beyond `keep` are forgotten.
+    fn used(&mut self, tag: u32) {
+        let Some(entry) = self.entries.get_mut(&tag) else {
+            return;
+        };
+        if entry.pins > 0 {
+            return;
+        }
+        self.uses += 1;
+        entry.used_at = self.uses;
+        self.recent.push_back((tag, self.uses));
+        while self.unpinned > self.keep {
+            let Some((old, at)) = self.recent.pop_front() else {
+                break;
+            };
+            if self.current(old, at) {
+                if let Some(e) = self.entries.remove(&old) {
+                    let key = (e.algorithm, e.quota);
+                    if self.tags.get(&key) == Some(&old) {
+                        self.tags.remove(&key);
+                    }
+                    self.unpinned -= 1;
+                    self.forgotten += 1;
+                }
+            }
+        }
+        // Stale items: dropped once they outnumber the current ones, so `recent` stays bounded.
+        if self.recent.len() > 2 * self.unpinned + 64 {
+            let entries = &self.entries;
+            self.recent.retain(|&(tag, at)| {
+                entries
+                    .get(&tag)
+                    .is_some_and(|e| e.pins == 0 && e.used_at == at)
+            });
+        }
+    }
+
+    /// Whether the item `(tag, at)` of `recent` is current.
+    fn current(&self, tag: u32, at: u64) -> bool {
+        self.entries
+            .get(&tag)
+            .is_some_and(|e| e.pins == 0 && e.used_at == at)
+    }
+}
+
+/// The algorithm tag `tag` (not 0) names, if it is kept (see [`PlanQuota`]).
 pub(crate) fn compiled(tag: u32) -> Option<CompiledAlgorithm> {
-    let index = usize::try_from(tag).ok()?.checked_sub(1)?;
-    REGISTRY.read().by_tag.get(index).copied()
+    REGISTRY.compiled(tag)
+}
+
+/// The number of quotas the process keeps (see [`PlanQuota`]): how tests see its memory.
+#[doc(hidden)]
+pub fn kept_quotas() -> usize {
+    REGISTRY.registry.lock().entries.len()
+}
+
+/// Runs `f` while holding the quota registry's lock: how tests show that requests never take
+/// it.
+#[doc(hidden)]
+pub fn with_quota_registry_locked<R>(f: impl FnOnce() -> R) -> R {
+    let _held = REGISTRY.registry.lock();
+    f()
 }
 
 /// An algorithm that a [`PlanQuota`] can hold: lets a store's table, typed by its algorithm,
@@ -223,7 +534,64 @@ mod tests {
         assert_eq!(compiled(c.tag), Some(c.compiled));
         assert_eq!(compiled(0), None);
         assert_eq!(compiled(u32::MAX), None);
+        assert_eq!(a, b);
+        assert_ne!(a, c);
         assert!(Gcra::from_compiled(&a.compiled).is_some());
         assert!(TokenBucket::from_compiled(&a.compiled).is_none());
+    }
+
+    #[test]
+    fn unpinned_quotas_are_kept_while_recent_then_forgotten() {
+        // A registry of its own (keeping 4), so that other tests' quotas are not churned.
+        let quotas: &'static Quotas = Box::leak(Box::new(Quotas::new(4)));
+        let compile = |n: u64| {
+            let quota = Quota::per_hour(n);
+            let compiled = CompiledAlgorithm::TokenBucket(TokenBucket::new(quota).unwrap());
+            let tag = quotas
+                .update(|r| r.intern(AlgorithmKind::TokenBucket, quota, compiled))
+                .unwrap();
+            PlanQuota { compiled, tag }
+        };
+        let kept = |tag| quotas.registry.lock().entries.get(&tag).map(|e| e.compiled);
+        let a = compile(60);
+        assert_eq!(compile(60).tag, a.tag, "equal quotas share a tag");
+        for n in 1..=3 {
+            compile(n);
+        }
+        assert_eq!(kept(a.tag), Some(a.compiled), "among the 4 most recent");
+        compile(4);
+        assert_eq!(kept(a.tag), None, "a fifth forgets the least recent");
+        let b = compile(60);
+        assert_ne!(
+            b.tag, a.tag,
+            "a tag is never given to another quota, even an equal one"
+        );
+
+        // Pinned (a layer in service): kept however many others come.
+        let pin = QuotaPin::new(quotas, &b);
+        for n in 100..200 {
+            compile(n);
+        }
+        assert_eq!(kept(b.tag), Some(b.compiled));
+        assert_eq!(
+            quotas.registry.lock().entries.len(),
+            5,
+            "the pinned one and the 4 most recent"
+        );
+        // Released: the most recent, kept until 4 others are used.
+        drop(pin);
+        for n in 200..203 {
+            compile(n);
+        }
+        assert!(kept(b.tag).is_some());
+        compile(203);
+        assert_eq!(kept(b.tag), None);
+        assert_eq!(quotas.registry.lock().entries.len(), 4);
+
+        // Re-using a kept quota keeps `recent` bounded.
+        for _ in 0..10_000 {
+            compile(203);
+        }
+        assert!(quotas.registry.lock().recent.len() <= 2 * 4 + 64);
     }
 }

@@ -392,13 +392,13 @@ mod tests {
     }
 
     /// Resolves like the layer does: awaiting lookups until the cache answers.
-    async fn resolve(lookup: &CachedLookup, key: &str) -> Option<&'static str> {
+    async fn resolve(lookup: &CachedLookup, key: &str) -> Option<PolicyName> {
         let req = http::Request::get("/").body(()).unwrap();
         let key = Key::string(key);
         for _ in 0..3 {
             match lookup.resolve(&RequestView::new(&req), &key) {
                 Resolution::Lookup(f) => f.await,
-                Resolution::Plan(p) => return Some(p.as_str()),
+                Resolution::Plan(p) => return Some(p),
                 Resolution::Unknown => return None,
                 Resolution::Default => panic!("a lookup never answers Default"),
             }
@@ -419,7 +419,10 @@ mod tests {
             .unwrap()
             .negative_ttl(Duration::from_secs(5))
             .unwrap();
-        assert_eq!(resolve(&lookup, "pro-1").await, Some("pro"));
+        assert_eq!(
+            resolve(&lookup, "pro-1").await,
+            Some(PolicyName::new("pro"))
+        );
         assert_eq!(resolve(&lookup, "bogus").await, None);
         assert_eq!(calls.load(Ordering::SeqCst), 2);
         for _ in 0..10 {
@@ -440,11 +443,17 @@ mod tests {
         clock.advance(Duration::from_secs(54));
         assert!(matches!(resolve_now(&lookup, "pro-1"), Resolution::Plan(_)));
         clock.advance(Duration::from_secs(1));
-        assert_eq!(resolve(&lookup, "pro-1").await, Some("pro"));
+        assert_eq!(
+            resolve(&lookup, "pro-1").await,
+            Some(PolicyName::new("pro"))
+        );
         // The abandoned "bogus" lookup (dropped above) ran nothing; "pro-1" was looked up again.
         assert_eq!(calls.load(Ordering::SeqCst), 3);
         lookup.invalidate(&Key::string("pro-1"));
-        assert_eq!(resolve(&lookup, "pro-1").await, Some("pro"));
+        assert_eq!(
+            resolve(&lookup, "pro-1").await,
+            Some(PolicyName::new("pro"))
+        );
         assert_eq!(calls.load(Ordering::SeqCst), 4);
     }
 
@@ -521,7 +530,7 @@ mod tests {
         gate.add_permits(2);
         for (i, task) in tasks.into_iter().enumerate() {
             let expected = if i % 2 == 0 { "pro" } else { "free" };
-            assert_eq!(task.await.unwrap(), Some(expected));
+            assert_eq!(task.await.unwrap(), Some(PolicyName::new(expected)));
         }
         assert_eq!(calls.load(Ordering::SeqCst), 2, "one lookup per key");
         assert!(lookup.inner.state.read().in_flight.is_empty());
@@ -538,7 +547,10 @@ mod tests {
         };
         drop(leader); // the client went away before the lookup ran
         waiter.await; // returns instead of hanging
-        assert_eq!(resolve(&lookup, "pro-1").await, Some("pro"));
+        assert_eq!(
+            resolve(&lookup, "pro-1").await,
+            Some(PolicyName::new("pro"))
+        );
         assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 

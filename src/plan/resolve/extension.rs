@@ -38,8 +38,9 @@ impl AssignedPlan {
 /// Resolves the plan from the [`AssignedPlan`] in the request extensions.
 ///
 /// No `AssignedPlan` (an anonymous request): [`Resolution::Default`], the limit's own quota. A
-/// name that is not a plausible plan name, or beyond the 256 distinct names this resolver
-/// interns (or outside [`plans`](Self::plans) when set): [`Resolution::Unknown`].
+/// name that is not a plausible plan name (non-empty printable ASCII without spaces, at most
+/// [`PolicyName::MAX_LEN`](crate::PolicyName::MAX_LEN) bytes), or outside
+/// [`plans`](Self::plans) when set: [`Resolution::Unknown`].
 ///
 /// ```
 /// use tollgate::key::Key;

@@ -14,8 +14,9 @@ use crate::request::RequestView;
 ///
 /// **Only for a header your own gateway sets** (and strips from client requests): a client that
 /// can send the header chooses its own plan. No header: [`Resolution::Default`]. Sent twice, not
-/// text, not a plausible plan name, or beyond the 256 distinct names this resolver interns (or
-/// outside [`plans`](Self::plans) when set): [`Resolution::Unknown`].
+/// text, not a plausible plan name (non-empty printable ASCII without spaces, at most
+/// [`PolicyName::MAX_LEN`](crate::PolicyName::MAX_LEN) bytes), or outside
+/// [`plans`](Self::plans) when set: [`Resolution::Unknown`]. Nothing read from a header is kept.
 ///
 /// ```
 /// use tollgate::key::Key;

@@ -32,8 +32,8 @@ use crate::request::RequestView;
 ///
 /// let req = http::Request::get("/").body(()).unwrap();
 /// let plan = |key: Key<'_>| match plans.resolve(&RequestView::new(&req), &key) {
-///     Resolution::Plan(name) => name.as_str(),
-///     _ => "unknown",
+///     Resolution::Plan(name) => name.as_str().to_owned(),
+///     _ => "unknown".to_owned(),
 /// };
 /// assert_eq!(plan(Key::bytes(&b"pro-key-1"[..])), "pro");
 /// assert_eq!(plan(Key::ip(office)), "internal");
@@ -57,7 +57,9 @@ impl PlanMap {
         self.assign_key(Key::bytes(key.as_ref().to_vec()), plan)
     }
 
-    /// Assigns `key` (any kind: an address, a number) to `plan`; its route scope is ignored.
+    /// Assigns `key` (any kind: an address, a number) to `plan`; its route scope is ignored. A
+    /// plan name longer than [`PolicyName::MAX_LEN`] bytes names no plan: the key resolves to
+    /// it, and the layer treats it as unknown.
     #[must_use]
     pub fn assign_key(mut self, key: Key<'_>, plan: impl AsRef<str>) -> Self {
         Arc::make_mut(&mut self.plans).insert(owned_value(key.value()), PolicyName::new(plan));

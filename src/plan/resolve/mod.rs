@@ -14,9 +14,9 @@
 //! `on_unknown_plan` (the limit's own quota, or a refusal such as `401`). A plan name that is not
 //! one of the limit's plans is treated as `Unknown` by the layer.
 //!
-//! Plan names are interned once (a [`PolicyName`](crate::PolicyName) is a thin pointer); a
-//! resolver that reads names from requests interns at most 256 distinct names (restrict them
-//! with `.plans([..])`), so a client sending random names cannot grow memory.
+//! A [`PolicyName`](crate::PolicyName) holds its text inline, so a resolver that reads plan
+//! names from requests keeps nothing per name: a client sending random names cannot grow
+//! memory. Restrict the names it accepts with `.plans([..])`.
 //!
 //! # Examples
 //!

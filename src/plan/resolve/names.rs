@@ -1,80 +1,61 @@
-//! A bounded memo from plan names read at run time to interned [`PolicyName`]s.
+//! Which plan names read at run time a resolver accepts.
 
-use std::collections::HashMap;
 use std::fmt;
-
-use parking_lot::RwLock;
 
 use crate::decision::PolicyName;
 use crate::plan::Resolution;
 
-/// At most this many distinct names are interned from requests by one resolver.
-pub(crate) const MAX_NAMES: usize = 256;
-/// Longer names are not plan names.
-const MAX_NAME_LEN: usize = 64;
-
-/// Plan names seen at run time, interned at most once each and at most [`MAX_NAMES`] of them
-/// (interned names live for the process, so an open memo must be bounded).
+/// The plan names a resolver accepts from requests: any plausible name, or a fixed list.
+///
+/// A [`PolicyName`] holds its text inline, so accepting a name read from a request keeps
+/// nothing: no memo, no lock, no memory that grows with the names clients send.
 pub(crate) struct PlanNames {
-    names: RwLock<HashMap<Box<str>, PolicyName, foldhash::fast::RandomState>>,
-    /// Whether unseen names may still be added (false once restricted to a fixed list).
-    open: bool,
+    /// `None`: any plausible name. Otherwise exactly these (a short list, searched in order).
+    fixed: Option<Box<[PolicyName]>>,
 }
 
 impl PlanNames {
-    /// A memo that accepts any plausible name, up to [`MAX_NAMES`].
+    /// Accepts any plausible name: non-empty printable ASCII without spaces, at most
+    /// [`PolicyName::MAX_LEN`] bytes.
     pub(crate) fn open() -> Self {
-        Self {
-            names: RwLock::new(HashMap::default()),
-            open: true,
-        }
+        Self { fixed: None }
     }
 
-    /// A memo that knows exactly `names`.
+    /// Accepts exactly `names` (those that are plausible plan names; a longer or non-ASCII one
+    /// could not name a limit's plan anyway).
     pub(crate) fn fixed<I>(names: I) -> Self
     where
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        let names = names
-            .into_iter()
-            .map(|n| (Box::from(n.as_ref()), PolicyName::new(n)))
-            .collect();
+        let mut list: Vec<PolicyName> = Vec::new();
+        for name in names {
+            let name = name.as_ref();
+            if plausible(name) {
+                let name = PolicyName::new(name);
+                if !list.contains(&name) {
+                    list.push(name);
+                }
+            }
+        }
         Self {
-            names: RwLock::new(names),
-            open: false,
+            fixed: Some(list.into_boxed_slice()),
         }
     }
 
-    /// The interned name, or `None` when `name` is not (and cannot become) a known plan name.
+    /// The name, or `None` when `name` is not an accepted plan name.
     pub(crate) fn get(&self, name: &str) -> Option<PolicyName> {
-        if let Some(found) = self.names.read().get(name) {
-            return Some(*found);
-        }
-        if !self.open
-            || name.is_empty()
-            || name.len() > MAX_NAME_LEN
-            || !name.bytes().all(|b| (0x21..=0x7e).contains(&b))
-        {
+        if !plausible(name) {
             return None;
         }
-        let mut names = self.names.write();
-        if let Some(found) = names.get(name) {
-            return Some(*found);
+        let name = PolicyName::new(name);
+        match &self.fixed {
+            None => Some(name),
+            Some(list) => list.contains(&name).then_some(name),
         }
-        if names.len() >= MAX_NAMES {
-            tracing::debug!(
-                max = MAX_NAMES,
-                "plan resolver: too many distinct plan names; treating a new one as unknown"
-            );
-            return None;
-        }
-        let interned = PolicyName::new(name);
-        names.insert(Box::from(name), interned);
-        Some(interned)
     }
 
-    /// `Plan(name)` when the name is known, else `Unknown`.
+    /// `Plan(name)` when the name is accepted, else `Unknown`.
     pub(crate) fn resolve(&self, name: &str) -> Resolution {
         match self.get(name) {
             Some(plan) => Resolution::Plan(plan),
@@ -83,14 +64,23 @@ impl PlanNames {
     }
 }
 
+/// Whether `name` can be a plan's name (as a limit's plans are checked when it is built).
+fn plausible(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= PolicyName::MAX_LEN
+        && name.bytes().all(|b| (0x21..=0x7e).contains(&b))
+}
+
 impl fmt::Debug for PlanNames {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names = self.names.read();
-        let mut list: Vec<&str> = names.keys().map(|k| &**k).collect();
-        list.sort_unstable();
+        let list = self.fixed.as_ref().map(|list| {
+            let mut list: Vec<&str> = list.iter().map(PolicyName::as_str).collect();
+            list.sort_unstable();
+            list
+        });
         f.debug_struct("PlanNames")
             .field("names", &list)
-            .field("open", &self.open)
+            .field("open", &self.fixed.is_none())
             .finish()
     }
 }
@@ -100,27 +90,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn open_memo_is_bounded_and_rejects_implausible_names() {
+    fn open_names_accept_any_plausible_name_and_keep_none() {
         let names = PlanNames::open();
         assert_eq!(names.get("pro").unwrap().as_str(), "pro");
         assert_eq!(names.get("pro"), names.get("pro"));
-        for bad in ["", "has space", "caf\u{e9}", &"x".repeat(65)] {
+        let longest = "x".repeat(PolicyName::MAX_LEN);
+        for bad in [
+            "",
+            "has space",
+            "caf\u{e9}",
+            &"x".repeat(PolicyName::MAX_LEN + 1),
+        ] {
             assert!(names.get(bad).is_none(), "{bad:?}");
         }
-        for i in 1..MAX_NAMES {
-            assert!(names.get(&format!("names-test-plan-{i}")).is_some());
+        assert_eq!(names.get(&longest).unwrap().as_str(), longest);
+        // Any number of distinct names: nothing is kept, so nothing to bound.
+        for i in 0..10_000 {
+            let name = format!("names-test-plan-{i}");
+            assert_eq!(names.get(&name).unwrap().as_str(), name);
         }
-        // Full: a new name is unknown, known ones still resolve.
-        assert!(names.get("one-too-many").is_none());
-        assert!(names.get("pro").is_some());
-        assert!(names.get("names-test-plan-7").is_some());
+        assert!(format!("{names:?}").contains("open: true"));
     }
 
     #[test]
-    fn fixed_memo_knows_only_its_names() {
-        let names = PlanNames::fixed(["free", "pro"]);
+    fn fixed_names_know_only_their_names() {
+        let names = PlanNames::fixed(["free", "pro", "free", "has space"]);
         assert!(names.get("free").is_some());
         assert!(names.get("enterprise").is_none());
+        assert!(names.get("has space").is_none());
         assert!(format!("{names:?}").contains("\"free\", \"pro\""));
     }
 }

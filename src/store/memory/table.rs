@@ -241,15 +241,14 @@ impl<A: Compiled + RebaseAcross> Table<A> {
         A::KIND
     }
 
-    /// The algorithm that states tagged `tag` were written under.
-    fn algorithm_of(&self, tag: u32) -> A {
+    /// The algorithm that states tagged `tag` were written under, or `None` if that quota is
+    /// no longer kept (see [`PlanQuota`]).
+    fn algorithm_of(&self, tag: u32) -> Option<A> {
         if tag == 0 {
-            return self.algorithm;
+            return Some(self.algorithm);
         }
-        let found = plan_quota::compiled(tag).and_then(|c| A::from_compiled(&c).copied());
         // Tags stored in this table all name quotas of its algorithm.
-        debug_assert!(found.is_some(), "tag {tag} does not name a {}", A::KIND);
-        found.unwrap_or(self.algorithm)
+        plan_quota::compiled(tag).and_then(|c| A::from_compiled(&c).copied())
     }
 
     /// Converts the state in `slot` to `plan`'s quota if it was written under another (`now`
@@ -279,12 +278,21 @@ impl<A: Compiled + RebaseAcross> Table<A> {
         now: u64,
         offset: UnixOffset<'_>,
     ) {
-        let from = self.algorithm_of(tag);
-        // The state's times are on `from`'s time base: read it there, at the same instant.
-        let from_now = shift(plan.algorithm, &from, now, offset);
-        shard.update_state(slot, |state| {
-            plan.algorithm.rebase_across(&from, state, from_now, now)
-        });
+        match self.algorithm_of(tag) {
+            Some(from) => {
+                // The state's times are on `from`'s time base: read it there, at the same instant.
+                let from_now = shift(plan.algorithm, &from, now, offset);
+                shard.update_state(slot, |state| {
+                    plan.algorithm.rebase_across(&from, state, from_now, now)
+                });
+            }
+            // The quota the state was written under is forgotten: count the key as having
+            // spent its whole budget now, never as a fresh one.
+            None => shard.update_state(slot, |state| {
+                *state = A::State::default();
+                plan.algorithm.apply(state, now, plan.algorithm.capacity());
+            }),
+        }
         shard.set_tag(slot, plan.tag);
     }
 
@@ -507,7 +515,9 @@ impl<A: Compiled + RebaseAcross> Table<A> {
         };
         match tag {
             0 => fresh(&self.algorithm),
-            tag => fresh(&self.algorithm_of(tag)),
+            // A quota no longer kept: judged by the limit's own quota, so that the slot of a key
+            // never seen again is not held forever.
+            tag => fresh(&self.algorithm_of(tag).unwrap_or(self.algorithm)),
         }
     }
 
