@@ -268,6 +268,9 @@ pub(crate) struct FollowupData<St: Store> {
 }
 
 /// The shadow limits' check, started early.
+// Held once per request that has shadow limits, inside its response future; boxing the decided
+// variant would allocate for every such request to save bytes that are not copied.
+#[allow(clippy::large_enum_variant)]
 enum ShadowCheck<St: Store> {
     Pending(Pin<Box<St::Future>>),
     Done(Result<Decisions, StoreError>),
