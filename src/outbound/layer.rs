@@ -55,7 +55,8 @@ impl<K, R> Clone for OutboundLayer<K, R> {
 
 impl OutboundLayer {
     /// An adaptive layer with the defaults: no quota of its own (it learns each upstream's
-    /// from its headers), up to 3 attempts within 30 s, keyed by authority.
+    /// from its headers), up to 3 attempts within 30 s while the [`RetryBudget`] allows,
+    /// waits the upstream imposes cut at 60 s, keyed by authority.
     pub fn new() -> Self {
         Self::builder()
             .build()

@@ -497,6 +497,58 @@ mod tests {
     }
 
     #[test]
+    fn a_refusal_gates_the_upstream_until_an_answer_shows_room() {
+        let clock = ManualClock::new();
+        let s = schedule(Some(Quota::per_second(1000)), &clock);
+        slot(&s, "a").commit();
+        s.observe("a", &refused("1"));
+        // One caller goes when the pause ends; the next waits for its answer.
+        let mut probe = slot(&s, "a");
+        assert!(probe.probe);
+        assert_eq!(probe.at, 1_000_000);
+        assert!(matches!(s.admit("a", 0, u64::MAX), Admit::Probe(_)));
+        // Past its hold limit, a caller goes without waiting for the probe.
+        assert!(matches!(s.admit("a", 0, 0), Admit::Slot(_)));
+        // Refused again: still one at a time.
+        clock.advance(Duration::from_secs(1));
+        probe.commit();
+        s.observe("a", &refused("1"));
+        drop(probe);
+        let mut probe = slot(&s, "a");
+        assert!(probe.probe);
+        assert!(matches!(s.admit("a", 0, u64::MAX), Admit::Probe(_)));
+        // Served: everyone goes.
+        clock.advance(Duration::from_secs(1));
+        probe.commit();
+        s.observe("a", &UpstreamSignal::default());
+        drop(probe);
+        assert!(!slot(&s, "a").probe);
+        assert!(!slot(&s, "a").probe);
+    }
+
+    #[test]
+    fn a_learned_slot_and_a_pause_hold_a_caller_until_its_hold_limit_at_most() {
+        let clock = ManualClock::new();
+        let s = schedule(None, &clock);
+        let mut h = HeaderMap::new();
+        h.insert("ratelimit-policy", r#""q";q=1;w=31536000"#.parse().unwrap());
+        let yearly = UpstreamSignal::from_headers(StatusCode::OK, &h, 0);
+        slot(&s, "a").commit();
+        s.observe("a", &yearly);
+        slot(&s, "a").commit();
+        let r = match s.admit("a", 0, 60_000_000) {
+            Admit::Slot(r) => r,
+            Admit::Probe(_) => panic!("probe"),
+        };
+        assert_eq!(r.at, 60_000_000, "a year's slot, cut to the hold limit");
+        s.observe("a", &refused("3600"));
+        match s.admit("a", 0, 5_000_000) {
+            Admit::Slot(r) => assert_eq!(r.at, 5_000_000),
+            Admit::Probe(_) => panic!("the refusal's probe is this caller"),
+        }
+    }
+
+    #[test]
     fn upstreams_beyond_the_bound_evict_the_least_recently_used() {
         let clock = ManualClock::new();
         let s = schedule(Some(Quota::per_second(1)), &clock);
