@@ -5,10 +5,18 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+/// The smallest base a [`Backoff`] can have.
+const MIN_BACKOFF_BASE: Duration = Duration::from_millis(1);
+/// The largest max a [`Backoff`] can have: 10 minutes.
+const MAX_BACKOFF: Duration = Duration::from_secs(600);
+
 /// Exponential backoff with full jitter: before attempt `n + 1`, wait a uniformly random time
 /// in `[0, min(max, base × 2^(n-1))]` (the "full jitter" of the AWS architecture blog), so
 /// callers refused together do not come back together. An upstream's own wait (`Retry-After`)
 /// applies on top: the retry waits for whichever is later.
+///
+/// The layer's builder accepts a base of 1 ms or more, up to the max, and a max of at most
+/// 600 s.
 ///
 /// ```
 /// use std::time::Duration;
@@ -65,12 +73,13 @@ impl Backoff {
             .min(self.max)
     }
 
+    /// Checks the base is 1 ms to the max, and the max at most [`MAX_BACKOFF`].
     pub(crate) fn validate(&self) -> Result<(), crate::ConfigError> {
-        if self.base.is_zero() || self.base > self.max {
+        if self.base < MIN_BACKOFF_BASE || self.base > self.max || self.max > MAX_BACKOFF {
             return Err(crate::ConfigError::new(
                 "backoff",
                 format!(
-                    "backoff base {:?} must be positive and at most its max {:?}: use e.g. Backoff::exponential(Duration::from_millis(100)).max(Duration::from_secs(10))",
+                    "backoff base {:?} must be at least {MIN_BACKOFF_BASE:?} and at most its max {:?}, the max at most {MAX_BACKOFF:?}: use e.g. Backoff::exponential(Duration::from_millis(100)).max(Duration::from_secs(10))",
                     self.base, self.max
                 ),
             ));
@@ -127,6 +136,17 @@ mod tests {
         assert!(Backoff::exponential(Duration::from_secs(20))
             .validate()
             .is_err());
+        assert!(Backoff::exponential(Duration::from_micros(999))
+            .validate()
+            .is_err());
+        assert!(Backoff::exponential(Duration::from_millis(1))
+            .max(Duration::from_secs(601))
+            .validate()
+            .is_err());
+        assert!(Backoff::exponential(Duration::from_millis(1))
+            .max(Duration::from_secs(600))
+            .validate()
+            .is_ok());
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::time::Duration;
 use tower_layer::Layer;
 
 use super::backoff::Backoff;
+use super::budget::RetryBudget;
 use super::key::Authority;
 use super::replay::Idempotent;
 use super::schedule::{Schedule, ScheduleConfig, UpstreamStatus};
@@ -13,6 +14,13 @@ use super::service::Outbound;
 use crate::algorithm::Gcra;
 use crate::clock::{Clock, TokioClock};
 use crate::{ConfigError, Quota};
+
+/// The most [`OutboundLayerBuilder::max_attempts`] can be.
+pub(crate) const MAX_ATTEMPTS: u32 = 10;
+/// The longest [`OutboundLayerBuilder::retry_deadline`] can be: 10 minutes.
+pub(crate) const MAX_RETRY_DEADLINE: Duration = Duration::from_secs(600);
+/// The longest [`OutboundLayerBuilder::max_pause`] can be: an hour.
+pub(crate) const MAX_MAX_PAUSE: Duration = Duration::from_secs(3_600);
 
 /// Retry settings, copied into every service.
 #[derive(Debug, Clone, Copy)]
@@ -47,7 +55,8 @@ impl<K, R> Clone for OutboundLayer<K, R> {
 
 impl OutboundLayer {
     /// An adaptive layer with the defaults: no quota of its own (it learns each upstream's
-    /// from its headers), up to 3 attempts within 30 s, keyed by authority.
+    /// from its headers), up to 3 attempts within 30 s while the [`RetryBudget`] allows,
+    /// waits the upstream imposes cut at 60 s, keyed by authority.
     pub fn new() -> Self {
         Self::builder()
             .build()
@@ -95,10 +104,11 @@ impl<S, K, R> Layer<S> for OutboundLayer<K, R> {
 /// | [`adaptive`](Self::adaptive) | on |
 /// | [`upstream_key`](Self::upstream_key) | [`Authority`] |
 /// | [`replay`](Self::replay) | [`Idempotent`] |
-/// | [`max_attempts`](Self::max_attempts) | 3 |
-/// | [`retry_deadline`](Self::retry_deadline) | 30 s |
-/// | [`backoff`](Self::backoff) | 100 ms doubling to 10 s, full jitter |
-/// | [`max_pause`](Self::max_pause) | 60 s |
+/// | [`max_attempts`](Self::max_attempts) | 3 (1 to 10) |
+/// | [`retry_deadline`](Self::retry_deadline) | 30 s (at most 600 s) |
+/// | [`backoff`](Self::backoff) | 100 ms doubling to 10 s, full jitter (1 ms to 600 s) |
+/// | [`retry_budget`](Self::retry_budget) | 20% of first attempts + 1/s, over 10 s |
+/// | [`max_pause`](Self::max_pause) | 60 s (above 0, at most 3,600 s) |
 /// | [`max_upstreams`](Self::max_upstreams) | 1024 |
 /// | [`clock`](Self::clock) | [`TokioClock`] |
 #[derive(Debug)]
@@ -109,6 +119,7 @@ pub struct OutboundLayerBuilder<K = Authority, R = Idempotent> {
     key: K,
     replay: R,
     retry: Retry,
+    budget: RetryBudget,
     max_pause: Duration,
     max_upstreams: usize,
     clock: Option<Arc<dyn Clock>>,
@@ -126,6 +137,7 @@ impl OutboundLayerBuilder {
                 deadline: Duration::from_secs(30),
                 backoff: Backoff::default(),
             },
+            budget: RetryBudget::default(),
             max_pause: Duration::from_secs(60),
             max_upstreams: 1024,
             clock: None,
@@ -145,7 +157,7 @@ impl<K, R> OutboundLayerBuilder<K, R> {
 
     /// Whether to learn each upstream's limits from its headers and keep to them (default:
     /// on). With no [`quota`](Self::quota), a new upstream gets one request at a time until
-    /// its first answer.
+    /// an answer shows it has room.
     pub fn adaptive(mut self, adaptive: bool) -> Self {
         self.adaptive = adaptive;
         self
@@ -159,6 +171,7 @@ impl<K, R> OutboundLayerBuilder<K, R> {
             key,
             replay: self.replay,
             retry: self.retry,
+            budget: self.budget,
             max_pause: self.max_pause,
             max_upstreams: self.max_upstreams,
             clock: self.clock,
@@ -176,33 +189,45 @@ impl<K, R> OutboundLayerBuilder<K, R> {
             key: self.key,
             replay,
             retry: self.retry,
+            budget: self.budget,
             max_pause: self.max_pause,
             max_upstreams: self.max_upstreams,
             clock: self.clock,
         }
     }
 
-    /// Sends a request at most `attempts` times (default 3; 1 never retries).
+    /// Sends a request at most `attempts` times (default 3; 1 never retries; at most 10). The
+    /// [`retry_budget`](Self::retry_budget) may stop retries sooner.
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.retry.max_attempts = attempts;
         self
     }
 
     /// Retries only while the next attempt can start within `deadline` of the call (default
-    /// 30 s); past it, the last refusal is returned.
+    /// 30 s, at most 600 s); past it, the last refusal is returned.
     pub fn retry_deadline(mut self, deadline: Duration) -> Self {
         self.retry.deadline = deadline;
         self
     }
 
-    /// The backoff between attempts (default: 100 ms doubling to 10 s, full jitter).
+    /// The backoff between attempts (default: 100 ms doubling to 10 s, full jitter; the base at
+    /// least 1 ms, the max at most 600 s).
     pub fn backoff(mut self, backoff: Backoff) -> Self {
         self.retry.backoff = backoff;
         self
     }
 
-    /// The longest pause an upstream's headers can impose (default 60 s): a longer
-    /// `Retry-After` pauses this long, and the next refusal pauses again.
+    /// Caps retries to each upstream at a share of its recent first attempts (default: 20% of
+    /// the last 10 s's first attempts, plus 10). See [`RetryBudget`].
+    pub fn retry_budget(mut self, budget: RetryBudget) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// The longest any upstream-imposed wait holds a call (default 60 s, at most 3,600 s): a
+    /// longer `Retry-After` or reset pauses this long (and the next refusal pauses again); a
+    /// learned limit's slot, or a probe in flight, holds a call at most this long from the
+    /// call (for a retry, from its backoff's end), after which it is sent.
     pub fn max_pause(mut self, max_pause: Duration) -> Self {
         self.max_pause = max_pause;
         self
@@ -231,17 +256,33 @@ impl<K, R> OutboundLayerBuilder<K, R> {
                 "an outbound layer with neither a quota nor adaptive mode would not shape anything: set .quota(Quota::per_second(10)) or leave .adaptive(true)",
             ));
         }
-        if self.retry.max_attempts == 0 {
+        if self.retry.max_attempts == 0 || self.retry.max_attempts > MAX_ATTEMPTS {
             return Err(ConfigError::new(
                 "outbound.max_attempts",
-                "max_attempts is the number of sends, at least 1: use .max_attempts(1) for no retries",
+                format!(
+                    "max_attempts is the number of sends, 1 to {MAX_ATTEMPTS}, not {}: use .max_attempts(1) for no retries, .max_attempts(3) for two",
+                    self.retry.max_attempts
+                ),
+            ));
+        }
+        if self.retry.deadline > MAX_RETRY_DEADLINE {
+            return Err(ConfigError::new(
+                "outbound.retry_deadline",
+                format!(
+                    "retry_deadline {:?} is over {MAX_RETRY_DEADLINE:?}: use e.g. .retry_deadline(Duration::from_secs(30))",
+                    self.retry.deadline
+                ),
             ));
         }
         self.retry.backoff.validate()?;
-        if self.max_pause.is_zero() {
+        self.budget.validate()?;
+        if self.max_pause.is_zero() || self.max_pause > MAX_MAX_PAUSE {
             return Err(ConfigError::new(
                 "outbound.max_pause",
-                "max_pause must be positive, or upstream pauses would be ignored: use e.g. .max_pause(Duration::from_secs(60))",
+                format!(
+                    "max_pause must be positive (or upstream pauses would be ignored) and at most {MAX_MAX_PAUSE:?}, not {:?}: use e.g. .max_pause(Duration::from_secs(60))",
+                    self.max_pause
+                ),
             ));
         }
         if self.max_upstreams == 0 {
@@ -259,6 +300,7 @@ impl<K, R> OutboundLayerBuilder<K, R> {
                 adaptive: self.adaptive,
                 max_pause: self.max_pause,
                 max_upstreams: self.max_upstreams,
+                budget: self.budget,
             },
             clock,
         );

@@ -14,13 +14,40 @@
 //!   `grpc-retry-pushback-ms` or (feature `tonic`) `google.rpc.RetryInfo`. A refusal with a
 //!   wait, or `Remaining: 0` with a reset, **pauses that upstream for every caller** sharing the
 //!   layer until the upstream says it is ready;
+//! - after a refusal or `Remaining: 0`, **lets callers through one at a time** until an answer
+//!   shows the upstream has room (any answer that is neither a refusal nor `Remaining: 0`),
+//!   then all of them: when a pause ends, one call goes first, and the rest follow only if it
+//!   was not refused. An adaptive layer with no quota treats a new upstream the same way;
 //! - **retries** a refused request when it can be replayed ([`Replay`]: by default a cloneable
 //!   body and an idempotent method), up to [`max_attempts`](OutboundLayerBuilder::max_attempts)
 //!   within a [`retry_deadline`](OutboundLayerBuilder::retry_deadline), with exponential
-//!   [`Backoff`] and full jitter; otherwise the upstream's response is returned unchanged;
+//!   [`Backoff`] and full jitter, while the upstream's [`RetryBudget`] allows; otherwise the
+//!   upstream's response is returned unchanged;
 //! - **learns** an upstream's rate from its headers when no quota is set (adaptive mode, on by
 //!   default): `RateLimit-Policy` exactly, or `X-RateLimit-Limit` over the longest reset seen,
 //!   and keeps to it. A learned rate only ever slows a configured quota down, never speeds it up.
+//!
+//! # Bounds
+//!
+//! - **No upstream-imposed wait holds a call longer than
+//!   [`max_pause`](OutboundLayerBuilder::max_pause)** (60 s by default, at most 3,600 s): a
+//!   pause (`Retry-After`, a reset, gRPC pushback) lasts at most `max_pause` from the answer
+//!   that asked for it, and the first attempt of a call is sent at most `max_pause` after the
+//!   call however many pauses, learned-limit slots (`RateLimit-Policy: "q";q=1;w=31536000`
+//!   included) or probes in flight stand in the way; a retry, at most `max_pause` after its
+//!   backoff ends. Only a configured [`quota`](OutboundLayerBuilder::quota)'s own spacing can
+//!   make a call wait longer.
+//! - `X-RateLimit-Reset` is read by its size: below 10^9 seconds from now, from 10^9 Unix
+//!   seconds, from 10^12 Unix milliseconds ([`parse::XRateLimit`]).
+//! - A call sends at most [`max_attempts`](OutboundLayerBuilder::max_attempts) requests (3 by
+//!   default, at most 10), retries only within
+//!   [`retry_deadline`](OutboundLayerBuilder::retry_deadline) (30 s by default, at most 600 s),
+//!   with a backoff base of at least 1 ms; larger settings are a [`ConfigError`](crate::ConfigError)
+//!   at build time.
+//! - **Retry budget**, per upstream: the retries of the last 10 s (the current second of the
+//!   layer's clock and the 9 before it) never exceed 20% of the first attempts of those
+//!   seconds plus 10 ([`RetryBudget`], configurable). Against an upstream that refuses
+//!   everything, that is at most 1.2 requests per call plus 10 per 10 s.
 //!
 //! Time is the layer's [`Clock`](crate::clock::Clock) ([`TokioClock`](crate::clock::TokioClock)
 //! by default) and sleeping is tokio's timer, so `#[tokio::test(start_paused = true)]` drives it.
@@ -110,6 +137,7 @@
 
 mod adaptive;
 mod backoff;
+mod budget;
 mod future;
 #[cfg(feature = "tonic")]
 mod grpc;
@@ -122,6 +150,7 @@ mod schedule;
 mod service;
 
 pub use backoff::Backoff;
+pub use budget::RetryBudget;
 pub use future::ResponseFuture;
 pub use key::{Authority, UpstreamKey};
 pub use layer::{OutboundLayer, OutboundLayerBuilder};

@@ -58,9 +58,15 @@ pub const MAX_SIGNALLED: Duration = Duration::from_secs(365 * 86_400);
 /// At most this many members are read from a list field; the rest are ignored.
 const MAX_ITEMS: usize = 16;
 
-/// A Unix timestamp (seconds) rather than a delta: `X-RateLimit-Reset` values from this one on
-/// (2001-09-09) are read as Unix time, smaller ones as seconds from now.
-const UNIX_THRESHOLD: u64 = 1_000_000_000;
+/// A Unix timestamp in seconds rather than a delta: `X-RateLimit-Reset` values from this one on
+/// (2001-09-09T01:46:40Z as Unix seconds, 11,574 days as a delta) are read as Unix time,
+/// smaller ones as seconds from now.
+const UNIX_SECONDS_FROM: u64 = 1_000_000_000;
+
+/// A Unix timestamp in milliseconds rather than seconds: `X-RateLimit-Reset` values from this
+/// one on (2001-09-09T01:46:40Z as Unix milliseconds, the year 33658 as Unix seconds) are read
+/// as Unix milliseconds.
+const UNIX_MILLIS_FROM: u64 = 1_000_000_000_000;
 
 /// What one response says about the upstream's limits. See the [module docs](self).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -187,9 +193,17 @@ pub struct XRateLimit {
 }
 
 impl XRateLimit {
-    /// Reads the three fields, each independently (a malformed one is `None`). A reset of
-    /// 1,000,000,000 or more is Unix seconds, measured from `now_unix_micros` (a reset in the
-    /// past is zero); a smaller one is seconds from now. Fractional seconds are accepted.
+    /// Reads the three fields, each independently (a malformed one is `None`). The reset is
+    /// read by its size:
+    ///
+    /// | value `v` | read as |
+    /// |---|---|
+    /// | below 10^9 | seconds from now (fractions accepted) |
+    /// | 10^9 to below 10^12 | Unix time in seconds (2001-09-09 on) |
+    /// | 10^12 and above | Unix time in milliseconds (2001-09-09 on) |
+    ///
+    /// A Unix time is measured from `now_unix_micros`; one in the past is zero. Every reset is
+    /// clamped to [`MAX_SIGNALLED`].
     ///
     /// ```
     /// use std::time::Duration;
@@ -202,6 +216,11 @@ impl XRateLimit {
     /// headers.insert("x-ratelimit-reset", "1700000030".parse().unwrap());
     /// let x = XRateLimit::from_headers(&headers, 1_700_000_000_000_000);
     /// assert_eq!((x.limit(), x.remaining()), (Some(60), Some(12)));
+    /// assert_eq!(x.reset(), Some(Duration::from_secs(30)));
+    ///
+    /// // The same instant in Unix milliseconds.
+    /// headers.insert("x-ratelimit-reset", "1700000030000".parse().unwrap());
+    /// let x = XRateLimit::from_headers(&headers, 1_700_000_000_000_000);
     /// assert_eq!(x.reset(), Some(Duration::from_secs(30)));
     /// ```
     pub fn from_headers(headers: &HeaderMap, now_unix_micros: u64) -> Self {
@@ -435,13 +454,18 @@ fn grpc_retry_pushback(value: &HeaderValue) -> Option<Duration> {
     Some(Duration::from_millis(ms).min(MAX_SIGNALLED))
 }
 
-/// `X-RateLimit-Reset`: Unix seconds from [`UNIX_THRESHOLD`] on, else delta seconds.
+/// `X-RateLimit-Reset`: delta seconds below [`UNIX_SECONDS_FROM`], Unix seconds from it, Unix
+/// milliseconds from [`UNIX_MILLIS_FROM`]; clamped to [`MAX_SIGNALLED`].
 fn reset(bytes: &[u8], now_unix_micros: u64) -> Option<Duration> {
     let micros = seconds_micros(bytes)?;
-    if micros / 1_000_000 >= UNIX_THRESHOLD {
+    let whole = micros / 1_000_000;
+    if whole >= UNIX_MILLIS_FROM {
+        // The value is milliseconds: `micros` holds it × 10^6, so µs is `micros / 1000`.
+        Some(until_unix_micros(micros / 1_000, now_unix_micros))
+    } else if whole >= UNIX_SECONDS_FROM {
         Some(until_unix_micros(micros, now_unix_micros))
     } else {
-        Some(Duration::from_micros(micros))
+        Some(Duration::from_micros(micros).min(MAX_SIGNALLED))
     }
 }
 
@@ -589,6 +613,28 @@ mod tests {
         ] {
             assert_eq!(retry_after(&hv(bad), NOW), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn reset_by_size_delta_unix_seconds_unix_millis() {
+        let x = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(X_RATELIMIT_RESET, hv(v));
+            XRateLimit::from_headers(&h, NOW).reset()
+        };
+        let now_s = NOW / 1_000_000;
+        assert_eq!(x("30"), Some(Duration::from_secs(30)));
+        assert_eq!(x("999999999"), Some(MAX_SIGNALLED));
+        assert_eq!(x(&(now_s + 30).to_string()), Some(Duration::from_secs(30)));
+        assert_eq!(
+            x(&(now_s * 1_000 + 1_500).to_string()),
+            Some(Duration::from_millis(1_500))
+        );
+        assert_eq!(
+            x(&(now_s * 1_000 - 1_500).to_string()),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(x("99999999999999999999"), Some(MAX_SIGNALLED));
     }
 
     #[test]

@@ -1,11 +1,16 @@
 //! The state every caller of one layer shares: per upstream, the reserved send slots (GCRA
-//! theoretical arrival times, configured and learned), the pause an upstream asked for, and
-//! the adaptive probe.
+//! theoretical arrival times, configured and learned), the pause an upstream asked for, the
+//! probe (one caller at a time while the upstream has not shown room), and the retry budget.
 //!
 //! A caller *reserves* its slot under a short lock (so concurrent callers are spaced, first
 //! come first served), then sleeps until it, without the lock. A pause that arrives while it
 //! sleeps sends it back to reserve again after the pause. A caller dropped before it sends
 //! gives its slot back (the algorithm's refund), so cancelled calls do not slow the rest.
+//!
+//! Every wait the upstream imposes (a pause, a learned limit's slot, a probe in flight) ends
+//! by the caller's *hold limit* (`hold_until`): the call's start plus `max_pause` for a first
+//! attempt, the retry's earliest time plus `max_pause` for a retry. Only a configured quota's
+//! slot, the application's own setting, may be later.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,6 +25,7 @@ use crate::Quota;
 
 use super::adaptive::Learned;
 use super::backoff::Jitter;
+use super::budget::{BudgetWindow, RetryBudget};
 use super::parse::UpstreamSignal;
 
 /// Configuration fixed when the layer is built.
@@ -29,6 +35,7 @@ pub(crate) struct ScheduleConfig {
     pub(crate) adaptive: bool,
     pub(crate) max_pause: Duration,
     pub(crate) max_upstreams: usize,
+    pub(crate) budget: RetryBudget,
 }
 
 /// Shared by a layer and every service it made.
@@ -46,13 +53,17 @@ struct Upstream {
     learned: Learned,
     /// Clock time (µs) before which nothing is sent.
     paused_until: u64,
-    /// Whether a response has been seen (adaptive mode probes until then).
-    probed: bool,
-    /// Whether the probe is in flight.
+    /// Whether callers go one at a time (each waiting for the previous one's answer): from a
+    /// refusal or `Remaining: 0` (and, in adaptive mode with no quota, from the start) until
+    /// an answer shows room.
+    gated: bool,
+    /// Whether the probe (the one caller let through while gated) is in flight.
     probing: bool,
     /// Woken when the probe ends.
     wake: Arc<Notify>,
     last_used: u64,
+    /// First attempts and retries over the retry budget's window.
+    budget: BudgetWindow,
 }
 
 /// A caller's place in an upstream's schedule. Dropped before [`commit`](Self::commit), it
@@ -156,29 +167,35 @@ impl Schedule {
 
     /// Waits for `key`'s next slot and returns it, reserved. Cancellation-safe: dropped while
     /// waiting, the slot is given back.
-    pub(crate) async fn acquire(self: &Arc<Self>, key: &str) -> Reservation {
-        match self.acquire_within(key, 0, u64::MAX).await {
-            Some(reservation) => reservation,
-            None => unreachable!("every slot is before the end of time"),
-        }
+    /// The longest wait an upstream can impose, µs.
+    pub(crate) fn max_pause_micros(&self) -> u64 {
+        micros(self.config.max_pause)
     }
 
-    /// [`acquire`](Self::acquire) for a slot from clock time `not_before` on (a retry's
-    /// backoff), or `None`, with nothing reserved, when the slot would be after `deadline`.
+    /// Waits for `key`'s next slot from clock time `not_before` on (a retry's backoff) and
+    /// returns it, reserved; or `None`, with nothing reserved, when the slot would be after
+    /// `deadline`. Pauses, learned limits and a probe in flight hold the caller until
+    /// `hold_until` at the latest (a configured quota's slot may be later). Cancellation-safe:
+    /// dropped while waiting, the slot is given back.
     pub(crate) async fn acquire_within(
         self: &Arc<Self>,
         key: &str,
         not_before: u64,
+        hold_until: u64,
         deadline: u64,
     ) -> Option<Reservation> {
         loop {
-            match self.admit(key, not_before) {
+            match self.admit(key, not_before, hold_until) {
                 Admit::Probe(wake) => {
                     let notified = wake.notified();
                     tokio::pin!(notified);
                     notified.as_mut().enable();
                     if self.probing(key) {
-                        notified.await;
+                        let left = hold_until.saturating_sub(self.now());
+                        tokio::select! {
+                            () = notified.as_mut() => {}
+                            () = tokio::time::sleep(Duration::from_micros(left)) => {}
+                        }
                     }
                 }
                 Admit::Slot(reservation) => {
@@ -189,8 +206,14 @@ impl Schedule {
                     if wait > 0 {
                         tokio::time::sleep(Duration::from_micros(wait)).await;
                     }
-                    // A pause that came in while this caller slept moves it behind the pause.
-                    if self.paused_until(key) > reservation.at.max(self.now()) {
+                    // A pause that came in while this caller slept moves it behind the pause
+                    // (up to its hold limit); a refusal that gated the upstream meanwhile
+                    // makes it wait for the probe.
+                    let now = self.now();
+                    let limit = hold_until.max(now.max(not_before));
+                    let (paused_until, probe_in_flight) = self.hold(key);
+                    let gated = !reservation.probe && probe_in_flight && now < hold_until;
+                    if paused_until.min(limit) > reservation.at.max(now) || gated {
                         drop(reservation);
                         continue;
                     }
@@ -200,27 +223,30 @@ impl Schedule {
         }
     }
 
-    fn admit(self: &Arc<Self>, key: &str, not_before: u64) -> Admit {
+    fn admit(self: &Arc<Self>, key: &str, not_before: u64, hold_until: u64) -> Admit {
         let now = self.now();
         let mut map = self.upstreams.lock();
         if !map.contains_key(key) && map.len() >= self.config.max_upstreams {
             evict(&mut map, now);
         }
-        let up = map.entry(key.to_owned()).or_default();
+        let up = map.entry(key.to_owned()).or_insert_with(|| Upstream {
+            gated: self.config.adaptive && self.config.configured.is_none(),
+            ..Upstream::default()
+        });
         up.last_used = now;
         let mut probe = false;
-        if self.config.adaptive
-            && self.config.configured.is_none()
-            && !up.probed
-            && up.learned.limits.is_empty()
-        {
-            if up.probing {
+        if up.gated {
+            if !up.probing {
+                up.probing = true;
+                probe = true;
+            } else if now < hold_until {
                 return Admit::Probe(up.wake.clone());
             }
-            up.probing = true;
-            probe = true;
         }
-        let mut t = now.max(up.paused_until).max(not_before);
+        let base = now.max(not_before);
+        // The latest a pause or a learned limit may hold this caller.
+        let limit = hold_until.max(base);
+        let mut t = base.max(up.paused_until.min(limit));
         let configured_at = self.config.configured.as_ref().map(|gcra| {
             t = reserve(gcra, &mut up.configured, t);
             t
@@ -237,7 +263,8 @@ impl Schedule {
             for l in &mut up.learned.limits {
                 slots.push(reserve(&l.gcra, &mut l.state, at));
             }
-            t = at.max(slots.iter().copied().max().unwrap_or(at));
+            let learned = at.max(slots.iter().copied().max().unwrap_or(at));
+            t = t.max(learned.min(limit));
             (up.learned.generation, slots)
         });
         Admit::Slot(Reservation {
@@ -255,14 +282,35 @@ impl Schedule {
         self.upstreams.lock().get(key).is_some_and(|u| u.probing)
     }
 
-    fn paused_until(&self, key: &str) -> u64 {
-        self.upstreams.lock().get(key).map_or(0, |u| u.paused_until)
+    /// When `key`'s pause ends, and whether it is gated with a probe in flight.
+    fn hold(&self, key: &str) -> (u64, bool) {
+        self.upstreams
+            .lock()
+            .get(key)
+            .map_or((0, false), |u| (u.paused_until, u.gated && u.probing))
     }
 
     /// How much longer `key` is paused.
     #[cfg(test)]
     pub(crate) fn pause_left(&self, key: &str) -> Duration {
-        Duration::from_micros(self.paused_until(key).saturating_sub(self.now()))
+        Duration::from_micros(self.hold(key).0.saturating_sub(self.now()))
+    }
+
+    /// Counts a first attempt to `key` in its retry budget.
+    pub(crate) fn first_attempt(&self, key: &str) {
+        let now = self.now();
+        if let Some(up) = self.upstreams.lock().get_mut(key) {
+            up.budget.first(&self.config.budget, now);
+        }
+    }
+
+    /// Whether `key`'s retry budget covers one more retry now (and counts it if so).
+    pub(crate) fn take_retry(&self, key: &str) -> bool {
+        let now = self.now();
+        self.upstreams
+            .lock()
+            .get_mut(key)
+            .is_some_and(|up| up.budget.retry(&self.config.budget, now))
     }
 
     /// Gives back an unsent reservation's slots, and ends its probe.
@@ -291,15 +339,16 @@ impl Schedule {
     }
 
     /// Records what the upstream said: pauses the key when it asked to wait (or has nothing
-    /// left until its reset), and learns its limits in adaptive mode.
+    /// left until its reset), gates it (one caller at a time) after a refusal or
+    /// `Remaining: 0` until an answer shows room, and learns its limits in adaptive mode.
     pub(crate) fn observe(&self, key: &str, signal: &UpstreamSignal) {
         let now = self.now();
         let mut map = self.upstreams.lock();
         let Some(up) = map.get_mut(key) else {
             return;
         };
-        up.probed = true;
         let exhausted = signal.remaining() == Some(0);
+        up.gated = signal.refused() || exhausted;
         let pause = if signal.refused() {
             signal
                 .retry_after()
@@ -370,13 +419,14 @@ mod tests {
                 adaptive: true,
                 max_pause: Duration::from_secs(60),
                 max_upstreams: 2,
+                budget: RetryBudget::default(),
             },
             Arc::new(clock.clone()),
         ))
     }
 
     fn slot(s: &Arc<Schedule>, key: &str) -> Reservation {
-        match s.admit(key, 0) {
+        match s.admit(key, 0, u64::MAX) {
             Admit::Slot(r) => r,
             Admit::Probe(_) => panic!("probe"),
         }
@@ -433,7 +483,7 @@ mod tests {
         let s = schedule(None, &clock);
         let mut probe = slot(&s, "a");
         assert!(probe.probe);
-        assert!(matches!(s.admit("a", 0), Admit::Probe(_)));
+        assert!(matches!(s.admit("a", 0, u64::MAX), Admit::Probe(_)));
         probe.commit();
         s.observe("a", &UpstreamSignal::default());
         drop(probe);
@@ -444,6 +494,58 @@ mod tests {
         let probe = slot(&s, "b");
         drop(probe);
         assert!(slot(&s, "b").probe);
+    }
+
+    #[test]
+    fn a_refusal_gates_the_upstream_until_an_answer_shows_room() {
+        let clock = ManualClock::new();
+        let s = schedule(Some(Quota::per_second(1000)), &clock);
+        slot(&s, "a").commit();
+        s.observe("a", &refused("1"));
+        // One caller goes when the pause ends; the next waits for its answer.
+        let mut probe = slot(&s, "a");
+        assert!(probe.probe);
+        assert_eq!(probe.at, 1_000_000);
+        assert!(matches!(s.admit("a", 0, u64::MAX), Admit::Probe(_)));
+        // Past its hold limit, a caller goes without waiting for the probe.
+        assert!(matches!(s.admit("a", 0, 0), Admit::Slot(_)));
+        // Refused again: still one at a time.
+        clock.advance(Duration::from_secs(1));
+        probe.commit();
+        s.observe("a", &refused("1"));
+        drop(probe);
+        let mut probe = slot(&s, "a");
+        assert!(probe.probe);
+        assert!(matches!(s.admit("a", 0, u64::MAX), Admit::Probe(_)));
+        // Served: everyone goes.
+        clock.advance(Duration::from_secs(1));
+        probe.commit();
+        s.observe("a", &UpstreamSignal::default());
+        drop(probe);
+        assert!(!slot(&s, "a").probe);
+        assert!(!slot(&s, "a").probe);
+    }
+
+    #[test]
+    fn a_learned_slot_and_a_pause_hold_a_caller_until_its_hold_limit_at_most() {
+        let clock = ManualClock::new();
+        let s = schedule(None, &clock);
+        let mut h = HeaderMap::new();
+        h.insert("ratelimit-policy", r#""q";q=1;w=31536000"#.parse().unwrap());
+        let yearly = UpstreamSignal::from_headers(StatusCode::OK, &h, 0);
+        slot(&s, "a").commit();
+        s.observe("a", &yearly);
+        slot(&s, "a").commit();
+        let r = match s.admit("a", 0, 60_000_000) {
+            Admit::Slot(r) => r,
+            Admit::Probe(_) => panic!("probe"),
+        };
+        assert_eq!(r.at, 60_000_000, "a year's slot, cut to the hold limit");
+        s.observe("a", &refused("3600"));
+        match s.admit("a", 0, 5_000_000) {
+            Admit::Slot(r) => assert_eq!(r.at, 5_000_000),
+            Admit::Probe(_) => panic!("the refusal's probe is this caller"),
+        }
     }
 
     #[test]

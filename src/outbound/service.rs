@@ -140,6 +140,7 @@ where
     R: Replay<ReqBody>,
 {
     let started = schedule.now();
+    let max_pause = schedule.max_pause_micros();
     let deadline =
         started.saturating_add(u64::try_from(retry.deadline.as_micros()).unwrap_or(u64::MAX));
     let mut waited = Duration::ZERO;
@@ -151,8 +152,24 @@ where
     loop {
         let before = schedule.now();
         let mut slot = match refusal.take() {
-            None => schedule.acquire(&key).await,
-            Some(refused) => match schedule.acquire_within(&key, not_before, deadline).await {
+            // The first attempt: the upstream's pauses, learned limits and probe hold it at
+            // most `max_pause` from the call, and it has no deadline to give up at.
+            None => {
+                let hold_until = started.saturating_add(max_pause);
+                match schedule.acquire_within(&key, 0, hold_until, u64::MAX).await {
+                    Some(slot) => slot,
+                    None => unreachable!("no slot is after the end of time"),
+                }
+            }
+            Some(refused) => match schedule
+                .acquire_within(
+                    &key,
+                    not_before,
+                    not_before.max(before).saturating_add(max_pause),
+                    deadline,
+                )
+                .await
+            {
                 Some(slot) => slot,
                 None => {
                     waited += Duration::from_micros(schedule.now().saturating_sub(before));
@@ -171,6 +188,9 @@ where
             std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
         }
         slot.commit();
+        if attempt == 1 {
+            schedule.first_attempt(&key);
+        }
         let res = inner.call(req).await?;
         let signal = UpstreamSignal::from_headers(res.status(), res.headers(), schedule.unix_now());
         schedule.observe(&key, &signal);
@@ -179,6 +199,10 @@ where
             Some(next) if signal.refused() => next,
             _ => return Ok(with_info(res, attempt, waited)),
         };
+        if !schedule.take_retry(&key) {
+            tracing::debug!(upstream = %key, attempt, "outbound: refused, retry budget spent");
+            return Ok(with_info(res, attempt, waited));
+        }
         // Full jitter; a pause the upstream asked for, and the quota's next slot, may make the
         // retry later still: `acquire_within` waits for whichever is latest, and gives up at
         // once when that is past the deadline.
