@@ -331,9 +331,9 @@ async fn huge_and_malformed_headers_get_4xx_or_a_key_never_a_panic() {
 }
 
 /// Hostile limit names: unprintable ones (CR, LF, NUL, unicode) are refused when the layer is
-/// built, with an error naming the field; printable ones full of quotes, backslashes and
-/// JSON/structured-field syntax, and a 4 KiB one, come back intact in problem+json and as valid
-/// header fields.
+/// built, with an error naming the field, and so is a 4 KiB one; printable ones full of quotes,
+/// backslashes and JSON/structured-field syntax, and one of the longest length allowed, come back
+/// intact in problem+json and as valid header fields.
 #[tokio::test]
 async fn hostile_limit_names_are_refused_or_stay_well_formed() {
     for name in ["a\r\nx-injected: 1", "nul\0", "límite", "tab\there", ""] {
@@ -343,14 +343,22 @@ async fn hostile_limit_names_are_refused_or_stay_well_formed() {
             .unwrap_err();
         assert_eq!(err.field(), "limit.name", "{name:?}: {err}");
     }
+    // A name longer than PolicyName::MAX_LEN is refused too, with the field and the bound.
     let long = "n".repeat(4096);
+    let err = RateLimitLayer::builder()
+        .limit(Limit::new(long.as_str(), Quota::per_hour(1)).key(PeerIp::new()))
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "limit.name", "{err}");
+    assert!(err.to_string().contains("47 bytes"), "{err}");
+    let longest = "n".repeat(tollgate::PolicyName::MAX_LEN);
     let names = [
         r#"quote"name"#,
         r#"back\slash\"#,
         r#"{"json":"inject"}"#,
         r#"";q=999;w=1, "x"#,
         "<script>alert(1)</script>",
-        long.as_str(),
+        longest.as_str(),
     ];
     let http = client();
     for name in names {
