@@ -1,5 +1,5 @@
 //! Plans on Redis: a check at a plan's quota (`LimitCheck::with_quota`) is decided at that quota,
-//! a key whose plan changes keeps what it spent (REBASE.md, mirrored by the Lua scripts), and
+//! a key whose plan changes keeps what it spent (`Algorithm::rebase`, mirrored by the Lua scripts), and
 //! every backend agrees: a table of plan changes per algorithm, with the decisions the rule
 //! predicts, and random plan switches, run on the memory store, a Redis node and a 3-master
 //! Cluster. Also `Store::refund` and `Store::reconfigure` through the public API.

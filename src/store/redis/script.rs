@@ -210,7 +210,7 @@ impl LuaScript {
             );
         }
         code.push_str("  error('tollgate: unknown limit ' .. tostring(i))\nend\n\n");
-        code.push_str("-- Each limit's plan change (see REBASE.md), by configuration index.\nlocal function REBASE(i)\n");
+        code.push_str("-- Each limit's plan change (see `Algorithm::rebase`), by configuration index.\nlocal function REBASE(i)\n");
         for (i, (k, _)) in limits.iter().enumerate() {
             let _ = writeln!(
                 code,

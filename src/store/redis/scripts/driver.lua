@@ -90,7 +90,7 @@ end
 
 -- A check at `plan` (ttl_ms and parameters; nil: the limit's own, ttl, p1..p3) of a key whose
 -- state (s1..s3) was written at o1..o3 (its mark; nil: the limit's own parameters). Sets MARK
--- for the writes that follow, rebases the state (REBASE.md, mirrored by each algorithm's
+-- for the writes that follow, rebases the state (`Algorithm::rebase`, mirrored by each algorithm's
 -- `_rebase`, which stores it) if it was written at other parameters, and returns the check's
 -- ttl, parameters and state. The rebase is stored even if the check is then rejected: the key
 -- keeps what it spent, once, whatever comes next.

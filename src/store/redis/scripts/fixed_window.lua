@@ -135,7 +135,7 @@ local function fw_refund(key, ttl, now, _, cost, period, limit, cal, window, cou
   return window, count
 end
 
--- Plan change (REBASE.md; FixedWindow::rebase): the state was written with windows of `operiod`
+-- Plan change (FixedWindow::rebase): the state was written with windows of `operiod`
 -- (calendar `ocal`) and a check arrives with windows of `period` (calendar `cal`). With the same
 -- windows, the count carries over as it is (the new limit applies to it). Otherwise the units
 -- charged in the window current at t stay charged, in the new window current at t (not clamped:

@@ -101,7 +101,7 @@ local function gcra_refund(key, ttl, at, now, cost, unit, per, cap, tat, sub)
   return tat, sub
 end
 
--- Plan change (REBASE.md; Gcra::rebase): the state was written at (ounit, oper) and a check
+-- Plan change (Gcra::rebase): the state was written at (ounit, oper) and a check
 -- arrives at (unit, per, cap). What the key spent, in whole units rounded up, stays spent, all of
 -- it (above the new capacity too), at most min(2^53 - 1, (2^52 - 1) * per) steps so the TAT stays
 -- below 2^53; a key that spent nothing is fresh. Stores and returns the new state.

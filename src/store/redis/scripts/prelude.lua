@@ -37,7 +37,7 @@ end
 -- the hot path, and every value an exact integer. Loaders return `corrupt` first, then the
 -- state's integers (zeros for a missing key, which is a fresh key).
 
--- Plan changes (see REBASE.md and src/algorithm's "Plan changes" sections): a key's state may be
+-- Plan changes (see src/algorithm's "Plan changes" sections): a key's state may be
 -- followed by a 24-byte mark, the parameters p1, p2, p3 it was written under, when those are not
 -- the limit's own (the LIMIT constants): a check at a plan's quota writes it. A key without a mark
 -- was written at the limit's own parameters, so the common path (no plan) reads and writes

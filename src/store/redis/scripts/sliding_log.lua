@@ -229,7 +229,7 @@ local function sl_refund(key, ttl, now, _, cost, period, limit, _, st)
   return fresh
 end
 
--- Plan change (REBASE.md; SlidingLog::rebase): entries are absolute times and units, which the
+-- Plan change (SlidingLog::rebase): entries are absolute times and units, which the
 -- new window and limit read as they are: nothing changes.
 local function sl_rebase(_, _, _, _, _, _, _, _, _, st)
   return st

@@ -123,7 +123,7 @@ local function sw_refund(key, ttl, now, _, cost, period, limit, _, last, sprev, 
   return last, sprev, scur
 end
 
--- Plan change (REBASE.md; SlidingWindow::rebase): the state was written with windows of
+-- Plan change (SlidingWindow::rebase): the state was written with windows of
 -- `operiod` (limit `olimit`) and a check arrives with windows of `period`. With the same period,
 -- counts are units and carry over as they are. Otherwise the weighted count at `now` (rounded up)
 -- is what the key spent, charged to the new window current at `now`. Stores and returns the new

@@ -184,7 +184,7 @@ local function tb_refund(key, ttl, at, now, cost, unit, per, cap, deficit, last)
   return deficit, last
 end
 
--- Plan change (REBASE.md; TokenBucket::rebase): the state was written at (ounit, oper, ocap) and
+-- Plan change (TokenBucket::rebase): the state was written at (ounit, oper, ocap) and
 -- a check arrives at (unit, per, cap). What the key spent, in whole units rounded up, stays spent,
 -- all of it (above the new capacity too), at most 2^53 - 1 steps. Stores and returns the new
 -- state.
