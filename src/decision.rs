@@ -456,6 +456,7 @@ impl Decision {
     }
 
     /// The name of the plan that decided, if any, borrowed from the decision.
+    #[cfg(feature = "tonic")]
     #[inline]
     pub(crate) fn plan_str(&self) -> Option<&str> {
         (self.plan.len != ABSENT_LEN).then(|| self.plan.as_str())
