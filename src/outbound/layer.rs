@@ -226,8 +226,9 @@ impl<K, R> OutboundLayerBuilder<K, R> {
 
     /// The longest any upstream-imposed wait holds a call (default 60 s, at most 3,600 s): a
     /// longer `Retry-After` or reset pauses this long (and the next refusal pauses again); a
-    /// learned limit's slot, or a probe in flight, holds a call at most this long from the
-    /// call (for a retry, from its backoff's end), after which it is sent.
+    /// learned limit's slot, a slow start's slot after a pause, or a full window of calls in
+    /// flight holds a call at most this long from the call (for a retry, from its backoff's
+    /// end), after which it is sent.
     pub fn max_pause(mut self, max_pause: Duration) -> Self {
         self.max_pause = max_pause;
         self

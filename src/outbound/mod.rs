@@ -14,10 +14,16 @@
 //!   `grpc-retry-pushback-ms` or (feature `tonic`) `google.rpc.RetryInfo`. A refusal with a
 //!   wait, or `Remaining: 0` with a reset, **pauses that upstream for every caller** sharing the
 //!   layer until the upstream says it is ready;
-//! - after a refusal or `Remaining: 0`, **lets callers through one at a time** until an answer
-//!   shows the upstream has room (any answer that is neither a refusal nor `Remaining: 0`),
-//!   then all of them: when a pause ends, one call goes first, and the rest follow only if it
-//!   was not refused. An adaptive layer with no quota treats a new upstream the same way;
+//! - when a pause ends, **releases the waiting callers in a slow start**, not all at once: a
+//!   plain success with no rate-limit header shows room for that one call only. After a
+//!   refusal whose pause was `r`, one call goes per `r` at first, each interval of `r` with no
+//!   refusal doubles how many go per `r` (1, 2, 4, ...), and a refusal during the slow start
+//!   halves that and stops the doubling. Everyone goes once an answer's rate-limit headers
+//!   show room (`Remaining` above 0, a limit, a policy) or the allowance covers every caller
+//!   still waiting: 15 callers waiting on an upstream that has recovered are all sent within
+//!   `3 r`. Where no `r` is known (a refusal with no wait, `Remaining: 0`, and a new upstream
+//!   of an adaptive layer with no quota), calls go through a window of calls in flight: 1, and
+//!   one more per plain answer, open on the same signs of room;
 //! - **retries** a refused request when it can be replayed ([`Replay`]: by default a cloneable
 //!   body and an idempotent method), up to [`max_attempts`](OutboundLayerBuilder::max_attempts)
 //!   within a [`retry_deadline`](OutboundLayerBuilder::retry_deadline), with exponential
@@ -34,7 +40,7 @@
 //!   pause (`Retry-After`, a reset, gRPC pushback) lasts at most `max_pause` from the answer
 //!   that asked for it, and the first attempt of a call is sent at most `max_pause` after the
 //!   call however many pauses, learned-limit slots (`RateLimit-Policy: "q";q=1;w=31536000`
-//!   included) or probes in flight stand in the way; a retry, at most `max_pause` after its
+//!   included), slow-start slots or full windows stand in the way; a retry, at most `max_pause` after its
 //!   backoff ends. Only a configured [`quota`](OutboundLayerBuilder::quota)'s own spacing can
 //!   make a call wait longer.
 //! - `X-RateLimit-Reset` is read by its size: below 10^9 seconds from now, from 10^9 Unix

@@ -152,7 +152,7 @@ where
     loop {
         let before = schedule.now();
         let mut slot = match refusal.take() {
-            // The first attempt: the upstream's pauses, learned limits and probe hold it at
+            // The first attempt: the upstream's pauses, learned limits and gates hold it at
             // most `max_pause` from the call, and it has no deadline to give up at.
             None => {
                 let hold_until = started.saturating_add(max_pause);
@@ -193,7 +193,7 @@ where
         }
         let res = inner.call(req).await?;
         let signal = UpstreamSignal::from_headers(res.status(), res.headers(), schedule.unix_now());
-        schedule.observe(&key, &signal);
+        schedule.observe(&slot, &signal);
         drop(slot);
         let retry_with = match next {
             Some(next) if signal.refused() => next,

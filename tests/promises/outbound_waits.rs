@@ -324,8 +324,9 @@ async fn retries_to_an_upstream_that_always_refuses_stay_within_the_budget() {
 
 /// Item 12: an upstream that sends only `Retry-After`, and whose first `Retry-After: 1` is too
 /// short (it refuses everything for 1.5 s): 15 concurrent calls. When the pause ended all 15
-/// went at once and all were refused; now one goes, is refused, and the rest wait for an
-/// answer that shows room: at most 1 refusal after the pause.
+/// went at once and all were refused; now one goes, is refused, and the rest wait: at most 1
+/// refusal after the pause. The upstream has recovered by then, and the slow start that
+/// follows serves all 15 within 3 s (3 pauses) of the first success.
 #[tokio::test(start_paused = true)]
 async fn after_a_pause_one_call_goes_before_the_rest() {
     let first = Arc::new(Mutex::new(None::<Instant>));
@@ -361,10 +362,92 @@ async fn after_a_pause_one_call_goes_before_the_rest() {
         .iter()
         .filter(|(at, s)| *at - t0 >= Duration::from_secs(1) && *s == StatusCode::TOO_MANY_REQUESTS)
         .count();
+    // Served from the first success on: the slow start after the pause sends 1, 2, 4, then
+    // everyone left, one interval of r (1 s) apart.
+    let served: Vec<_> = all
+        .iter()
+        .filter(|a| a.1 == StatusCode::OK)
+        .map(|a| a.0)
+        .collect();
+    let span = served[served.len() - 1] - served[0];
     println!(
-        "herd after a pause: {after_pause} upstream 429s after the pause, {} requests in all, {ok} of 15 calls served",
-        all.len()
+        "herd after a pause: {after_pause} upstream 429s after the pause, {} requests in all, {ok} of 15 calls served, all within {:.2} s of the first success (r = 1 s)",
+        all.len(),
+        span.as_secs_f64()
     );
     assert!(after_pause <= 1, "{after_pause} refusals after the pause");
     assert_eq!(ok, 15);
+    assert!(span <= Duration::from_secs(3), "{span:?}");
+}
+
+/// An upstream that serves exactly one request a second (a token bucket of 1 refilling 1 per
+/// second, full at the start), refuses the rest with `429 Retry-After: <s to the next token,
+/// rounded up>`, and sends no rate-limit header on its `200`s.
+async fn one_per_second() -> (SocketAddr, Arc<Seen>) {
+    // The time the bucket is next full, on tokio's clock.
+    let next = Arc::new(Mutex::new(None::<Instant>));
+    upstream(move |_, at| {
+        let mut next = next.lock().unwrap();
+        let ready = next.is_none_or(|t| at >= t);
+        let res = if ready {
+            *next = Some(at + Duration::from_secs(1));
+            status(200, &[])
+        } else {
+            let wait = next.unwrap() - at;
+            let secs = wait.as_micros().div_ceil(1_000_000);
+            status(429, &[("retry-after", secs.to_string())])
+        };
+        async move { res }
+    })
+    .await
+}
+
+/// Item 12, the known weakness of "one call at a time until an answer shows room": against an
+/// upstream that sends only `Retry-After` and really serves one request a second, the one call
+/// after a pause is served, and everyone else was released into refusals (26 upstream 429s for
+/// 15 concurrent calls). A plain `200` now shows room for that call only: a new upstream's
+/// calls go through a window of calls in flight (1, then one more per plain answer), and after
+/// a refusal the rest are released in a slow start, one per pause at first, doubling each
+/// pause, halved and no longer doubled once refused. 3 refusals: 2 when the window first holds
+/// 2 calls, 1 when the slow start first tries 2 per second; then 1 per second, the upstream's
+/// rate.
+#[tokio::test(start_paused = true)]
+async fn after_a_pause_calls_are_released_at_the_rate_the_upstream_serves() {
+    let (addr, seen) = one_per_second().await;
+    let client = ServiceBuilder::new()
+        .layer(OutboundLayer::new())
+        .service(http());
+    let started = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..15 {
+        let client = client.clone();
+        set.spawn(async move { call(&client, addr).await });
+    }
+    let (mut ok, mut attempts) = (0, 0);
+    let mut longest = Duration::ZERO;
+    while let Some(r) = set.join_next().await {
+        let (s, info) = r.unwrap();
+        ok += usize::from(s == StatusCode::OK);
+        attempts += info.attempts();
+        longest = longest.max(info.waited());
+    }
+    let all = seen.all();
+    let refused = all
+        .iter()
+        .filter(|a| a.1 == StatusCode::TOO_MANY_REQUESTS)
+        .count();
+    let refused_at: Vec<_> = all
+        .iter()
+        .filter(|a| a.1 == StatusCode::TOO_MANY_REQUESTS)
+        .map(|a| (a.0 - started).as_secs_f64())
+        .collect();
+    println!(
+        "1 request/s upstream, Retry-After only: {refused} upstream 429s (at {refused_at:?} s; 26 when one call at a time until any answer was the rule), {} requests ({attempts} attempts), {ok} of 15 calls served in {:.1} s, longest wait {:.1} s",
+        all.len(),
+        started.elapsed().as_secs_f64(),
+        longest.as_secs_f64()
+    );
+    assert!(refused <= 3, "{refused} upstream 429s");
+    assert_eq!(ok, 15);
+    assert!(longest <= Duration::from_secs(60));
 }
