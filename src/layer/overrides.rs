@@ -7,10 +7,11 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+use crate::algorithm::AlgorithmKind;
 use crate::decision::PolicyName;
 use crate::key::Key;
 use crate::plan::Override;
-use crate::store::PlanQuota;
+use crate::store::{PlanQuota, QuotaPin};
 
 /// An override as the request path uses it.
 #[derive(Debug, Clone, Copy)]
@@ -20,7 +21,26 @@ pub(crate) enum Active {
     Exempt,
 }
 
-type Map = HashMap<(PolicyName, Box<[u8]>), (Override, Option<PlanQuota>)>;
+/// An override's quota, compiled for its limit's algorithm, and the pin that keeps its tag
+/// while the override exists (in any map a reader may still hold): so that a reload or another
+/// set finds it under the same tag, and the key's state stays convertible, however many other
+/// quotas the process compiles meanwhile (see [`PlanQuota`]).
+#[derive(Debug)]
+pub(crate) struct Pinned {
+    quota: PlanQuota,
+    _pin: QuotaPin,
+}
+
+impl Pinned {
+    pub(crate) fn new(quota: PlanQuota) -> Arc<Self> {
+        Arc::new(Self {
+            _pin: quota.pin(),
+            quota,
+        })
+    }
+}
+
+type Map = HashMap<(PolicyName, Box<[u8]>), (Override, Option<Arc<Pinned>>)>;
 
 /// The overrides of one layer: copy-on-write, read without a lock, checked only while any
 /// exist (one relaxed load otherwise).
@@ -50,7 +70,7 @@ impl OverrideTable {
         let map = self.map.load();
         let (value, quota) = map.get(&(limit, bytes.into_boxed_slice()))?;
         Some(match value {
-            Override::Quota(_) => Active::Quota((*quota)?),
+            Override::Quota(_) => Active::Quota(quota.as_ref()?.quota),
             Override::Block => Active::Block,
             Override::Exempt => Active::Exempt,
         })
@@ -66,7 +86,9 @@ impl OverrideTable {
         let mut bytes = Vec::new();
         key.write_canonical(&mut bytes);
         let _writing = self.writing.lock().unwrap_or_else(|p| p.into_inner());
+        let quota = quota.map(Pinned::new);
         let mut map = Map::clone(&self.map.load());
+        // The replaced override's pin is released once no reader holds the old map.
         map.insert((limit, bytes.into_boxed_slice()), (value, quota));
         let len = map.len();
         self.map.store(Arc::new(map));
@@ -86,22 +108,35 @@ impl OverrideTable {
         removed
     }
 
-    /// Every override, to recompile quotas for a limit whose algorithm a reload changed.
-    pub(crate) fn entries(&self) -> Vec<(PolicyName, Box<[u8]>, Override)> {
-        self.map
-            .load()
-            .iter()
-            .map(|((l, k), (v, _))| (*l, k.clone(), *v))
-            .collect()
-    }
-
-    pub(crate) fn recompile(&self, limit: PolicyName, key: Box<[u8]>, quota: Option<PlanQuota>) {
+    /// Recompiles the quota of every override whose limit `algorithm_of` names with an
+    /// algorithm other than its quota's (`compile` gives the new quota, or `None` when the
+    /// quota does not fit that algorithm: the key is then decided as if it had no override).
+    /// Others keep their quota, tag and pin. One new map, whatever the number of overrides.
+    pub(crate) fn recompile(
+        &self,
+        algorithm_of: impl Fn(PolicyName) -> Option<AlgorithmKind>,
+        compile: impl Fn(AlgorithmKind, crate::Quota) -> Option<PlanQuota>,
+    ) {
         let _writing = self.writing.lock().unwrap_or_else(|p| p.into_inner());
-        let mut map = Map::clone(&self.map.load());
-        if let Some(entry) = map.get_mut(&(limit, key)) {
-            entry.1 = quota;
+        let current = self.map.load_full();
+        let mut map: Option<Map> = None;
+        for ((limit, key), (value, quota)) in current.iter() {
+            let Override::Quota(q) = value else { continue };
+            let Some(algorithm) = algorithm_of(*limit) else {
+                continue;
+            };
+            if quota.as_ref().map(|p| p.quota.algorithm()) == Some(algorithm) {
+                continue;
+            }
+            let recompiled = compile(algorithm, *q).map(Pinned::new);
+            let map = map.get_or_insert_with(|| Map::clone(&current));
+            if let Some(entry) = map.get_mut(&(*limit, key.clone())) {
+                entry.1 = recompiled;
+            }
         }
-        self.map.store(Arc::new(map));
+        if let Some(map) = map {
+            self.map.store(Arc::new(map));
+        }
     }
 }
 
@@ -115,4 +150,79 @@ pub(crate) fn key_digest(key: &Key<'_>) -> String {
     let mut h = SEED.get_or_init(Default::default).build_hasher();
     h.write(&bytes);
     format!("{:016x}", h.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Quota;
+
+    fn quota_of(table: &OverrideTable, limit: PolicyName, key: &Key<'_>) -> Option<Arc<Pinned>> {
+        let mut bytes = Vec::new();
+        key.write_canonical(&mut bytes);
+        let map = table.map.load();
+        map.get(&(limit, bytes.into_boxed_slice()))?.1.clone()
+    }
+
+    #[test]
+    fn a_reload_recompiles_only_overrides_whose_algorithm_changed() {
+        let table = OverrideTable::default();
+        let (api, web, gone) = (
+            PolicyName::new("api"),
+            PolicyName::new("web"),
+            PolicyName::new("gone"),
+        );
+        let key = Key::string("big-co");
+        let q = Quota::per_hour(5_000);
+        for limit in [api, web, gone] {
+            let quota = PlanQuota::new(AlgorithmKind::Gcra, q).unwrap();
+            table.set(limit, &key, Override::Quota(q), Some(quota));
+        }
+        table.set(api, &Key::string("x"), Override::Block, None);
+        let before = [api, web, gone].map(|l| quota_of(&table, l, &key).unwrap());
+
+        // api keeps GCRA, web changes to a fixed window, gone is not in the new set.
+        table.recompile(
+            |name| {
+                (name == api)
+                    .then_some(AlgorithmKind::Gcra)
+                    .or((name == web).then_some(AlgorithmKind::FixedWindow))
+            },
+            |algorithm, quota| PlanQuota::new(algorithm, quota).ok(),
+        );
+        let after = [api, web, gone].map(|l| quota_of(&table, l, &key).unwrap());
+        assert!(
+            Arc::ptr_eq(&before[0], &after[0]),
+            "unchanged: same quota and pin"
+        );
+        assert!(
+            Arc::ptr_eq(&before[2], &after[2]),
+            "no such limit: left as it was"
+        );
+        assert_eq!(after[1].quota.algorithm(), AlgorithmKind::FixedWindow);
+        assert_eq!(*after[1].quota.quota(), q);
+        assert!(matches!(
+            table.get(api, &Key::string("x")),
+            Some(Active::Block)
+        ));
+
+        // A quota the new algorithm refuses: the override applies none, and is compiled again
+        // when its limit's algorithm next changes.
+        let bursty = Quota::per_hour(5_000).burst(6_000);
+        let quota = PlanQuota::new(AlgorithmKind::Gcra, bursty).unwrap();
+        table.set(api, &key, Override::Quota(bursty), Some(quota));
+        table.recompile(
+            |_| Some(AlgorithmKind::FixedWindow),
+            |algorithm, quota| PlanQuota::new(algorithm, quota).ok(),
+        );
+        assert!(quota_of(&table, api, &key).is_none());
+        assert!(table.get(api, &key).is_none());
+        table.recompile(
+            |_| Some(AlgorithmKind::TokenBucket),
+            |algorithm, quota| PlanQuota::new(algorithm, quota).ok(),
+        );
+        let now = quota_of(&table, api, &key).unwrap();
+        assert_eq!(now.quota.algorithm(), AlgorithmKind::TokenBucket);
+        assert_eq!(*now.quota.quota(), bursty);
+    }
 }

@@ -84,18 +84,17 @@ impl<St: Store> RateLimitLayer<St> {
             limit.explicit_quota = true;
         }
         let changes = diff(&old.limits, &compiled);
-        // Overrides with a quota follow their limit's algorithm.
-        for (limit_name, key, value) in self.shared.overrides.entries() {
-            if let Override::Quota(q) = value {
-                if let Some(limit) = compiled.iter().find(|l| l.name == limit_name) {
-                    self.shared.overrides.recompile(
-                        limit_name,
-                        key,
-                        PlanQuota::new(limit.algorithm, q).ok(),
-                    );
-                }
-            }
-        }
+        // Overrides with a quota follow their limit's algorithm; the others keep their
+        // compiled quota (pinned, so its tag and the keys' states under it stay valid).
+        self.shared.overrides.recompile(
+            |name| {
+                compiled
+                    .iter()
+                    .find(|l| l.name == name)
+                    .map(|l| l.algorithm)
+            },
+            |algorithm, quota| PlanQuota::new(algorithm, quota).ok(),
+        );
         let policy_header = policy_field(compiled.iter().map(|l| (l.name.as_str(), &l.quota)));
         self.shared.current.store(Arc::new(Snapshot {
             limits: compiled,
@@ -111,7 +110,12 @@ impl<St: Store> RateLimitLayer<St> {
     /// `ClientIp` group to a /64 by default: `2001:db8::/64` is `Key::ip("2001:db8::".parse()?)`);
     /// a scoped key (`RouteKey`, `GrpcMethod`) includes its scope. A custom quota, a block
     /// (`403`) or an exemption. Overrides outlive reloads; a shadow limit never refuses, even
-    /// for a blocked key.
+    /// for a blocked key. A custom quota is kept while the override is set (see
+    /// [`PlanQuota`]): across reloads that keep the limit's algorithm, and however many other
+    /// quotas the process compiles, the key keeps what it spent under it. A reload that changes
+    /// the limit's algorithm compiles the quota for the new one (a key whose override quota the
+    /// new algorithm refuses is decided as if it had no override, until its algorithm changes
+    /// again or the override is set again).
     /// Emits an [`AuditEvent`] (the key appears only as a digest).
     ///
     /// ```

@@ -1,7 +1,8 @@
 //! [`PlanQuota`]: a quota compiled for one algorithm, chosen per request.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 
 use arc_swap::ArcSwap;
@@ -42,13 +43,15 @@ use crate::quota::Quota;
 /// another quota.
 ///
 /// The process keeps a tag's quota (a few hundred bytes) while a layer built with it serves
-/// (its limits' and plans' quotas), and otherwise while it is among the [`KEPT_QUOTAS`]
-/// quotas most recently added or released by a layer, so that keys written under a quota a
-/// reload replaced are converted from it when next seen. Memory is thus bounded by the quotas
-/// in force plus `KEPT_QUOTAS`, however many reloads. A key whose state was written under a
-/// quota no longer kept is counted as having spent its whole budget at the moment it is next
-/// checked, under the quota it is checked at: never a fresh budget (if it is never checked
-/// again, its slot may be reused once the state looks refilled under the limit's own quota).
+/// (its limits' and plans' quotas, and its per-key overrides' quotas while each override is
+/// set), and otherwise while it is among the [`KEPT_QUOTAS`] quotas most recently compiled
+/// (`PlanQuota::new`, of a new quota or of one already kept) or released by a layer, so that
+/// keys written under a quota a reload replaced are converted from it when next seen. Memory
+/// is thus bounded by the quotas in force plus `KEPT_QUOTAS`, however many reloads. A key
+/// whose state was written under a quota no longer kept is counted as having spent its whole
+/// budget at the moment it is next checked, under the quota it is checked at: never a fresh
+/// budget (if it is never checked again, its slot may be reused once the state looks refilled
+/// under the limit's own quota).
 ///
 /// Compiling takes a process-wide mutex only for a quota not compiled before; checks never
 /// take it (stores read the tags from a snapshot, without a lock).
@@ -116,7 +119,7 @@ impl PlanQuota {
     }
 
     /// Keeps this quota's tag while the pin lives (see [`PlanQuota`]): a layer pins the quotas
-    /// it serves.
+    /// it serves (limits', plans' and per-key overrides').
     pub(crate) fn pin(&self) -> QuotaPin {
         QuotaPin::new(&REGISTRY, self)
     }
@@ -180,7 +183,13 @@ struct Quotas {
     /// The registry as published: every tag given is in it before the tag is handed out; it
     /// may still hold quotas forgotten since (they are then kept a little longer).
     published: ArcSwap<Published>,
+    /// Stamps uses (compiles and releases) in order, without a lock: a compile that finds its
+    /// quota published stamps the entry's `last` with it.
+    clock: Arc<AtomicU64>,
 }
+
+/// The last use of an entry, written without the registry's lock.
+type Last = Arc<AtomicU64>;
 
 /// A snapshot of the registry: a full copy, and the quotas given since (at most `DELTA`), so
 /// that giving a tag copies at most `DELTA` entries and a full copy is made once per
@@ -188,12 +197,12 @@ struct Quotas {
 #[derive(Default)]
 struct Published {
     full: Arc<Full>,
-    since: Vec<(u32, (AlgorithmKind, Quota), CompiledAlgorithm)>,
+    since: Vec<(u32, (AlgorithmKind, Quota), CompiledAlgorithm, Last)>,
 }
 
 #[derive(Default)]
 struct Full {
-    tags: HashMap<(AlgorithmKind, Quota), u32>,
+    tags: HashMap<(AlgorithmKind, Quota), (u32, Last)>,
     compiled: HashMap<u32, CompiledAlgorithm>,
 }
 
@@ -208,19 +217,22 @@ impl Published {
         }
     }
 
-    fn tag(&self, key: (AlgorithmKind, Quota)) -> Option<u32> {
+    /// The tag of `key` and its entry's last use.
+    fn tag(&self, key: (AlgorithmKind, Quota)) -> Option<(u32, &AtomicU64)> {
         match self.since.iter().rev().find(|e| e.1 == key) {
-            Some(e) => Some(e.0),
-            None => self.full.tags.get(&key).copied(),
+            Some(e) => Some((e.0, &e.3)),
+            None => self.full.tags.get(&key).map(|(tag, last)| (*tag, &**last)),
         }
     }
 }
 
 impl Quotas {
     fn new(keep: usize) -> Self {
+        let clock = Arc::new(AtomicU64::new(0));
         Self {
-            registry: Mutex::new(Registry::new(keep)),
+            registry: Mutex::new(Registry::new(keep, Arc::clone(&clock))),
             published: ArcSwap::from_pointee(Published::default()),
+            clock,
         }
     }
 
@@ -241,7 +253,7 @@ impl Quotas {
                 let mut since = published.since.clone();
                 since.extend(given.iter().filter_map(|&tag| {
                     let e = registry.entries.get(&tag)?;
-                    Some((tag, (e.algorithm, e.quota), e.compiled))
+                    Some((tag, (e.algorithm, e.quota), e.compiled, Arc::clone(&e.last)))
                 }));
                 self.published.store(Arc::new(Published {
                     full: Arc::clone(&published.full),
@@ -257,7 +269,7 @@ impl Quotas {
         let tags = registry
             .entries
             .iter()
-            .map(|(&tag, e)| ((e.algorithm, e.quota), tag))
+            .map(|(&tag, e)| ((e.algorithm, e.quota), (tag, Arc::clone(&e.last))))
             .collect();
         let compiled = registry
             .entries
@@ -275,14 +287,19 @@ impl Quotas {
         self.published.load().compiled(tag)
     }
 
-    /// The tag of `quota` enforced by `algorithm`, compiled as `compiled`.
+    /// The tag of `quota` enforced by `algorithm`, compiled as `compiled`: a use of it, as
+    /// recent as a new quota's (a published one is stamped without the lock).
     fn tag(
         &self,
         algorithm: AlgorithmKind,
         quota: Quota,
         compiled: CompiledAlgorithm,
     ) -> Result<u32, ConfigError> {
-        if let Some(tag) = self.published.load().tag((algorithm, quota)) {
+        if let Some((tag, last)) = self.published.load().tag((algorithm, quota)) {
+            last.fetch_max(
+                self.clock.fetch_add(1, Ordering::Relaxed) + 1,
+                Ordering::Relaxed,
+            );
             return Ok(tag);
         }
         self.update(|r| r.intern(algorithm, quota, compiled))
@@ -298,13 +315,12 @@ struct Registry {
     tags: HashMap<(AlgorithmKind, Quota), u32>,
     /// Each kept quota, by tag.
     entries: HashMap<u32, Entry>,
-    /// Unpinned tags, least recently used first, each with the use it was queued at; an item
-    /// whose entry was used again, pinned or forgotten since is stale and skipped.
-    recent: VecDeque<(u32, u64)>,
-    /// Entries with no pin.
-    unpinned: usize,
-    /// Uses so far (compiles and releases).
-    uses: u64,
+    /// Every unpinned tag, by the use it was queued at (least recent first). An entry used
+    /// since without the lock (its `last` is later) is queued again at that use when it comes
+    /// first, rather than forgotten.
+    recent: BTreeMap<u64, u32>,
+    /// Stamps uses (shared with [`Quotas::clock`]).
+    clock: Arc<AtomicU64>,
     /// The last tag given (tags are never given twice).
     last: u32,
     /// How many unpinned quotas are kept: [`KEPT_QUOTAS`].
@@ -321,18 +337,19 @@ struct Entry {
     compiled: CompiledAlgorithm,
     /// Layers in service holding it.
     pins: u32,
-    /// The use it was last queued at in `recent`.
-    used_at: u64,
+    /// The use it is queued at in `recent`, if unpinned.
+    queued: u64,
+    /// Its last use: `queued` or later.
+    last: Last,
 }
 
 impl Registry {
-    fn new(keep: usize) -> Self {
+    fn new(keep: usize, clock: Arc<AtomicU64>) -> Self {
         Self {
             tags: HashMap::new(),
             entries: HashMap::new(),
-            recent: VecDeque::new(),
-            unpinned: 0,
-            uses: 0,
+            recent: BTreeMap::new(),
+            clock,
             last: 0,
             keep,
             given: Vec::new(),
@@ -380,13 +397,11 @@ impl Registry {
                 quota,
                 compiled,
                 pins,
-                used_at: 0,
+                queued: 0,
+                last: Arc::new(AtomicU64::new(0)),
             },
         );
         self.given.push(tag);
-        if pins == 0 {
-            self.unpinned += 1;
-        }
     }
 
     /// Pins `tag` (the quota `key`, compiled as `compiled`): kept again if it was forgotten
@@ -395,7 +410,7 @@ impl Registry {
         match self.entries.get_mut(&tag) {
             Some(entry) => {
                 if entry.pins == 0 {
-                    self.unpinned -= 1;
+                    self.recent.remove(&entry.queued);
                 }
                 entry.pins += 1;
             }
@@ -407,7 +422,6 @@ impl Registry {
         if let Some(entry) = self.entries.get_mut(&tag) {
             entry.pins -= 1;
             if entry.pins == 0 {
-                self.unpinned += 1;
                 self.used(tag);
             }
         }
@@ -422,40 +436,33 @@ impl Registry {
         if entry.pins > 0 {
             return;
         }
-        self.uses += 1;
-        entry.used_at = self.uses;
-        self.recent.push_back((tag, self.uses));
-        while self.unpinned > self.keep {
-            let Some((old, at)) = self.recent.pop_front() else {
+        let now = self.clock.fetch_add(1, Ordering::Relaxed) + 1;
+        entry.last.fetch_max(now, Ordering::Relaxed);
+        self.recent.remove(&entry.queued);
+        entry.queued = now;
+        self.recent.insert(now, tag);
+        while self.recent.len() > self.keep {
+            let Some((at, old)) = self.recent.pop_first() else {
                 break;
             };
-            if self.current(old, at) {
-                if let Some(e) = self.entries.remove(&old) {
-                    let key = (e.algorithm, e.quota);
-                    if self.tags.get(&key) == Some(&old) {
-                        self.tags.remove(&key);
-                    }
-                    self.unpinned -= 1;
-                    self.forgotten += 1;
-                }
+            let Some(entry) = self.entries.get_mut(&old) else {
+                continue;
+            };
+            let last = entry.last.load(Ordering::Relaxed);
+            if last > at {
+                // Compiled again since it was queued (found published): as recent as that.
+                // Stamps are unique, so `last` is no other item's.
+                entry.queued = last;
+                self.recent.insert(last, old);
+                continue;
             }
+            let key = (entry.algorithm, entry.quota);
+            self.entries.remove(&old);
+            if self.tags.get(&key) == Some(&old) {
+                self.tags.remove(&key);
+            }
+            self.forgotten += 1;
         }
-        // Stale items: dropped once they outnumber the current ones, so `recent` stays bounded.
-        if self.recent.len() > 2 * self.unpinned + 64 {
-            let entries = &self.entries;
-            self.recent.retain(|&(tag, at)| {
-                entries
-                    .get(&tag)
-                    .is_some_and(|e| e.pins == 0 && e.used_at == at)
-            });
-        }
-    }
-
-    /// Whether the item `(tag, at)` of `recent` is current.
-    fn current(&self, tag: u32, at: u64) -> bool {
-        self.entries
-            .get(&tag)
-            .is_some_and(|e| e.pins == 0 && e.used_at == at)
     }
 }
 
@@ -592,6 +599,41 @@ mod tests {
         for _ in 0..10_000 {
             compile(203);
         }
-        assert!(quotas.registry.lock().recent.len() <= 2 * 4 + 64);
+        assert!(quotas.registry.lock().recent.len() <= 4);
+    }
+
+    #[test]
+    fn compiling_a_kept_quota_again_makes_it_recent_without_the_lock() {
+        let quotas: &'static Quotas = Box::leak(Box::new(Quotas::new(4)));
+        // Through `Quotas::tag`, as `PlanQuota::new` does: a published quota is found without
+        // the lock.
+        let compile = |n: u64| {
+            let quota = Quota::per_hour(n);
+            let compiled = CompiledAlgorithm::Gcra(Gcra::new(quota).unwrap());
+            quotas.tag(AlgorithmKind::Gcra, quota, compiled).unwrap()
+        };
+        let kept = |tag| quotas.registry.lock().entries.contains_key(&tag);
+        let a = compile(60);
+        for n in 1..=3 {
+            compile(n);
+        }
+        let found = {
+            let _held = quotas.registry.lock();
+            // The fast path takes no lock: it completes while the registry is locked.
+            let quota = Quota::per_hour(60);
+            let compiled = CompiledAlgorithm::Gcra(Gcra::new(quota).unwrap());
+            quotas.tag(AlgorithmKind::Gcra, quota, compiled).unwrap()
+        };
+        assert_eq!(found, a);
+        // Now the most recent: 1, 2 and 3 are forgotten before it.
+        let four = compile(4);
+        let five = compile(5);
+        let six = compile(6);
+        assert!(kept(a), "a quota compiled again is as recent as a new one");
+        assert!(kept(four) && kept(five) && kept(six));
+        assert_eq!(quotas.registry.lock().entries.len(), 4);
+        compile(7);
+        assert!(!kept(a), "then forgotten in its turn");
+        assert_eq!(quotas.registry.lock().recent.len(), 4);
     }
 }

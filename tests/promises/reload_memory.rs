@@ -432,3 +432,168 @@ fn over_long_names_are_refused_at_build() {
         "over-long names refused: limit.name, limit.plans.name, policy name, concurrency name"
     );
 }
+
+/// A layer with one limit of 100/h keyed by `x-key`, on a memory store whose clock is frozen.
+fn override_layer(
+    clock: &tollgate::clock::ManualClock,
+) -> RateLimitLayer<tollgate::store::MemoryStore<tollgate::clock::ManualClock>> {
+    RateLimitLayer::builder()
+        .backend(MemoryBackend::new().clock(clock.clone()))
+        .limit(override_limit())
+        .build()
+        .expect("build the layer")
+}
+
+fn override_limit() -> Limit {
+    Limit::new("api", Quota::per_hour(100)).key(tollgate::key::HeaderKey::new("x-key").unwrap())
+}
+
+/// A per-key override's quota is kept (pinned) while the override exists: however many other
+/// quotas are compiled or released meanwhile, a reload finds it under the same tag and the
+/// key keeps what it spent. Reproduction: a 5000/h override, 1 spent, 6,000 unrelated quotas
+/// compiled, a reload with the same limits: the key has 4,999 left (its next request is
+/// admitted with 4,998 remaining), not 0 and refused.
+#[tokio::test]
+async fn an_override_keeps_its_budget_across_quota_churn_and_reloads() {
+    use tollgate::key::Key;
+    use tollgate::plan::Override;
+    use tollgate::store::PlanQuota;
+    use tollgate::AlgorithmKind;
+
+    let clock = tollgate::clock::ManualClock::new();
+    let layer = override_layer(&clock);
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(service_fn(|_: Request<()>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+        }));
+    let call = |key: &str| Request::get("/").header("x-key", key).body(()).unwrap();
+    let remaining = |res: &http::Response<_>| -> u64 {
+        res.headers()["x-ratelimit-remaining"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    layer
+        .set_override(
+            "api",
+            Key::string("big-co"),
+            Override::Quota(Quota::per_hour(5_000)),
+            "sales",
+        )
+        .unwrap();
+    let res = svc.clone().oneshot(call("big-co")).await.unwrap();
+    assert_eq!((res.status().as_u16(), remaining(&res)), (200, 4_999));
+
+    // Many quotas compiled by others (direct PlanQuota users, reloads of other layers): more
+    // than the process keeps unpinned.
+    for i in 0..3_000u64 {
+        for kind in [AlgorithmKind::TokenBucket, AlgorithmKind::Gcra] {
+            PlanQuota::new(kind, Quota::per_second(70_000_000 + i)).unwrap();
+        }
+    }
+    layer.reload(vec![override_limit()], "test").unwrap();
+    let res = svc.clone().oneshot(call("big-co")).await.unwrap();
+    let (status, left) = (res.status().as_u16(), remaining(&res));
+    println!(
+        "override 5000/h, 1 spent, 6,000 other quotas compiled, reload: next request {status}, remaining {left} (4,998 expected)"
+    );
+    assert_eq!((status, left), (200, 4_998), "the key lost its budget");
+
+    // Replaced by another quota, then by the first again: the first was released (not pinned)
+    // in between, and is still among the most recent, so the key keeps what it spent.
+    layer
+        .set_override(
+            "api",
+            Key::string("big-co"),
+            Override::Quota(Quota::per_hour(6_000)),
+            "sales",
+        )
+        .unwrap();
+    layer
+        .set_override(
+            "api",
+            Key::string("big-co"),
+            Override::Quota(Quota::per_hour(5_000)),
+            "sales",
+        )
+        .unwrap();
+    let res = svc.clone().oneshot(call("big-co")).await.unwrap();
+    assert_eq!((res.status().as_u16(), remaining(&res)), (200, 4_997));
+}
+
+fn override_pins_child() {
+    use tollgate::key::Key;
+    use tollgate::plan::Override;
+    use tollgate::store::{kept_quotas, PlanQuota, KEPT_QUOTAS};
+    use tollgate::AlgorithmKind;
+
+    let clock = tollgate::clock::ManualClock::new();
+    let layer = override_layer(&clock);
+    let set = |key: String, per_second: u64| {
+        layer
+            .set_override(
+                "api",
+                Key::string(key),
+                Override::Quota(Quota::per_second(per_second)),
+                "test",
+            )
+            .unwrap();
+    };
+    let churn = |from: u64| {
+        for i in 0..2 * KEPT_QUOTAS as u64 {
+            PlanQuota::new(AlgorithmKind::Gcra, Quota::per_second(from + i)).unwrap();
+        }
+    };
+    // 1,500 overrides of distinct quotas: all kept while they exist.
+    for i in 0..1_500u64 {
+        set(format!("key-{i}"), 1_000 + i);
+    }
+    churn(10_000_000);
+    figure("kept_with_1500_overrides", kept_quotas() as u64);
+    // Each replaced twice: only the quotas in force stay pinned.
+    for round in 1..=2u64 {
+        for i in 0..1_500u64 {
+            set(format!("key-{i}"), 1_000_000 * round + i);
+        }
+    }
+    churn(20_000_000);
+    figure("kept_after_replacing", kept_quotas() as u64);
+    // Reloads keep them, and pin nothing more.
+    for _ in 0..3 {
+        layer.reload(vec![override_limit()], "test").unwrap();
+    }
+    churn(30_000_000);
+    figure("kept_after_reloads", kept_quotas() as u64);
+    // Removed: released, then forgotten once others are used.
+    for i in 0..1_500u64 {
+        assert!(layer.remove_override("api", Key::string(format!("key-{i}")), "test"));
+    }
+    churn(40_000_000);
+    figure("kept_after_removing", kept_quotas() as u64);
+}
+
+/// Overrides' quotas are kept while the overrides exist, and released when an override is
+/// replaced or removed: the registry holds the quotas in force plus at most `KEPT_QUOTAS`.
+#[test]
+fn override_quotas_are_kept_while_in_force_and_released_after() {
+    let Some(figures) =
+        run_alone("reload_memory::override_quotas_are_kept_while_in_force_and_released_after")
+    else {
+        return override_pins_child();
+    };
+    let keep = tollgate::store::KEPT_QUOTAS as u64;
+    let with = get(&figures, "kept_with_1500_overrides");
+    let replaced = get(&figures, "kept_after_replacing");
+    let reloaded = get(&figures, "kept_after_reloads");
+    let removed = get(&figures, "kept_after_removing");
+    println!(
+        "quotas kept: 1,500 overrides {with}, after 3,000 replacements {replaced}, after 3 reloads {reloaded}, after removing all {removed} (KEPT_QUOTAS {keep})"
+    );
+    // The limit's own quota is pinned too.
+    assert!((1_501..=1_501 + keep).contains(&with), "{with}");
+    assert!((1_501..=1_501 + keep).contains(&replaced), "{replaced}");
+    assert!((1_501..=1_501 + keep).contains(&reloaded), "{reloaded}");
+    assert!(removed <= 1 + keep, "{removed}");
+}
