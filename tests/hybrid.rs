@@ -640,3 +640,100 @@ async fn a_paused_redis_is_decided_by_the_local_share_and_resumes_without_a_burs
     assert!(store.stats().leases() > leases, "Redis decides again");
     eprintln!("paused: {during} admitted by the local share, {after} after resuming");
 }
+
+/// Decided by Redis and admitted (a failure, decided by `Closed`, is not).
+async fn decided(store: &HybridStore, key: &str) -> bool {
+    let checks = [LimitCheck::new(0, Key::string(key.to_owned()), 1)];
+    decide(store, &checks).await.is_ok_and(|d| d.allowed())
+}
+
+/// A Cluster master that stalls (SIGSTOP, or a network partition: its connections stay open and
+/// nothing answers) must not make the probe of another master's breaker fail: the probe checks
+/// the Cluster connection with a command routed to a slot the probed master serves, not to any
+/// node (about a third of such commands went to the stalled master and timed out, and the
+/// probe then replaced the Cluster connection: once in 8 cycles, B deciding again up to 960 ms
+/// after its resume; now 0, and about 210 ms). Master A stays stalled; master B is stalled and
+/// resumed 8 times, each time until its breaker is open; master C is never probed, so every
+/// connection C accepts is a replaced Cluster connection (or this test's reading).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_master_does_not_make_a_healthy_masters_probe_replace_the_connection() {
+    const CYCLES: usize = 8;
+    let cluster = support::RedisCluster::start_with(&["--cluster-require-full-coverage", "no"]);
+    let p = prefix("hybrid-stalled");
+    let limits = [spec(
+        "calls",
+        Quota::per_second(100_000),
+        AlgorithmKind::TokenBucket,
+        closed(),
+    )];
+    let backend = || {
+        RedisBackend::cluster(cluster.urls())
+            .prefix(p.clone())
+            .timeout(Duration::from_millis(100))
+            .connect_timeout(Duration::from_millis(300))
+            .breaker_threshold(1)
+            .probe_interval(Duration::from_millis(50))
+    };
+    let plain = backend().build(&limits).unwrap();
+    let store = HybridBackend::new(backend()).build(&limits).unwrap();
+    // Client keys by the master their Redis key lives on.
+    let mut on: [Vec<String>; 3] = Default::default();
+    for i in 0.. {
+        let client = format!("client-{i}");
+        let redis_key = plain.redis_key(0, &Key::string(client.clone())).unwrap();
+        on[cluster.index_for(&redis_key)].push(client);
+        if on.iter().all(|v| v.len() > 3 * CYCLES + 1) {
+            break;
+        }
+    }
+    let (a, b, c) = (0, 1, 2);
+    for keys in &on {
+        assert!(decided(&store, &keys[0]).await, "every master answers");
+    }
+    // Connections `n` accepted, this reading's own included.
+    let accepted = |n: usize| -> u64 {
+        let info: String = cluster.nodes[n].cmd(&["INFO", "stats"]);
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("total_connections_received")
+    };
+    cluster.nodes[a].pause();
+    let before = accepted(c);
+    let mut slowest = Duration::ZERO;
+    for cycle in 0..CYCLES {
+        let keys = &on[b][1 + 3 * cycle..];
+        cluster.nodes[b].pause();
+        // The lease call times out (after 250 ms: a request waits at most the store timeout,
+        // the call longer) and opens B's breaker (threshold 1): checks then fail at once.
+        assert!(!decided(&store, &keys[0]).await, "B is stalled");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let t = std::time::Instant::now();
+        assert!(!decided(&store, &keys[1]).await, "B is stalled");
+        assert!(
+            t.elapsed() < Duration::from_millis(50),
+            "B's breaker is open ({:?})",
+            t.elapsed()
+        );
+        cluster.nodes[b].resume();
+        let t0 = std::time::Instant::now();
+        let deadline = t0 + Duration::from_secs(10);
+        while !decided(&store, &keys[2]).await {
+            assert!(std::time::Instant::now() < deadline, "B decides again");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        slowest = slowest.max(t0.elapsed());
+    }
+    // Less the connection that reads the figure.
+    let replaced = accepted(c) - before - 1;
+    cluster.nodes[a].resume();
+    println!(
+        "master A stalled, master B stalled and resumed {CYCLES} times: the Cluster connection \
+         was replaced {replaced} times (connections master C accepted); B decided again at most \
+         {slowest:?} after each resume"
+    );
+    assert_eq!(
+        replaced, 0,
+        "a healthy master's probe replaced the Cluster connection because of a stalled one"
+    );
+}

@@ -323,3 +323,75 @@ async fn a_key_expired_once_full_is_charged_nothing() {
         }
     }
 }
+
+/// A sliding window counter weighs the previous window into the next one, so what the instances
+/// knew of a key lost just before its window ended still counts after it: exhausted at 59.9 s of
+/// a one-minute window (100 per minute) and flushed, the key admits at 60.1 s and at 90 s what
+/// it would have admitted without the loss (the estimate: about 0, then about 50), plus at most
+/// one request per instance that knew it; and one more when an instance that never saw the key
+/// reaches it first (the others then charge what they knew on top, weighed the same way). It
+/// admits no fewer than without the loss less that many either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushall_at_a_window_end_keeps_the_sliding_estimate() {
+    let server = RedisServer::start();
+    let kind = AlgorithmKind::SlidingWindow;
+    // The window of the start clock is [3600 s, 3660 s).
+    let (end, late) = (3_659_900_000, 3_660_100_000);
+    let half = 3_690_000_000;
+    let mut figures = Vec::new();
+    for (flush, late_first) in [(false, false), (true, false), (true, true)] {
+        let clock = start_clock();
+        let mut stores = instances(&server.url(), &clock, kind);
+        let newcomer = stores.pop().expect("the late instance");
+        clock.set_micros(end);
+        let spent = drain(&stores, u64::MAX).await;
+        assert_eq!(spent, 100, "{kind}: the budget was spent at 59.9 s");
+        if flush {
+            let _: String = server.cmd(&["FLUSHALL"]);
+        }
+        clock.set_micros(late);
+        let mut at_late = 0;
+        if late_first {
+            at_late += u64::from(allow(&newcomer, KEY).await);
+        }
+        at_late += drain(&stores, u64::MAX).await;
+        clock.set_micros(half);
+        let at_half = drain(&stores, u64::MAX).await;
+        figures.push((at_late, at_half));
+    }
+    let (base_late, base_half) = figures[0];
+    for (i, &(late_n, half_n)) in figures.iter().enumerate().skip(1) {
+        let what = if i == 1 {
+            "FLUSHALL"
+        } else {
+            "FLUSHALL, a newcomer first"
+        };
+        // One request per instance that knew the key, and the newcomer's cold lease.
+        let extra = INSTANCES as u64 + u64::from(i == 2);
+        let late_bound = base_late + extra;
+        let bound = base_late + base_half + extra;
+        println!(
+            "{kind}: exhausted at 59.9 s, {what}: {late_n} admitted at 60.1 s and {half_n} at \
+             90 s (without the loss: {base_late} and {base_half}; bound {late_bound} at 60.1 s, \
+             {bound} in all)"
+        );
+        assert!(
+            late_n <= late_bound,
+            "{kind}, {what}: {late_n} admitted at 60.1 s after a loss at 59.9 s: a fresh window \
+             (without the loss: {base_late}; bound {late_bound})"
+        );
+        assert!(
+            late_n + half_n <= bound,
+            "{kind}, {what}: {late_n} admitted at 60.1 s and {half_n} at 90 s after a loss at \
+             59.9 s (without the loss: {base_late} and {base_half}; bound {bound})"
+        );
+        // Nor does the loss cost more than that the other way: what is charged again weighs
+        // as it would have, it does not stay in the count at full weight.
+        let floor = (base_late + base_half).saturating_sub(extra);
+        assert!(
+            late_n + half_n >= floor,
+            "{kind}, {what}: {late_n} admitted at 60.1 s and {half_n} at 90 s after a loss at \
+             59.9 s (without the loss: {base_late} and {base_half}; at least {floor})"
+        );
+    }
+}

@@ -82,12 +82,18 @@
 //! remaining, at that Redis time; every lease call sends it.
 //!
 //! - A lease that finds the key missing (or unreadable) rebuilds it as charged that much at that
-//!   time, then the algorithm refills it to now (the windows: only within the same window), and
-//!   writes a small **birth record** next to it (same hash tag: the time, and what the key was
-//!   rebuilt with), alive for the key's TTL.
+//!   time, then the algorithm refills it to now, and writes a small **birth record** next to it
+//!   (same hash tag: the time, and what the key was rebuilt with), alive for the key's TTL. The
+//!   fixed window charges that knowledge only within the window it was spent in (the next
+//!   window starts from nothing anyway); the sliding window counter through the end of the next
+//!   window, where its estimate weighs it as it weighs any previous window's count. What an
+//!   instance knows of a sliding window is its estimate (the previous window's weighted share
+//!   included), which the rebuild counts as spent in the window it was known in: over the next
+//!   window the rebuilt key may so admit less than the lost one would have, never more.
 //! - An instance whose last reply predates the birth record knew the key before it was lost:
-//!   what it knew beyond what the key was rebuilt with (both refilled to now) is charged on top
-//!   of what was spent since. Such an instance, and the one that rebuilt the key from its own
+//!   if it knew more than what the key was rebuilt with (both refilled to now), the key is
+//!   rebuilt again from its knowledge, at its time (refilled and weighed as above), plus what
+//!   was spent since. Such an instance, and the one that rebuilt the key from its own
 //!   knowledge, lease only the request's cost that once (other instances may know more).
 //! - So once every instance that knew the key has called once, the key holds the most any of
 //!   them knew, refilled, plus everything granted since: the instance that heard from Redis
@@ -97,7 +103,10 @@
 //!   cold instance leases its cost). Tests (`tests/promises/
 //!   hybrid_data_loss.rs`): 4 instances on a key exhausted at 10/s, burst 100: 13 admitted in
 //!   the 1.5 s after a `FLUSHALL` or a kill and empty restart (15 refill in that time); 14 when
-//!   an instance that never saw the key reaches it first; a key 60/100 spent admits 40 more.
+//!   an instance that never saw the key reaches it first; a key 60/100 spent admits 40 more; a
+//!   sliding window counter (100 per minute) exhausted at 59.9 s of its window and flushed
+//!   admits 1 at 60.1 s and 49 more at 90 s, as it does without the loss, also when an
+//!   instance that never saw the key reaches it first.
 //! - A key only expires once it is full again, which the instances' knowledge then says too: a
 //!   key that expired is charged nothing.
 //! - Cost: each lease call runs one `EXISTS`, and one `GET` of the birth record when the

@@ -23,6 +23,10 @@ pub(crate) struct LeasePlan {
     pub(crate) ttl: u64,
     /// Windows (fixed, sliding counter): the window length (µs); a lease ends with its window.
     pub(crate) window: Option<u64>,
+    /// Windows: how many windows, counting the one it was spent in, what a key spent still
+    /// weighs in: 1 for the fixed window, 2 for the sliding window counter (whose estimate
+    /// weighs the previous window's count into the current one).
+    pub(crate) weighs: u64,
     /// Units the quota refills in one `ttl`, at least 1.
     pub(crate) refill_in_ttl: u64,
     /// Buckets: µs the quota takes to refill one unit (period / count, rounded up).
@@ -54,12 +58,18 @@ impl LeasePlan {
         )
         .then_some(period);
         let unit_micros = window.is_none().then(|| period.div_ceil(count));
+        let weighs = if spec.algorithm() == AlgorithmKind::SlidingWindow {
+            2
+        } else {
+            1
+        };
         Self {
             leasable,
             limit,
             max_units,
             ttl,
             window,
+            weighs,
             refill_in_ttl,
             unit_micros,
         }
@@ -93,12 +103,16 @@ impl LeasePlan {
     }
 
     /// Until when (Redis time, µs) what a key had spent at Redis time `at` may be charged again
-    /// after Redis lost the key: the end of `at`'s window for the windows (the next window
-    /// starts from nothing anyway), 0 (no end) for the buckets, whose refill since `at` the
-    /// algorithm computes.
+    /// after Redis lost the key: for the fixed window the end of `at`'s window (the next one
+    /// starts from nothing anyway); for the sliding window counter the end of the window after
+    /// `at`'s, through which its estimate still weighs `at`'s window (the lease script charges
+    /// the units at `at` and the algorithm weighs them); 0 (no end) for the buckets, whose
+    /// refill since `at` the algorithm computes.
     pub(crate) fn known_until(&self, at: u64) -> u64 {
         match self.window {
-            Some(period) => (at / period).saturating_add(1).saturating_mul(period),
+            Some(period) => (at / period)
+                .saturating_add(self.weighs)
+                .saturating_mul(period),
             None => 0,
         }
     }
@@ -214,12 +228,18 @@ mod tests {
     }
 
     #[test]
-    fn what_a_key_spent_is_charged_again_within_its_window_only() {
+    fn what_a_key_spent_is_charged_again_while_its_window_weighs() {
         let w = plan(AlgorithmKind::FixedWindow, Quota::per_second(100), 0.5);
         assert_eq!(w.known_until(10_250_000), 11_000_000);
         assert_eq!(w.known_until(11_000_000), 12_000_000);
         let s = plan(AlgorithmKind::SlidingWindow, Quota::per_minute(60), 0.5);
-        assert_eq!(s.known_until(61_000_000), 120_000_000);
+        assert_eq!(
+            s.known_until(61_000_000),
+            180_000_000,
+            "the sliding estimate weighs the window into the next one"
+        );
+        assert_eq!(s.known_until(59_900_000), 120_000_000);
+        assert_eq!(s.known_until(u64::MAX), u64::MAX, "no overflow");
         let b = plan(AlgorithmKind::Gcra, Quota::per_second(10), 0.5);
         assert_eq!(
             b.known_until(u64::MAX),

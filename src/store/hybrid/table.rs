@@ -50,7 +50,8 @@ pub(crate) struct Entry {
     /// Redis time (µs) of the reply `known_spent` comes from.
     pub(crate) known_at: u64,
     /// Redis time (µs) until which `known_spent` may be charged: the end of `known_at`'s window
-    /// for the windows, 0 (no end: the algorithm refills it) for the buckets.
+    /// for the fixed window, of the window after it for the sliding window counter (whose
+    /// estimate still weighs it there), 0 (no end: the algorithm refills it) for the buckets.
     pub(crate) known_until: u64,
     /// The key is written at a plan's quota in Redis: checked plainly.
     pub(crate) plain: bool,

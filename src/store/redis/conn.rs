@@ -73,16 +73,22 @@ impl Conn {
         }
     }
 
-    /// Whether the connection answers: `ECHO` to the node, or for a Cluster to any node it holds
-    /// a live connection to (`PING` would go to every master, and fail while one is down).
+    /// Whether the connection answers: `ECHO` to the node, or for a Cluster to the master of
+    /// `slot` (a slot of the node being probed, which has just answered a [`NodeProbe`]), else
+    /// to any node it holds a live connection to (`PING` would go to every master, and fail
+    /// while one is down). Routed by slot, the answer is about the connection to the node whose
+    /// keys the caller decides for. Sent to any node, about a third of the checks went to
+    /// another, stalled master of a 3-master Cluster and timed out, and the probe then replaced
+    /// the connection (`tests/hybrid.rs`,
+    /// `a_stalled_master_does_not_make_a_healthy_masters_probe_replace_the_connection`).
     ///
-    /// A Cluster node is probed with a [`NodeProbe`] instead: a command routed to a node the
+    /// A Cluster node is probed with a [`NodeProbe`] first: a command routed to a node the
     /// Cluster connection has no live connection to makes it reconnect to every seed and read
     /// the slot map again, holding every other call meanwhile.
-    pub(crate) async fn responsive(&self) -> bool {
+    pub(crate) async fn responsive(&self, slot: Option<u16>) -> bool {
         let mut echo = redis::cmd("ECHO");
         echo.arg("tollgate");
-        self.query(&echo).await.is_ok()
+        self.send_to(echo, slot).await.is_ok()
     }
 
     pub(crate) async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
@@ -753,9 +759,9 @@ impl SlotMap {
         Some(Self { ranges })
     }
 
-    /// Whether the master at `addr` serves any slot.
-    pub(crate) fn serves(&self, addr: &str) -> bool {
-        self.ranges.iter().any(|r| r.2 == addr)
+    /// A slot the master at `addr` serves (its first), or `None` if it serves none.
+    pub(crate) fn slot_of(&self, addr: &str) -> Option<u16> {
+        self.ranges.iter().find(|r| r.2 == addr).map(|r| r.0)
     }
 
     /// The master serving `slot`, if known.
@@ -918,6 +924,9 @@ mod tests {
         assert_eq!(m.node(5460), Some("10.0.0.1:7000"));
         assert_eq!(m.node(5461), Some("10.0.0.2:7001"));
         assert_eq!(m.node(10923), None);
+        assert_eq!(m.slot_of("10.0.0.2:7001"), Some(5461));
+        assert_eq!(m.slot_of("10.0.0.1:7000"), Some(0));
+        assert_eq!(m.slot_of("10.0.0.3:7002"), None);
         assert!(SlotMap::parse(&Value::Okay).is_none());
     }
 }

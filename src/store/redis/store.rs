@@ -550,11 +550,11 @@ impl Inner {
         }
     }
 
-    /// Whether `conn` answers within the connect timeout (see
+    /// Whether `conn` answers within the connect timeout, for `slot` (see
     /// [`Conn::responsive`](super::conn::Conn::responsive)).
-    async fn answers(&self, conn: &super::conn::Conn) -> bool {
+    async fn answers(&self, conn: &super::conn::Conn, slot: Option<u16>) -> bool {
         matches!(
-            tokio::time::timeout(self.connect_timeout, conn.responsive()).await,
+            tokio::time::timeout(self.connect_timeout, conn.responsive(slot)).await,
             Ok(true)
         )
     }
@@ -1138,12 +1138,14 @@ impl Inner {
                 let Ok(handle) = inner.handle() else {
                     continue;
                 };
+                let mut slot = None;
                 if let Some(addr) = &addr {
                     // A Cluster master: if it no longer serves any slot (failed over), nothing
                     // is sent to it any more and its breaker can close.
                     inner.refresh_slots(&handle.conn).await;
                     let map = inner.slots.map();
-                    if !map.serves(addr) {
+                    slot = map.slot_of(addr);
+                    if slot.is_none() {
                         breaker.close(&inner.stats);
                         tracing::info!(node = %addr, "redis node no longer serves slots; its circuit breaker closed");
                         return;
@@ -1155,14 +1157,14 @@ impl Inner {
                     // `Links::rebuild`), and is replaced.
                     Some(probe) => {
                         probe.ping(inner.timeout).await
-                            && (inner.answers(&handle.conn).await
+                            && (inner.answers(&handle.conn, slot).await
                                 || match inner.rebuild(handle.generation).await {
-                                    Some(new) => inner.answers(&new.conn).await,
+                                    Some(new) => inner.answers(&new.conn, slot).await,
                                     None => false,
                                 })
                     }
                     None => matches!(
-                        tokio::time::timeout(inner.timeout, handle.conn.responsive()).await,
+                        tokio::time::timeout(inner.timeout, handle.conn.responsive(None)).await,
                         Ok(true)
                     ),
                 };

@@ -22,7 +22,8 @@
 --          the key), usable while now < ARGV[10] (0: no end). If the key's state is gone
 --          (missing: FLUSHALL, a restart without persistence, eviction; or unreadable) they are
 --          charged at ARGV[9] first and the algorithm refills them to now, so the key is rebuilt
---          no fuller than the caller knew it. If the key was started over after ARGV[9] (its
+--          no fuller than the caller knew it (a sliding window counter weighs them, when `now` is
+--          in the next window, as it weighs any previous window's count). If the key was started over after ARGV[9] (its
 --          birth record is later: another instance, knowing less, got there first), what the
 --          caller knew beyond the key's base (both refilled to now) is charged on top of what
 --          was spent since, and becomes the base. A key only expires once it is full again,
@@ -101,13 +102,21 @@ elseif recharge then
   if type(b) == 'string' and #b == 24 then
     local born, base, base_at = struct.unpack('<i8i8i8', b)
     if born > known_at then
-      -- The key was rebuilt with `base` (the most a caller knew so far): what this caller knew
-      -- beyond it is charged on top of what was spent since, and becomes the base.
-      local more = left_after(base, base_at) - left_after(known, known_at)
-      if more > 0 then
-        apply(key, ttl, now, more, p1, p2, p3, s1, s2, s3)
-        local _
+      -- The key was rebuilt with `base` (the most a caller knew so far). If this caller knew
+      -- more, the key is rebuilt again as it knew it, charged at its time (so the algorithm
+      -- refills it, and a sliding window counter weighs it, as it would have), plus what was
+      -- spent since the key started over (what it has less than its base leaves now), charged
+      -- now; this caller's knowledge becomes the base.
+      local had = left_after(base, base_at)
+      if had - left_after(known, known_at) > 0 then
+        local _, avail_now = decide(now, 0, p1, p2, p3, s1, s2, s3)
+        local since = had - avail_now
+        apply(key, ttl, known_at, known, p1, p2, p3, 0, 0, 0)
         _, s1, s2, s3 = load(key)
+        if since > 0 then
+          apply(key, ttl, now, since, p1, p2, p3, s1, s2, s3)
+          _, s1, s2, s3 = load(key)
+        end
         base, base_at = known, known_at
       end
       redis.call('SET', born_key, struct.pack('<i8i8i8', born, base, base_at), 'PX', ttl)
