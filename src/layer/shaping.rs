@@ -326,7 +326,7 @@ impl CompiledShape {
     /// goes at once, and shows no numbers.
     pub(crate) fn unwiden(&self, d: Decision) -> (Decision, Duration) {
         if !d.is_counted() {
-            return (d, Duration::ZERO);
+            return (Decision::uncounted(self.burst), Duration::ZERO);
         }
         let remaining = d.remaining().saturating_sub(self.extra);
         if d.allowed() {
