@@ -265,6 +265,72 @@ pub(crate) struct FollowupData<St: Store> {
     /// The shadow limits' check, started together with the enforcing one when that one waits
     /// for the store, so that a request waits for one store call, not two in a row.
     shadow_check: Option<ShadowCheck<St>>,
+    /// Whether the enforcing limits allowed the request: from then on, the shadow limits keep
+    /// their charge as the enforcing ones do, whatever becomes of the request.
+    enforced: bool,
+}
+
+impl<St: Store> FollowupData<St> {
+    /// Gives back what the shadow check started with the enforcing one charged, if it allowed
+    /// (in the background when its answer is still to come).
+    fn give_back_shadow(&mut self) {
+        let Some(check) = self.shadow_check.take() else {
+            return;
+        };
+        let snapshot = Arc::clone(&self.snapshot);
+        let shadow = mem::take(&mut self.shadow);
+        let give_back = move |result: Result<Decisions, StoreError>| {
+            let Ok(decisions) = result else {
+                return None;
+            };
+            let at = decisions.decided_at()?;
+            if !decisions.allowed() {
+                return None;
+            }
+            let checks: Vec<LimitCheck<'_>> = shadow.iter().map(OwnedCheck::as_check).collect();
+            match snapshot.store.refund(&checks, at) {
+                Checked::Ready(Err(error)) => {
+                    tracing::warn!(error = %error, "rate-limit store could not give a shadow charge back");
+                    None
+                }
+                Checked::Ready(Ok(_)) => None,
+                Checked::Pending(future) => Some(future),
+            }
+        };
+        match check {
+            ShadowCheck::Done(result) => {
+                if let Some(future) = give_back(result) {
+                    spawn_refund(future);
+                }
+            }
+            ShadowCheck::Pending(future) => {
+                match tokio::runtime::Handle::try_current() {
+                    Ok(handle) => {
+                        handle.spawn(async move {
+                        if let Some(refund) = give_back(future.await) {
+                            if let Err(error) = refund.await {
+                                tracing::warn!(error = %error, "rate-limit store could not give a shadow charge back");
+                            }
+                        }
+                    });
+                    }
+                    Err(_) => {
+                        tracing::debug!("no Tokio runtime to finish a refused request's shadow check on; dropped");
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl<St: Store> Drop for FollowupData<St> {
+    /// A request dropped while its enforcing check was pending (its client went away) was
+    /// never allowed: the shadow check started with it gives its charge back, as for a refusal.
+    fn drop(&mut self) {
+        if !self.enforced {
+            self.give_back_shadow();
+        }
+    }
 }
 
 /// The shadow limits' check, started early.
@@ -317,52 +383,7 @@ impl<St: Store> Followup<St> {
     /// give back what they charged (they decide only requests the enforcing limits allow), in
     /// the background when their answer is still to come.
     pub(crate) fn abandon_shadow(mut self) {
-        let Some(check) = self.shadow_check.take() else {
-            return;
-        };
-        let snapshot = Arc::clone(&self.snapshot);
-        let shadow = mem::take(&mut self.shadow);
-        let give_back = move |result: Result<Decisions, StoreError>| {
-            let Ok(decisions) = result else {
-                return None;
-            };
-            let at = decisions.decided_at()?;
-            if !decisions.allowed() {
-                return None;
-            }
-            let checks: Vec<LimitCheck<'_>> = shadow.iter().map(OwnedCheck::as_check).collect();
-            match snapshot.store.refund(&checks, at) {
-                Checked::Ready(Err(error)) => {
-                    tracing::warn!(error = %error, "rate-limit store could not give a shadow charge back");
-                    None
-                }
-                Checked::Ready(Ok(_)) => None,
-                Checked::Pending(future) => Some(future),
-            }
-        };
-        match check {
-            ShadowCheck::Done(result) => {
-                if let Some(future) = give_back(result) {
-                    spawn_refund(future);
-                }
-            }
-            ShadowCheck::Pending(future) => {
-                match tokio::runtime::Handle::try_current() {
-                    Ok(handle) => {
-                        handle.spawn(async move {
-                        if let Some(refund) = give_back(future.await) {
-                            if let Err(error) = refund.await {
-                                tracing::warn!(error = %error, "rate-limit store could not give a shadow charge back");
-                            }
-                        }
-                    });
-                    }
-                    Err(_) => {
-                        tracing::debug!("no Tokio runtime to finish a refused request's shadow check on; dropped");
-                    }
-                }
-            }
-        }
+        self.give_back_shadow();
     }
 
     /// Records the shadow decisions: counted, sampled in the log, and folded into the headers
@@ -1095,6 +1116,7 @@ fn follow_up<St: Store>(
             reservation: None,
             deciding: None,
             shadow_check: None,
+            enforced: false,
         }))
     });
     if limit.mode.is_shadow() {
@@ -1126,6 +1148,7 @@ pub(crate) fn shadow_step<St: Store>(
     // The shadow limits of a request decide together, all-or-nothing among themselves (as
     // they would if they enforced), and never with the enforcing limits.
     let mut followup = followup;
+    followup.enforced = true;
     match followup.shadow_check.take() {
         Some(ShadowCheck::Done(result)) => {
             followup.record_shadow(result, &mut outcome);
@@ -1290,6 +1313,17 @@ fn take_turn<ReqBody, St: Store>(
 ) -> Result<(), Response<RejectionBody>> {
     let decision = decisions.as_slice()[j];
     let quota = applied.quota(snapshot, j);
+    // Each shaped limit's own wait: the request's place in that limit's schedule.
+    let waits: Vec<(usize, Duration)> = decisions
+        .as_slice()
+        .iter()
+        .zip(applied.checks())
+        .enumerate()
+        .filter_map(|(k, (d, (limit, _)))| {
+            let shape = snapshot.limits[limit].shape.as_ref()?;
+            (applied.plan[k] == NO_PLAN && d.is_counted()).then(|| (limit, shape.wait(d)))
+        })
+        .collect();
     let checks = (mem::take(&mut f.shaped), mem::take(&mut f.unshaped));
     let deciding = f.deciding.take();
     let reservation = shaping::reserve(
@@ -1299,7 +1333,7 @@ fn take_turn<ReqBody, St: Store>(
         req,
         checks,
         (f.reserved_at, deciding),
-        wait,
+        (wait, &waits),
         (&decision, quota),
         decisions,
     )?;

@@ -20,14 +20,21 @@
 //! - **bounded per key**: at most `max_wait × rate` units (or [`Shape::max_queued`]) wait per
 //!   key, enforced by the store itself;
 //! - **cancellation-safe**: a waiting request that is dropped frees exactly its own place. The
-//!   next request of the same key (and cost) arriving before that place is due takes it over,
-//!   and its own place, the last of the schedule, goes back to the store with
-//!   [`Store::refund`]; a freed place that is (or becomes) the last of the schedule goes back
-//!   to the store at once. So whatever is cancelled, no two requests are given the same turn
-//!   (over any window, at most `burst + rate × span` reach the service), and dropped waiters
-//!   leave no place behind that nobody will use (1,000 waiters dropped in arrival order: the
-//!   next request waits one interval). Places are tracked by the layer that reserved them,
-//!   which holds a freed place back while a request of its key is at the store. With several
+//!   layer tracks places per schedule as the store keeps them (one per limit and key, whatever
+//!   the requests' costs and other limits). The next request of that schedule with the same
+//!   cost and no other shaped limit, arriving before the freed place is due, takes it over, and
+//!   its own place, the last of the schedule, goes back to the store with [`Store::refund`]; a
+//!   freed place that is (or becomes) the last of the schedule goes back to the store at once
+//!   (one already due gives back only what has not refilled since its turn). So whatever is
+//!   cancelled, no two requests are given the same turn (over any window, at most
+//!   `burst + rate × span` units reach the service, with per-request costs too), and dropped
+//!   waiters leave no place behind that nobody will use (1,000 waiters dropped in arrival
+//!   order: the next request waits one interval). Refunds a networked store answers later
+//!   reach it in order per schedule, a stalled call holding up only the schedules of its
+//!   shard (one of 16), and at most 1,024 wait per shard: beyond, a place stays spent (the
+//!   store refuses more, never admits more; a warning is logged). Places are tracked by the
+//!   layer that reserved them, which holds a freed place back while a request of its key is
+//!   at the store. With several
 //!   instances sharing a Redis schedule, a place freed on one instance is taken over only by
 //!   that instance's requests, and given back to Redis when it is that instance's last place,
 //!   which may not be the shared schedule's last: then one later request may share its turn
@@ -114,6 +121,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::hash::{Hash, Hasher};
+use std::mem;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -300,19 +308,30 @@ impl CompiledShape {
         widen_quota(quota, self.extra).unwrap_or(*quota)
     }
 
+    /// How long an allowed request with decision `d` (in the limit's own terms, or at the
+    /// widened quota: the reset is the same) waits for its turn in this limit's schedule.
+    pub(crate) fn wait(&self, d: &Decision) -> Duration {
+        d.reset()
+            .saturating_sub(Duration::from_micros(self.full_us))
+    }
+
     /// Turns a decision at the widened quota into the limit's own terms, and says how long an
     /// allowed request must wait for its turn (zero when it fits now).
     ///
     /// The wait is how far the key's schedule lies past the limit's own burst once this
     /// request is charged: `reset − burst / rate`. Rounded up to the microsecond, it is never
     /// shorter than the exact wait.
+    ///
+    /// A decision the store did not count (failure policy `Open`) stays uncounted: the request
+    /// goes at once, and shows no numbers.
     pub(crate) fn unwiden(&self, d: Decision) -> (Decision, Duration) {
+        if !d.is_counted() {
+            return (Decision::uncounted(self.burst), Duration::ZERO);
+        }
         let remaining = d.remaining().saturating_sub(self.extra);
         if d.allowed() {
-            let reset = d.reset();
-            let wait = reset.saturating_sub(Duration::from_micros(self.full_us));
-            let shown = Decision::allowed_with(self.burst, remaining, reset);
-            (shown, wait)
+            let shown = Decision::allowed_with(self.burst, remaining, d.reset());
+            (shown, self.wait(&shown))
         } else if d.is_impossible() {
             (
                 Decision::impossible(self.burst, remaining, d.reset()),
@@ -373,9 +392,9 @@ impl Drop for WaitSlot {
     }
 }
 
-/// Which schedule a place is in: the shaped checks' limits and keys, and their costs (a place
-/// is taken over only by a request of the same costs).
-type ScheduleKey = Vec<(usize, Key<'static>, u64)>;
+/// Which schedule a place is in: one shaped limit and key, as the store keeps one schedule per
+/// limit and key (whatever the costs of its requests, and whatever other limits they have).
+type ScheduleKey = (usize, Key<'static>);
 
 /// One shard of [`Schedules`]: the schedules whose keys hash to it.
 type Shard = HashMap<ScheduleKey, Schedule>;
@@ -387,16 +406,23 @@ type PendingRefund = Pin<Box<dyn Future<Output = ()> + Send>>;
 /// answers later.
 type Refund = Box<dyn FnOnce() -> Option<PendingRefund> + Send>;
 
+/// Refunds the store answers later that wait, per lane, for the ones before them; beyond, a
+/// refund is dropped (its units stay spent: the store refuses more, never admits more).
+const LANE_CAPACITY: usize = 1_024;
+
 /// One place in a key's schedule that a request of this layer reserved.
 struct Place {
     id: u64,
     /// When it is due (the store's clock, µs).
     turn: u64,
+    /// The units it holds: it is taken over only by a request of the same cost, so that the
+    /// store's schedule stays exactly as it was.
+    cost: u64,
     /// Whether a waiting request holds it; a place whose request was dropped is free, and is
-    /// either taken over by the next request of the same key or, once it is the schedule's
-    /// last place, given back to the store.
+    /// either taken over by the next request of the same key and cost or, once it is the
+    /// schedule's last place, given back to the store.
     held: bool,
-    /// Gives exactly this place back (its checks, refunded at its turn).
+    /// Gives exactly this place back (its check, refunded at its turn).
     refund: Refund,
 }
 
@@ -414,7 +440,8 @@ struct Schedule {
 impl Schedule {
     /// Removes the free places at the end, last first, collecting their refunds, unless a
     /// request is being decided: each is then the store's last place when it is given back, so
-    /// the store's schedule ends exactly one place earlier each time.
+    /// the store's schedule ends exactly one place earlier each time. A free place already due
+    /// goes back the same way: its refund gives back only what has not refilled since its turn.
     fn pop_free_tail(&mut self, refunds: &mut Vec<Refund>) {
         if self.deciding > 0 {
             return;
@@ -431,23 +458,31 @@ impl Schedule {
     }
 }
 
-/// The places this layer's waiting requests reserved, per schedule, in turn order.
+/// One lane of refunds a networked store answers later (see [`Schedules::send`]).
+type Lane = Mutex<Option<mpsc::Sender<PendingRefund>>>;
+
+/// The places this layer's waiting requests reserved, per schedule (limit and key), in turn
+/// order.
 ///
-/// The store keeps one schedule per key, whose end (GCRA's theoretical arrival time, the
-/// buckets' deficit) is all it knows: giving back a place that is not the last one would move
-/// the end back under places still held, so that the next request is given the turn of a
+/// The store keeps one schedule per limit and key, whose end (GCRA's theoretical arrival time,
+/// the buckets' deficit) is all it knows: giving back a place that is not the last one would
+/// move the end back under places still held, so that the next request is given the turn of a
 /// request still waiting (two where the rate allows one). So a dropped request's place is
 /// given back to the store only once every place after it is free too (and no request of the
 /// key is being decided, which could be given a later place); until then it is free here, and
-/// the next request of the same key takes it over (and gives the store back its own place, the
-/// last one).
+/// the next request of the same key and cost takes it over (and gives the store back its own
+/// place, the last one).
 pub(crate) struct Schedules {
     shards: Box<[Mutex<Shard>]>,
     next_id: AtomicU64,
-    /// Refunds a networked store answers later, sent in the order they were made to one task
-    /// that waits for each in turn: a key's places go back last first, and the store must see
-    /// them in that order (GCRA gives back a place only while it is the schedule's last).
-    lane: Mutex<Option<mpsc::UnboundedSender<PendingRefund>>>,
+    /// Refunds a networked store answers later, one lane per shard: each lane's task waits for
+    /// its refunds in the order they were sent, so a schedule's places reach the store last
+    /// first (GCRA gives back a place only while it is the schedule's last), while a stalled
+    /// call holds up only the schedules of its shard. Each lane holds at most
+    /// [`LANE_CAPACITY`] refunds.
+    lanes: Box<[Lane]>,
+    /// Refunds dropped because their lane was full.
+    dropped: AtomicU64,
 }
 
 impl fmt::Debug for Schedules {
@@ -466,28 +501,37 @@ impl Schedules {
                 .map(|_| Mutex::new(HashMap::new()))
                 .collect(),
             next_id: AtomicU64::new(0),
-            lane: Mutex::new(None),
+            lanes: (0..SCHEDULE_SHARDS).map(|_| Mutex::new(None)).collect(),
+            dropped: AtomicU64::new(0),
         }
     }
 
-    /// Runs `refunds` in order: those the store answers at once now, the others through the
-    /// lane (after every refund sent to it before).
-    fn run(&self, refunds: Vec<Refund>) {
+    /// Runs `refunds` (of schedules of shard `shard`) in order: those the store answers at
+    /// once now, the others through the shard's lane (after every refund sent to it before).
+    fn run(&self, shard: usize, refunds: Vec<Refund>) {
         for refund in refunds {
             if let Some(pending) = refund() {
-                self.send(pending);
+                self.send(shard, pending);
             }
         }
     }
 
-    /// Sends `pending` to the lane's task, starting one on the current Tokio runtime when there
-    /// is none (or the runtime it ran on is gone).
-    fn send(&self, pending: PendingRefund) {
-        let mut lane = self.lane.lock().unwrap_or_else(|e| e.into_inner());
+    /// Sends `pending` to lane `shard`'s task, starting one on the current Tokio runtime when
+    /// there is none (or the runtime it ran on is gone). A full lane drops the refund: its
+    /// units stay spent.
+    fn send(&self, shard: usize, pending: PendingRefund) {
+        let mut lane = self.lanes[shard].lock().unwrap_or_else(|e| e.into_inner());
         let pending = match lane.as_ref() {
-            Some(tx) => match tx.send(pending) {
+            Some(tx) => match tx.try_send(pending) {
                 Ok(()) => return,
-                Err(mpsc::error::SendError(pending)) => pending,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+                    if n.is_power_of_two() || n.is_multiple_of(1000) {
+                        tracing::warn!(dropped = n, "too many shaped reservations waiting to be given back to the rate-limit store; this one stays spent");
+                    }
+                    return;
+                }
+                Err(mpsc::error::TrySendError::Closed(pending)) => pending,
             },
             None => pending,
         };
@@ -496,108 +540,145 @@ impl Schedules {
             tracing::warn!("no Tokio runtime to give a shaped reservation back on; it is spent");
             return;
         };
-        let (tx, mut rx) = mpsc::unbounded_channel::<PendingRefund>();
+        let (tx, mut rx) = mpsc::channel::<PendingRefund>(LANE_CAPACITY);
         handle.spawn(async move {
             while let Some(refund) = rx.recv().await {
                 refund.await;
             }
         });
-        // The receiver was just moved into a live task: the send succeeds.
-        let _ = tx.send(pending);
+        // The receiver was just moved into a live task, and the channel is empty.
+        let _ = tx.try_send(pending);
         *lane = Some(tx);
     }
 
-    fn shard(&self, key: &ScheduleKey) -> MutexGuard<'_, Shard> {
+    fn shard_of(&self, key: &ScheduleKey) -> usize {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         key.hash(&mut h);
-        let i = (h.finish() as usize) % self.shards.len();
-        // A panic while holding the lock leaves the places consistent (every change is one
-        // push, remove, flag or count); keep going.
-        self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
+        (h.finish() as usize) % self.shards.len()
     }
 
-    /// A request of schedule `key` goes to the store: until it has its place (or is decided
-    /// without one), no free place of the schedule is given back.
-    pub(crate) fn deciding(self: &Arc<Self>, key: ScheduleKey) -> Deciding {
-        self.shard(&key).entry(key.clone()).or_default().deciding += 1;
+    fn shard(&self, key: &ScheduleKey) -> MutexGuard<'_, Shard> {
+        // A panic while holding the lock leaves the places consistent (every change is one
+        // push, remove, flag or count); keep going.
+        self.shards[self.shard_of(key)]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A request of schedules `keys` goes to the store: until it has its places (or is decided
+    /// without them), no free place of these schedules is given back.
+    pub(crate) fn deciding(self: &Arc<Self>, keys: Vec<ScheduleKey>) -> Deciding {
+        for key in &keys {
+            self.shard(key).entry(key.clone()).or_default().deciding += 1;
+        }
         Deciding {
             schedules: Arc::clone(self),
-            key: Some(key),
+            keys,
         }
     }
 
     /// Changes schedule `key` with `change`, then gives back what it freed at its end (under
     /// the shard's lock, so that a schedule's places reach the store in the order they were
     /// given back).
-    fn update<R>(&self, key: &ScheduleKey, change: impl FnOnce(&mut Schedule) -> R) -> Option<R> {
+    fn update<R>(
+        &self,
+        key: &ScheduleKey,
+        create: bool,
+        change: impl FnOnce(&mut Schedule) -> R,
+    ) -> Option<R> {
         let mut refunds = Vec::new();
-        let mut shards = self.shard(key);
-        let schedule = shards.get_mut(key)?;
+        let shard = self.shard_of(key);
+        let mut shards = self.shards[shard].lock().unwrap_or_else(|e| e.into_inner());
+        let schedule = if create {
+            shards.entry(key.clone()).or_default()
+        } else {
+            shards.get_mut(key)?
+        };
         let out = change(schedule);
         schedule.pop_free_tail(&mut refunds);
         if schedule.is_empty() {
             shards.remove(key);
         }
-        self.run(refunds);
+        self.run(shard, refunds);
         Some(out)
     }
 
-    /// Records the place a request was given at `turn` (the last of its schedule when the store
-    /// decided) and returns its id and turn: an earlier free place of the same schedule due no
-    /// sooner than `now`, if there is one (the request takes it over, and its own place is
-    /// given back), else its own.
-    fn enter(&self, mut deciding: Deciding, now: u64, turn: u64, refund: Refund) -> (u64, u64) {
+    /// Records the places a request was given (one per shaped check: the last of its schedule
+    /// when the store decided) and returns its id and the turn it goes at. A request with one
+    /// shaped check takes over an earlier free place of its schedule of the same cost due no
+    /// sooner than `now`, if there is one (and its own place is given back when it is the
+    /// last); otherwise every place is its own.
+    fn enter(&self, mut deciding: Deciding, now: u64, entries: Vec<Entry>) -> (u64, u64) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let Some(key) = deciding.key.take() else {
-            return (id, turn);
-        };
-        let mut refund = Some(refund);
-        let taken = self.update(&key, |schedule| {
-            schedule.deciding = schedule.deciding.saturating_sub(1);
-            let places = &mut schedule.places;
-            // Free places already due were never used: nobody can take them any more.
-            places.retain(|p| p.held || p.turn >= now);
-            let free = places
-                .iter_mut()
-                .find(|p| !p.held && p.turn >= now && p.turn < turn);
-            let (held, taken) = match free {
-                Some(place) => {
-                    place.held = true;
-                    place.id = id;
-                    // This request's own place is free now: given back when it is the last.
-                    (false, place.turn)
+        let mut pending = mem::take(&mut deciding.keys);
+        let take_over = entries.len() == 1;
+        let mut goes_at = 0;
+        for entry in entries {
+            let was_deciding = match pending.iter().position(|k| *k == entry.key) {
+                Some(i) => {
+                    pending.swap_remove(i);
+                    true
                 }
-                None => (true, turn),
+                None => false,
             };
-            if let Some(refund) = refund.take() {
+            let Entry {
+                key,
+                cost,
+                turn,
+                refund,
+            } = entry;
+            let taken = self.update(&key, true, |schedule| {
+                if was_deciding {
+                    schedule.deciding = schedule.deciding.saturating_sub(1);
+                }
+                let places = &mut schedule.places;
+                let free = places.iter_mut().find(|p| {
+                    take_over && !p.held && p.cost == cost && p.turn >= now && p.turn < turn
+                });
+                let (held, taken) = match free {
+                    Some(place) => {
+                        place.held = true;
+                        place.id = id;
+                        // This request's own place is free now: given back when it is the last.
+                        (false, place.turn)
+                    }
+                    None => (true, turn),
+                };
                 insert(
                     places,
                     Place {
                         id: if held { id } else { u64::MAX },
                         turn,
+                        cost,
                         held,
                         refund,
                     },
                 );
-            }
-            taken
-        });
-        (id, taken.unwrap_or(turn))
+                taken
+            });
+            goes_at = goes_at.max(taken.unwrap_or(turn));
+        }
+        // Schedules the request was decided in without a place of its own.
+        deciding.keys = pending;
+        drop(deciding);
+        (id, goes_at)
     }
 
-    /// The request holding place `id` was dropped before its turn: its place is free.
+    /// The request holding place `id` of schedule `key` was dropped before its turn: its place
+    /// is free.
     fn cancel(&self, key: &ScheduleKey, id: u64) {
-        self.update(key, |schedule| {
+        self.update(key, false, |schedule| {
             if let Some(place) = schedule.places.iter_mut().find(|p| p.held && p.id == id) {
                 place.held = false;
             }
         });
     }
 
-    /// The request holding place `id` had its turn: the place is spent, and so are the free
-    /// places before it (their time has passed).
+    /// The request holding place `id` of schedule `key` had its turn: the place is spent, and
+    /// so are the free places before it (their time has passed: each would give back nothing,
+    /// the spent place being at least their cost's interval after them).
     fn spend(&self, key: &ScheduleKey, id: u64) {
-        self.update(key, |schedule| {
+        self.update(key, false, |schedule| {
             let places = &mut schedule.places;
             if let Some(i) = places.iter().position(|p| p.held && p.id == id) {
                 let turn = places[i].turn;
@@ -607,18 +688,19 @@ impl Schedules {
     }
 }
 
-/// A request of a schedule being decided by the store (see [`Schedules::deciding`]); ends when
-/// dropped, or when the request takes its place.
-pub(crate) struct Deciding {
-    schedules: Arc<Schedules>,
-    key: Option<ScheduleKey>,
+/// One place a request was given in one schedule (see [`Schedules::enter`]).
+struct Entry {
+    key: ScheduleKey,
+    cost: u64,
+    turn: u64,
+    refund: Refund,
 }
 
-impl Deciding {
-    /// The schedule.
-    fn key(&self) -> Option<&ScheduleKey> {
-        self.key.as_ref()
-    }
+/// A request of some schedules being decided by the store (see [`Schedules::deciding`]); ends
+/// when dropped, or when the request takes its places.
+pub(crate) struct Deciding {
+    schedules: Arc<Schedules>,
+    keys: Vec<ScheduleKey>,
 }
 
 impl fmt::Debug for Deciding {
@@ -629,8 +711,8 @@ impl fmt::Debug for Deciding {
 
 impl Drop for Deciding {
     fn drop(&mut self) {
-        if let Some(key) = self.key.take() {
-            self.schedules.update(&key, |schedule| {
+        for key in mem::take(&mut self.keys) {
+            self.schedules.update(&key, false, |schedule| {
                 schedule.deciding = schedule.deciding.saturating_sub(1);
             });
         }
@@ -643,11 +725,25 @@ fn insert(places: &mut Vec<Place>, place: Place) {
     places.insert(i, place);
 }
 
-/// A place held in a schedule: given back (freed) on drop unless spent.
+/// The places a request holds in its schedules: given back (freed) on drop unless spent.
 struct Held {
     schedules: Arc<Schedules>,
-    key: ScheduleKey,
+    keys: Vec<ScheduleKey>,
     id: u64,
+}
+
+impl Held {
+    fn cancel(&self) {
+        for key in &self.keys {
+            self.schedules.cancel(key, self.id);
+        }
+    }
+
+    fn spend(&self) {
+        for key in &self.keys {
+            self.schedules.spend(key, self.id);
+        }
+    }
 }
 
 /// What a waiting request reserved: given back unless [`release`](Self::release)d, so a
@@ -680,7 +776,7 @@ impl Reservation {
     pub(crate) fn release(mut self) {
         self.give_back = None;
         if let Some(place) = self.place.take() {
-            place.schedules.spend(&place.key, place.id);
+            place.spend();
         }
     }
 }
@@ -697,7 +793,7 @@ impl Drop for Reservation {
             "shaped request dropped while waiting; its reservation is given back"
         );
         if let Some(place) = place {
-            place.schedules.cancel(&place.key, place.id);
+            place.cancel();
         }
         if let Some(give_back) = give_back {
             give_back();
@@ -749,12 +845,9 @@ fn give_back<St: Store>(snapshot: &Snapshot<St>, checks: &[OwnedCheck], at: Opti
     }
 }
 
-/// The schedule of a request's shaped checks.
-fn schedule_key(checks: &[OwnedCheck]) -> ScheduleKey {
-    checks
-        .iter()
-        .map(|c| (c.limit, c.key.clone(), c.cost))
-        .collect()
+/// The schedules of a request's shaped checks.
+fn schedule_keys(checks: &[OwnedCheck]) -> Vec<ScheduleKey> {
+    checks.iter().map(|c| (c.limit, c.key.clone())).collect()
 }
 
 impl Waiting {
@@ -764,12 +857,14 @@ impl Waiting {
         if checks.is_empty() {
             return None;
         }
-        Some(self.schedules.deciding(schedule_key(checks)))
+        Some(self.schedules.deciding(schedule_keys(checks)))
     }
 }
 
-/// Makes an allowed request that must wait `delay` wait: records its place in its key's
-/// schedule (taking over an earlier place a dropped request freed, if there is one), records
+/// Makes an allowed request that must wait `delay` wait: records its place in each shaped
+/// limit's schedule, `waits` after the decision in the schedule of the limit it names (and
+/// `delay` after it in the others), taking over an earlier place a dropped request freed if
+/// there is one; records
 /// the delay on the request and takes a place among the layer's waiting requests. When the
 /// layer's bound on waiting requests is reached, frees the place, gives the other charges back
 /// and answers the refusal instead. `deciding` is the request's mark from before the store
@@ -783,39 +878,70 @@ pub(crate) fn reserve<St: Store, ReqBody>(
     req: &mut Request<ReqBody>,
     checks: (Vec<OwnedCheck>, Vec<OwnedCheck>),
     (at, deciding): (Option<u64>, Option<Deciding>),
-    delay: Duration,
+    (delay, waits): (Duration, &[(usize, Duration)]),
     shaped: (&Decision, &Quota),
     decisions: &Decisions,
 ) -> Result<Reservation, Response<RejectionBody>> {
     let (decision, quota) = shaped;
-    // The reservation's place in the schedule is its turn, `delay` after the decision: a
-    // request dropped before its turn gives back its whole place, however long it waited
-    // (refunded at the decision time, a wait longer than one interval would read as refilled).
-    // The other limits were charged at the decision: given back from then.
+    // The reservation's place in a shaped limit's schedule is its turn there, the wait that
+    // limit gave it after the decision: a request dropped before that turn gives back its whole
+    // place, however long it waited (refunded at the decision time, a wait longer than one
+    // interval would read as refilled). The other limits were charged at the decision: given
+    // back from then. `turn` is when the request goes (its longest wait).
     let turn = at.map(|at| at.saturating_add(u64::try_from(delay.as_micros()).unwrap_or(u64::MAX)));
     let (shaped_checks, others) = checks;
     let snapshot = Arc::clone(snapshot);
     let (place, wait, shaped_checks) = match (at, turn) {
-        (Some(at), Some(turn)) if !shaped_checks.is_empty() => {
-            let key = schedule_key(&shaped_checks);
+        (Some(at), Some(_)) if !shaped_checks.is_empty() => {
+            let keys = schedule_keys(&shaped_checks);
             let deciding = match deciding {
-                Some(d) if d.key() == Some(&key) => d,
-                _ => waiting.schedules.deciding(key.clone()),
+                Some(d) if d.keys == keys => d,
+                _ => waiting.schedules.deciding(keys.clone()),
             };
-            let refund_snapshot = Arc::clone(&snapshot);
-            let refund: Refund =
-                Box::new(move || refund_call(&refund_snapshot, &shaped_checks, Some(turn)));
+            // One place per shaped check, in its own limit and key's schedule, each given back
+            // on its own (a check of cost 0 holds no place).
+            let entries: Vec<Entry> = shaped_checks
+                .into_iter()
+                .filter(|c| c.cost > 0)
+                .map(|check| {
+                    let refund_snapshot = Arc::clone(&snapshot);
+                    // Its own place in this limit's schedule: the wait this limit gave it.
+                    let own = waits
+                        .iter()
+                        .find(|(limit, _)| *limit == check.limit)
+                        .map_or(delay, |(_, w)| *w);
+                    let turn =
+                        at.saturating_add(u64::try_from(own.as_micros()).unwrap_or(u64::MAX));
+                    Entry {
+                        key: (check.limit, check.key.clone()),
+                        cost: check.cost,
+                        turn,
+                        refund: Box::new(move || {
+                            refund_call(&refund_snapshot, std::slice::from_ref(&check), Some(turn))
+                        }),
+                    }
+                })
+                .collect();
+            let keys = entries.iter().map(|e| e.key.clone()).collect();
             let schedules = Arc::clone(&waiting.schedules);
-            let (id, taken) = schedules.enter(deciding, at, turn, refund);
+            let (id, taken) = schedules.enter(deciding, at, entries);
             let wait = Duration::from_micros(taken.saturating_sub(at));
-            (Some(Held { schedules, key, id }), wait, Vec::new())
+            (
+                Some(Held {
+                    schedules,
+                    keys,
+                    id,
+                }),
+                wait,
+                Vec::new(),
+            )
         }
         // No decision time: no place to keep (and nothing the store could refund).
         _ => (None, delay, shaped_checks),
     };
     let Some(slot) = waiting.enter() else {
         if let Some(place) = place {
-            place.schedules.cancel(&place.key, place.id);
+            place.cancel();
         }
         give_back(&snapshot, &shaped_checks, turn);
         give_back(&snapshot, &others, at);
@@ -857,7 +983,7 @@ mod tests {
 
     /// A schedule, and a refund for place `turn` that records it in `given`.
     fn recorder() -> (ScheduleKey, Arc<Mutex<Vec<u64>>>) {
-        (vec![(0, Key::global(), 1)], Arc::default())
+        ((0, Key::global()), Arc::default())
     }
 
     fn refund(given: &Arc<Mutex<Vec<u64>>>, turn: u64) -> Refund {
@@ -875,8 +1001,28 @@ mod tests {
         now: u64,
         turn: u64,
     ) -> (u64, u64) {
-        let deciding = s.deciding(key.clone());
-        s.enter(deciding, now, turn, refund(given, turn))
+        enter_cost(s, key, given, now, turn, 1)
+    }
+
+    fn enter_cost(
+        s: &Arc<Schedules>,
+        key: &ScheduleKey,
+        given: &Arc<Mutex<Vec<u64>>>,
+        now: u64,
+        turn: u64,
+        cost: u64,
+    ) -> (u64, u64) {
+        let deciding = s.deciding(vec![key.clone()]);
+        s.enter(deciding, now, vec![entry(key, given, turn, cost)])
+    }
+
+    fn entry(key: &ScheduleKey, given: &Arc<Mutex<Vec<u64>>>, turn: u64, cost: u64) -> Entry {
+        Entry {
+            key: key.clone(),
+            cost,
+            turn,
+            refund: refund(given, turn),
+        }
     }
 
     #[test]
@@ -923,20 +1069,136 @@ mod tests {
         let (key, given) = recorder();
         let (a, _) = enter(&s, &key, &given, 0, 100);
         // Another request is at the store: it may be given 200, after a.
-        let deciding = s.deciding(key.clone());
+        let deciding = s.deciding(vec![key.clone()]);
         s.cancel(&key, a);
         assert!(given.lock().unwrap().is_empty());
         // It is given 200 and takes over 100 instead; 200 goes back.
-        let (_b, taken) = s.enter(deciding, 0, 200, refund(&given, 200));
+        let (_b, taken) = s.enter(deciding, 0, vec![entry(&key, &given, 200, 1)]);
         assert_eq!(taken, 100);
         assert_eq!(*given.lock().unwrap(), [200]);
         // Decided without a place: what was held back goes back then.
         let (c, _) = enter(&s, &key, &given, 0, 200);
-        let deciding = s.deciding(key.clone());
+        let deciding = s.deciding(vec![key.clone()]);
         s.cancel(&key, c);
         assert_eq!(*given.lock().unwrap(), [200]);
         drop(deciding);
         assert_eq!(*given.lock().unwrap(), [200, 200]);
+    }
+
+    /// Two schedules in different shards.
+    fn two_shards(s: &Schedules) -> (usize, usize) {
+        let a = s.shard_of(&(0, Key::global()));
+        let b = (1..)
+            .map(|i| s.shard_of(&(i, Key::global())))
+            .find(|&b| b != a)
+            .unwrap();
+        (a, b)
+    }
+
+    #[tokio::test]
+    async fn a_stalled_refund_holds_up_only_its_own_lane() {
+        let s = Schedules::new();
+        let (a, b) = two_shards(&s);
+        // Schedule a's store never answers (a stalled Redis).
+        s.send(a, Box::pin(std::future::pending()));
+        let done = Arc::new(AtomicUsize::new(0));
+        let d = Arc::clone(&done);
+        s.send(
+            b,
+            Box::pin(async move {
+                d.fetch_add(1, Ordering::Relaxed);
+            }),
+        );
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            done.load(Ordering::Relaxed),
+            1,
+            "b's refund waited behind a's"
+        );
+    }
+
+    #[tokio::test]
+    async fn refunds_waiting_for_a_stalled_store_are_bounded() {
+        let s = Schedules::new();
+        let (a, _) = two_shards(&s);
+        let alive = Arc::new(());
+        for _ in 0..100_000 {
+            let token = Arc::clone(&alive);
+            s.send(
+                a,
+                Box::pin(async move {
+                    std::future::pending::<()>().await;
+                    drop(token);
+                }),
+            );
+        }
+        tokio::task::yield_now().await;
+        let queued = Arc::strong_count(&alive) - 1;
+        println!(
+            "100,000 refunds sent to a stalled store: {queued} kept waiting, {} dropped (spent)",
+            s.dropped.load(Ordering::Relaxed)
+        );
+        assert!(queued <= LANE_CAPACITY + 1, "{queued} refunds wait");
+        assert_eq!(s.dropped.load(Ordering::Relaxed) as usize, 100_000 - queued);
+    }
+
+    #[test]
+    fn a_place_is_taken_over_only_by_a_request_of_its_cost() {
+        let s = Arc::new(Schedules::new());
+        let (key, given) = recorder();
+        let (a, _) = enter_cost(&s, &key, &given, 0, 100, 2);
+        let (_b, _) = enter_cost(&s, &key, &given, 0, 300, 1);
+        s.cancel(&key, a);
+        assert!(given.lock().unwrap().is_empty(), "b holds a later place");
+        // A cost-1 request given 400 keeps it: the freed place holds 2 units.
+        let (_c, taken) = enter_cost(&s, &key, &given, 0, 400, 1);
+        assert_eq!(taken, 400);
+        // A cost-2 request takes it over, and its own place (the last) goes back.
+        let (_d, taken) = enter_cost(&s, &key, &given, 0, 500, 2);
+        assert_eq!(taken, 100);
+        assert_eq!(*given.lock().unwrap(), [500]);
+    }
+
+    #[test]
+    fn places_are_kept_per_limit_and_key_whatever_other_limits_a_request_has() {
+        let s = Arc::new(Schedules::new());
+        let (a_key, given) = recorder();
+        let b_key: ScheduleKey = (1, Key::global());
+        // A request shaped by limits 0 and 1 holds a place in each schedule.
+        let deciding = s.deciding(vec![a_key.clone(), b_key.clone()]);
+        let (both, _) = s.enter(
+            deciding,
+            0,
+            vec![entry(&a_key, &given, 100, 1), entry(&b_key, &given, 100, 1)],
+        );
+        // A request of limit 0 only waits behind it in limit 0's schedule.
+        let (_a, _) = enter(&s, &a_key, &given, 0, 200);
+        s.cancel(&a_key, both);
+        s.cancel(&b_key, both);
+        // Limit 1's place was its schedule's last: back at once. Limit 0's is not.
+        assert_eq!(*given.lock().unwrap(), [100]);
+        // The next request of limit 0 takes limit 0's freed place over.
+        let (_c, taken) = enter(&s, &a_key, &given, 0, 300);
+        assert_eq!(taken, 100);
+        assert_eq!(*given.lock().unwrap(), [100, 300]);
+    }
+
+    #[test]
+    fn a_free_place_already_due_goes_back_with_the_places_after_it() {
+        let s = Arc::new(Schedules::new());
+        let (key, given) = recorder();
+        let (a, _) = enter(&s, &key, &given, 0, 100);
+        let (b, _) = enter(&s, &key, &given, 0, 200);
+        s.cancel(&key, a);
+        // At 150 a is due and free; c is given 300 and cannot take it over.
+        let (c, taken) = enter(&s, &key, &given, 150, 300);
+        assert_eq!(taken, 300);
+        s.cancel(&key, b);
+        s.cancel(&key, c);
+        // Every place went back, a's too (its refund counts what refilled since 100).
+        assert_eq!(*given.lock().unwrap(), [300, 200, 100]);
     }
 
     fn shape(q: Quota, wait_ms: u64) -> Result<CompiledShape, ConfigError> {

@@ -83,4 +83,11 @@ impl Store for TestStore {
             yielded: false,
         })
     }
+
+    fn refund(&self, checks: &[LimitCheck<'_>], reserved_at: u64) -> Checked<Self::Future> {
+        match self.inner.refund(checks, reserved_at) {
+            Checked::Ready(result) => Checked::Ready(result),
+            Checked::Pending(_) => unreachable!("the memory store answers at once"),
+        }
+    }
 }

@@ -920,3 +920,33 @@ async fn tokio_paused_time_drives_the_memory_store() {
     assert_eq!(header(&res, X_RATELIMIT_REMAINING), "0");
     assert_eq!(header(&res, X_RATELIMIT_RESET), "1");
 }
+
+/// A request dropped while its enforcing check is pending (its client went away) was never
+/// allowed: the shadow check started with it gives its charge back, as for a refusal.
+#[tokio::test]
+async fn a_request_dropped_before_its_enforcing_answer_leaves_no_shadow_charge() {
+    let clock = ManualClock::new();
+    let svc = service(
+        builder(&clock, Mode::Pending)
+            .limit(Limit::new("enforced", Quota::per_hour(100)).key(client()))
+            .limit(
+                Limit::new("tried", Quota::per_hour(5))
+                    .key(GlobalKey)
+                    .mode(crate::plan::Mode::Shadow { headers: true }),
+            ),
+    );
+    // Both checks reach the store in `call`; the enforcing answer is still to come.
+    for i in 0..3 {
+        let mut s = svc.clone();
+        let call = s.call(get("/", &format!("gone{i}")));
+        drop(call);
+    }
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    let res = svc.clone().oneshot(get("/", "b")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    // `tried` (5 an hour, tighter than 100) shows: only this request is charged.
+    assert_eq!(header(&res, X_RATELIMIT_LIMIT), "5");
+    assert_eq!(header(&res, X_RATELIMIT_REMAINING), "4");
+}

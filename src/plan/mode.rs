@@ -13,7 +13,8 @@ use http::StatusCode;
 /// on its own, in a store call of its own, so it never changes what the enforcing limits of its
 /// layer decide, and it decides only the requests they allow. With a store that answers later
 /// (Redis), its call is made at the same time as theirs, so a request waits for one store call
-/// (at most one store timeout), not two; a request they refuse has its shadow charge given back.
+/// (at most one store timeout), not two; a request they refuse, or one dropped before they
+/// answer, has its shadow charge given back.
 /// A reload moves it to [`Enforce`](Mode::Enforce) with its counters intact.
 ///
 /// ```

@@ -270,3 +270,34 @@ async fn a_request_the_enforcing_limit_refuses_leaves_no_shadow_charge() {
     println!("shadow limit after 1 allowed + 4 refused requests, and one more allowed: {shown}");
     assert!(shown.contains(r#""tried";r=98;"#), "{shown}");
 }
+
+#[tokio::test]
+async fn a_shaped_limit_redis_did_not_decide_claims_no_budget_and_does_not_wait() {
+    let mut server = RedisServer::start();
+    let svc = service(
+        &server,
+        "undecided-shaped",
+        vec![limit_at(
+            "shaped",
+            Quota::per_second(10).burst(5),
+            FailurePolicy::Open,
+        )
+        .algorithm(tollgate::AlgorithmKind::Gcra)
+        .shape(Duration::from_secs(1))],
+    );
+    let res = svc.clone().oneshot(req(1)).await.unwrap();
+    assert_eq!(res.headers()["x-ratelimit-remaining"], "4");
+    server.kill();
+    let res = svc.clone().oneshot(req(2)).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let shown: Vec<_> = res
+        .headers()
+        .iter()
+        .filter(|(name, _)| name.as_str().contains("ratelimit"))
+        .map(|(n, v)| format!("{n}: {}", v.to_str().unwrap()))
+        .collect();
+    let waited = res.extensions().get::<tollgate::layer::ShapedDelay>();
+    println!("Open, shaped limit, Redis down: rate-limit headers {shown:?}, waited {waited:?}");
+    assert!(shown.is_empty(), "nothing was counted, yet: {shown:?}");
+    assert_eq!(waited, None);
+}

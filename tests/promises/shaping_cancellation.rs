@@ -280,3 +280,227 @@ async fn on_redis_waiters_dropped_in_arrival_order_leave_no_phantom_places() {
     }
     assert!(failures.is_empty(), "{failures:?}");
 }
+
+/// When each request reached the service, and its cost.
+type SeenCost = Arc<Mutex<Vec<(Duration, u64)>>>;
+
+/// 10 per second, burst 2, POST costing 2 and GET 1 (or every request 1).
+fn costed_service(
+    algorithm: AlgorithmKind,
+    costed: bool,
+    seen: SeenCost,
+) -> impl Service<
+    Request<()>,
+    Response = Response<Body>,
+    Error = Infallible,
+    Future = impl std::future::Future<Output = Result<Response<Body>, Infallible>> + Send + 'static,
+> + Clone
+       + Send
+       + 'static {
+    let cost = move |req: &tollgate::RequestView<'_>| -> u64 {
+        if costed && req.method() == http::Method::POST {
+            2
+        } else {
+            1
+        }
+    };
+    let layer = RateLimitLayer::builder()
+        .backend(MemoryBackend::new().clock(TokioClock::new()))
+        .limit(
+            Limit::new("costed", Quota::per_second(10).burst(2))
+                .algorithm(algorithm)
+                .key(GlobalKey)
+                .cost(cost)
+                .shape(Duration::from_secs(60)),
+        )
+        .max_waiting(100_000)
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    ServiceBuilder::new()
+        .layer(layer)
+        .service(tower::service_fn(move |req: Request<()>| {
+            let seen = Arc::clone(&seen);
+            async move {
+                let cost = if costed && req.method() == http::Method::POST {
+                    2
+                } else {
+                    1
+                };
+                seen.lock().unwrap().push((start.elapsed(), cost));
+                Ok::<_, Infallible>(Response::new(String::new()))
+            }
+        }))
+}
+
+/// The most units in excess of `burst + rate × span` over any window between two admissions.
+fn worst_unit_excess(seen: &mut [(Duration, u64)], burst: u64, per_second: u64) -> i64 {
+    seen.sort();
+    let mut worst = i64::MIN;
+    for i in 0..seen.len() {
+        let mut units = 0;
+        for j in i..seen.len() {
+            units += seen[j].1;
+            let span = seen[j].0 - seen[i].0;
+            let allowed = burst + (span.as_micros() as u64 * per_second / 1_000_000);
+            worst = worst.max(units as i64 - allowed as i64);
+        }
+    }
+    worst
+}
+
+#[tokio::test(start_paused = true)]
+async fn per_request_costs_never_share_a_turn() {
+    // 10 per second, burst 2, POST = 2 units and GET = 1: 60 waiting, POST and GET in turn;
+    // the POSTs are dropped, then 60 new GETs. Over every window, at most 2 + 10/s × span
+    // units reach the service (the same run with every request costing 1 as the control).
+    let mut failures = Vec::new();
+    for algorithm in [AlgorithmKind::Gcra, AlgorithmKind::TokenBucket] {
+        for costed in [false, true] {
+            let seen = SeenCost::default();
+            let mut svc = costed_service(algorithm, costed, seen.clone());
+            let mut kept = Vec::new();
+            let mut posts = Vec::new();
+            for i in 0..60 {
+                let method = if i % 2 == 0 {
+                    http::Method::POST
+                } else {
+                    http::Method::GET
+                };
+                let call =
+                    tokio::spawn(svc.call(Request::builder().method(method).body(()).unwrap()));
+                if i % 2 == 0 {
+                    posts.push(call);
+                } else {
+                    kept.push(call);
+                }
+            }
+            for call in posts {
+                cancel(call).await;
+            }
+            for _ in 0..60 {
+                kept.push(spawn_call(&mut svc));
+            }
+            for call in kept {
+                let _ = call.await.unwrap().unwrap();
+            }
+            let mut seen = seen.lock().unwrap().clone();
+            let units: u64 = seen.iter().map(|s| s.1).sum();
+            let excess = worst_unit_excess(&mut seen, 2, 10);
+            let what = if costed {
+                "POST=2, GET=1"
+            } else {
+                "all cost 1"
+            };
+            println!("{algorithm}, {what}: {units} units admitted; worst window: {excess} units over 2 + rate x span");
+            if excess > 0 {
+                failures.push(format!("{algorithm} ({what}): {excess} units over"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_free_place_already_due_goes_back_to_the_store() {
+    // 10 per second, burst 1 (100 ms apart): one through, A at 100 ms and B at 200 ms waiting;
+    // A is dropped. At 150 ms (A's free place due, B still waiting) C arrives and is given
+    // 300 ms; then B and C are dropped. Every place after A's is free: A's goes back too, less
+    // what refilled since its turn, so the next request, at 150 ms, goes at once.
+    let mut failures = Vec::new();
+    for algorithm in ALGORITHMS {
+        let seen = Seen::default();
+        let mut svc = service(algorithm, 10, Duration::from_secs(10), seen.clone());
+        let first = spawn_call(&mut svc);
+        let a = spawn_call(&mut svc);
+        let b = spawn_call(&mut svc);
+        cancel(a).await;
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let c = spawn_call(&mut svc);
+        tokio::task::yield_now().await;
+        cancel(b).await;
+        cancel(c).await;
+        let start = Instant::now();
+        let next = spawn_call(&mut svc).await.unwrap().unwrap();
+        let waited = start.elapsed();
+        assert_eq!(next.status(), StatusCode::OK);
+        assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
+        println!("{algorithm}: a free place due 50 ms ago and every place after it dropped; the next request waited {waited:?} (right: 0)");
+        if waited > Duration::ZERO {
+            failures.push(format!("{algorithm}: waited {waited:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_with_different_shaped_limits_never_share_a_turn() {
+    // Two shaped limits on one key: "all" (10 per second, burst 1) for every request, and
+    // "posts" (generous) for POSTs only. 60 waiting, POST and GET in turn; the POSTs are
+    // dropped, then 60 new GETs. Over every window, at most 1 + 10/s × span reach the service.
+    let mut failures = Vec::new();
+    for algorithm in [AlgorithmKind::Gcra, AlgorithmKind::TokenBucket] {
+        let seen = SeenCost::default();
+        let layer = RateLimitLayer::builder()
+            .backend(MemoryBackend::new().clock(TokioClock::new()))
+            .limit(
+                Limit::new("all", Quota::per_second(10).burst(1))
+                    .algorithm(algorithm)
+                    .key(GlobalKey)
+                    .shape(Duration::from_secs(60)),
+            )
+            .limit(
+                Limit::new("posts", Quota::per_second(1_000).burst(1_000))
+                    .algorithm(algorithm)
+                    .key(GlobalKey)
+                    .when(|req: &tollgate::RequestView<'_>| req.method() == http::Method::POST)
+                    .shape(Duration::from_secs(1)),
+            )
+            .max_waiting(100_000)
+            .build()
+            .unwrap();
+        let start = Instant::now();
+        let recorded = Arc::clone(&seen);
+        let mut svc = ServiceBuilder::new()
+            .layer(layer)
+            .service(tower::service_fn(move |_req: Request<()>| {
+                let seen = Arc::clone(&recorded);
+                async move {
+                    seen.lock().unwrap().push((start.elapsed(), 1));
+                    Ok::<_, Infallible>(Response::new(String::new()))
+                }
+            }));
+        let mut kept = Vec::new();
+        let mut posts = Vec::new();
+        for i in 0..60 {
+            let method = if i % 2 == 0 {
+                http::Method::POST
+            } else {
+                http::Method::GET
+            };
+            let call = tokio::spawn(svc.call(Request::builder().method(method).body(()).unwrap()));
+            if i % 2 == 0 {
+                posts.push(call);
+            } else {
+                kept.push(call);
+            }
+        }
+        for call in posts {
+            cancel(call).await;
+        }
+        for _ in 0..60 {
+            kept.push(spawn_call(&mut svc));
+        }
+        for call in kept {
+            let _ = call.await.unwrap().unwrap();
+        }
+        let mut seen = seen.lock().unwrap().clone();
+        let admitted = seen.len();
+        let excess = worst_unit_excess(&mut seen, 1, 10);
+        println!("{algorithm}, POSTs (shaped by two limits) dropped among GETs (one): {admitted} admitted; worst window: {excess} over 1 + rate x span");
+        if excess > 0 {
+            failures.push(format!("{algorithm}: {excess} over"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}

@@ -1043,7 +1043,8 @@ impl Inner {
                     closed = Some(closed.map_or(retry_after, |c| c.max(retry_after)));
                 }
                 FailurePolicy::Local { .. } => local_positions.push(i),
-                // Open (and any future policy) lets the request through, counted.
+                // Open (and any future policy) lets the request through, uncounted (the layer
+                // writes no rate-limit headers for it).
                 _ => {
                     opened += 1;
                     fb.got[i] = Some(Decision::uncounted(info.limit).with_policy(info.name));
