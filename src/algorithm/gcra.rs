@@ -275,15 +275,24 @@ impl Algorithm for Gcra {
         if (self.unit, self.per, self.cap) == (from.unit, from.per, from.cap) {
             return;
         }
-        let spent = from.before(state, now).div_ceil(from.unit);
-        if spent == 0 {
+        // Steps before full at `from`: up to its capacity a deficit, beyond it a lock (the
+        // time before anything refills), as the token bucket's state holds them.
+        let before = from.before(state, now);
+        let (deficit, lock) = if before > from.cap {
+            (from.cap, (before - from.cap).div_ceil(from.per))
+        } else {
+            (before, 0)
+        };
+        let (deficit, lock) =
+            super::token_bucket::carry((from.unit, from.per), (self.unit, self.cap), deficit, lock);
+        if deficit == 0 && lock == 0 {
             *state = GcraState::default();
         } else {
-            self.store(
-                state,
-                now,
-                spent.saturating_mul(self.unit).min(self.max_carried()),
-            );
+            let steps = u128::from(lock) * u128::from(self.per) + u128::from(deficit);
+            let steps = u64::try_from(steps)
+                .map_or(u64::MAX, |s| s)
+                .min(self.max_carried());
+            self.store(state, now, steps);
         }
     }
 

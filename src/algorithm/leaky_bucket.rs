@@ -131,7 +131,9 @@ impl LeakyBucket {
     /// ```
     pub fn queue_delay(&self, state: &LeakyBucketState, now: u64) -> Duration {
         let level = self.bucket.deficit_at(&as_bucket(state), now);
-        Duration::from_micros(self.bucket.micros_to_earn(level))
+        // Nothing drains before `last` (a lock carried by a plan change, or an earlier clock).
+        let lock = state.last.saturating_sub(now);
+        Duration::from_micros(lock.saturating_add(self.bucket.micros_to_earn(level)))
     }
 }
 
@@ -283,11 +285,12 @@ mod tests {
         n.rebase(&o, &mut s, 250 * MS);
         n.bucket.rebase(&o.bucket, &mut t, 250 * MS);
         assert_eq!(s, from_bucket(t));
-        // 4.5 queued, rounded up to 5: more than the 3 that fit, all of them kept.
-        assert_eq!(s.level, 5 * S);
-        assert_eq!(n.queue_delay(&s, 250 * MS), Duration::from_secs(5));
+        // 4.5 queued: the 3 that fit, and the 1.5 above them held as the 750 ms `o` takes to
+        // drain them (nothing drains before 1 s).
+        assert_eq!((s.level, s.last), (3 * S, S));
+        assert_eq!(n.queue_delay(&s, 250 * MS), Duration::from_millis(3_750));
         let d = n.decide(&s, 250 * MS, 1);
-        assert_eq!(d.retry_after(), Some(Duration::from_secs(3)));
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(1_750)));
         let kept = s;
         n.rebase(&n, &mut s, 0);
         assert_eq!(s, kept);
@@ -300,7 +303,8 @@ mod tests {
         assert!(b.check(&mut s, 5 * S, 1).allowed());
         let d = b.check(&mut s, S, 1);
         assert!(!d.allowed());
-        assert_eq!(d.retry_after(), Some(Duration::from_secs(1)));
+        // Nothing drains before 5 s, the time already seen: the request fits at 6 s.
+        assert_eq!(d.retry_after(), Some(Duration::from_secs(5)));
         assert!(b.check(&mut s, 6 * S, 1).allowed());
     }
 

@@ -173,6 +173,37 @@ impl TokenBucket {
     }
 }
 
+/// A bucket's spending carried from one quota to another ([`Algorithm::rebase`] of the token
+/// bucket and GCRA): `deficit` steps at `from`'s fixed point (`from_unit` steps a unit,
+/// `from_per` a µs) and `lock` µs before which nothing refills, converted to `to`'s
+/// (`to_unit`, `to_per`, `to_cap`). Returns `to`'s deficit and lock.
+///
+/// The units that fit `to`'s capacity are carried as units (rounded up); the units above it
+/// as the time `from` takes to refill them (not as `to`'s units, which a far smaller quota
+/// would take years to refill): the key is then empty at `to` and nothing refills before that
+/// lock ends. A lock the state already carries stays a lock, whole, and the key stays empty
+/// until it ends: a lock is time, and its units are those of a quota no longer known (turning
+/// it into units at a slower quota's rate would hand units back).
+pub(super) fn carry(
+    (from_unit, from_per): (u64, u64),
+    (to_unit, to_cap): (u64, u64),
+    deficit: u64,
+    lock: u64,
+) -> (u64, u64) {
+    let burst = to_cap / to_unit;
+    let fits = u128::from(burst) * u128::from(from_unit);
+    if u128::from(deficit) > fits {
+        // Below 2^53 / from_per + 1: fits a u64.
+        let excess = (u128::from(deficit) - fits).div_ceil(u128::from(from_per));
+        return (to_cap, lock.saturating_add(excess as u64));
+    }
+    if lock > 0 {
+        return (to_cap, lock);
+    }
+    // `deficit <= burst × from_unit`: at most `burst` units, at most `to_cap` steps.
+    (deficit.div_ceil(from_unit) * to_unit, 0)
+}
+
 impl Algorithm for TokenBucket {
     type State = TokenBucketState;
 
@@ -188,39 +219,31 @@ impl Algorithm for TokenBucket {
     fn decide(&self, state: &TokenBucketState, now: u64, cost: u64) -> Decision {
         let limit = self.quota.burst_size();
         let deficit = self.deficit_at(state, now);
+        // Nothing refills before `last`: a lock carried from a larger quota (see "Plan
+        // changes"), or a clock reading earlier than one already seen.
+        let lock = state.last.saturating_sub(now);
+        let wait =
+            |steps: u64| Duration::from_micros(lock.saturating_add(self.micros_to_earn(steps)));
         // Hot path first: the allowed branch computes only what it reports.
         if cost <= limit {
             // `deficit <= MAX_DEFICIT` and `cost × unit <= cap < 2^53`: no overflow.
             let after = deficit + cost * self.unit;
             if after <= self.cap {
-                return Decision::allowed_with(
-                    limit,
-                    (self.cap - after) / self.unit,
-                    Duration::from_micros(self.micros_to_earn(after)),
-                );
+                return Decision::allowed_with(limit, (self.cap - after) / self.unit, wait(after));
             }
             if cost == 0 {
-                // A deficit above the capacity (carried from a larger quota): empty, and whole
-                // again once all of it has refilled.
-                return Decision::allowed_with(
-                    limit,
-                    0,
-                    Duration::from_micros(self.micros_to_earn(deficit)),
-                );
+                // A deficit above the capacity (carried from a larger quota by an earlier
+                // version): empty, and whole again once all of it has refilled.
+                return Decision::allowed_with(limit, 0, wait(deficit));
             }
         }
         let remaining_now = self.cap.saturating_sub(deficit) / self.unit;
-        let reset_now = Duration::from_micros(self.micros_to_earn(deficit));
+        let reset_now = wait(deficit);
         if cost > limit {
             return Decision::impossible(limit, remaining_now, reset_now);
         }
         let after = deficit + cost * self.unit;
-        Decision::rejected(
-            limit,
-            remaining_now,
-            reset_now,
-            Duration::from_micros(self.micros_to_earn(after - self.cap)),
-        )
+        Decision::rejected(limit, remaining_now, reset_now, wait(after - self.cap))
     }
 
     #[inline]
@@ -246,9 +269,14 @@ impl Algorithm for TokenBucket {
         if self.same_arithmetic(from) {
             return;
         }
-        let spent = from.deficit_at(state, now).div_ceil(from.unit);
-        state.deficit = spent.saturating_mul(self.unit).min(MAX_DEFICIT);
-        state.last = state.last.max(now);
+        let (deficit, lock) = carry(
+            (from.unit, from.per),
+            (self.unit, self.cap),
+            from.deficit_at(state, now),
+            state.last.saturating_sub(now),
+        );
+        state.deficit = deficit;
+        state.last = now.saturating_add(lock).min(MAX_DEFICIT);
     }
 
     fn idle_timeout_micros(&self) -> u64 {
@@ -373,7 +401,29 @@ mod tests {
         // A downgrade below what was spent: empty, and the excess stays spent.
         let tiny = TokenBucket::new(Quota::per_second(1).burst(2)).unwrap();
         tiny.rebase(&n, &mut s, 250 * MS);
-        assert_eq!(s.deficit, 8 * tiny.unit);
+        // 2 fit; the 6 above are held as the 2 s `n` takes to refill them: nothing refills
+        // before 2.25 s, and one request fits 1 s after that.
+        assert_eq!(
+            s,
+            TokenBucketState {
+                deficit: 2 * tiny.unit,
+                last: 2_250 * MS
+            }
+        );
+        let d = tiny.decide(&s, 250 * MS, 1);
+        assert_eq!(d.retry_after(), Some(Duration::from_secs(3)));
+        assert_eq!(d.reset(), Duration::from_secs(4));
+        // Straight back: the lock stays a lock (its units are `n`'s, which `tiny` does not
+        // know), and `n` is empty until it ends: never less spent than the 8.
+        let mut back = s;
+        n.rebase(&tiny, &mut back, 250 * MS);
+        assert_eq!(
+            back,
+            TokenBucketState {
+                deficit: 12 * n.unit,
+                last: 2_250 * MS
+            }
+        );
         // Nothing spent: the fresh state stays fresh.
         let mut fresh = TokenBucketState::default();
         n.rebase(&o, &mut fresh, 5 * S);
@@ -443,11 +493,14 @@ mod tests {
             pro.rebase(&free, &mut s, 0);
             assert!(!pro.check(&mut s, 0, 1).allowed(), "no reset gift");
         }
-        // Free refills one per 12 s: 16 of the 20 spent come back before one request fits.
+        // The 15 above Free's 5 are held as the 45 s Pro takes to refill them, then Free
+        // refills one per 12 s: one request fits after 57 s (not 192 s at Free's rate).
         free.rebase(&pro, &mut s, 0);
         assert_eq!(
             free.decide(&s, 0, 1).retry_after(),
-            Some(Duration::from_secs(192))
+            Some(Duration::from_secs(57))
         );
+        assert!(!free.decide(&s, 57 * S - 1, 1).allowed());
+        assert!(free.decide(&s, 57 * S, 1).allowed());
     }
 }

@@ -140,8 +140,9 @@ end
 -- windows, the count carries over as it is (the new limit applies to it). Otherwise the units
 -- charged in the window current at t stay charged, in the new window current at t (not clamped:
 -- a count above the new limit reads as exhausted until that window ends); t = now, or for epoch
--- windows max(now, the stored window's start). Stores and returns the new state.
-local function fw_rebase(key, ttl, now, operiod, _, ocal, period, _, cal, window, count)
+-- windows max(now, the stored window's start). Returns the new state without storing it (the
+-- check stores it only if it charges something; see `replan` in the driver).
+local function fw_rebase(_, _, now, operiod, _, ocal, period, _, cal, window, count)
   if operiod == period and ocal == cal then
     return window, count
   end
@@ -153,6 +154,5 @@ local function fw_rebase(key, ttl, now, operiod, _, ocal, period, _, cal, window
     count = 0
   end
   window = fw_index(t, period, cal)
-  store2(key, ttl, window, count)
   return window, count
 end

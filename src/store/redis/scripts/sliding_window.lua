@@ -126,14 +126,14 @@ end
 -- Plan change (SlidingWindow::rebase): the state was written with windows of
 -- `operiod` (limit `olimit`) and a check arrives with windows of `period`. With the same period,
 -- counts are units and carry over as they are. Otherwise the weighted count at `now` (rounded up)
--- is what the key spent, charged to the new window current at `now`. Stores and returns the new
--- state.
-local function sw_rebase(key, ttl, now, operiod, olimit, _, period, _, _, last, sprev, scur)
+-- is what the key spent, charged to the new window current at `now`. Returns the new state
+-- without storing it (the check stores it only if it charges something; see `replan` in the
+-- driver).
+local function sw_rebase(_, _, now, operiod, olimit, _, period, _, _, last, sprev, scur)
   if operiod == period then
     return last, sprev, scur
   end
   local t, e, prev, cur = sw_view(now, operiod, olimit, last, sprev, scur)
   cur = cdiv(prev * (operiod - e), operiod) + cur
-  store3(key, ttl, t, 0, cur)
   return t, 0, cur
 end
