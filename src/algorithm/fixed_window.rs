@@ -226,9 +226,17 @@ impl FixedWindow {
             0
         };
         // The same instant on this quota's time base.
-        let t = now.saturating_add(t - from_now);
+        let here = now.saturating_add(t - from_now);
+        let mut window = self.window_index(here);
+        if spent > 0 {
+            // The count stays counted until the window it was counted in ends: it goes to this
+            // quota's window holding that end (a later one than the current when this quota's
+            // windows are shorter), so a change back, or to any other quota, still finds it.
+            let end = here.saturating_add(from.until_end(state.window, t));
+            window = window.max(self.window_index(end.saturating_sub(1)));
+        }
         *state = FixedWindowState {
-            window: self.window_index(t),
+            window,
             count: spent,
         };
     }
@@ -433,20 +441,32 @@ mod tests {
         );
         assert!(!daily.decide(&s, t + S, 1).allowed());
         assert_eq!(daily.decide(&s, 2 * 86_400 * S, 0).remaining(), 5);
-        // Back to hourly: the day's 8 are spent, in this hour or a later one of the same day.
+        // Back to hourly: the day's 8 stay counted until the day ends, in its last hour, so
+        // the day never admits more than the larger of the limits in force (10).
         let mut back = s;
         hourly.rebase(&daily, &mut back, t + 2 * S);
         assert_eq!(
             back,
             FixedWindowState {
-                window: 30,
+                window: 47,
                 count: 8
             }
         );
         assert_eq!(hourly.decide(&back, t + 2 * S, 0).remaining(), 2);
         hourly.rebase(&daily, &mut s, t + 3_600 * S);
         assert_eq!(hourly.decide(&s, t + 3_600 * S, 0).remaining(), 2);
-        assert_eq!(hourly.decide(&s, t + 7_200 * S, 0).remaining(), 10);
+        assert_eq!(hourly.decide(&s, t + 7_200 * S, 0).remaining(), 2);
+        assert_eq!(hourly.decide(&s, 2 * 86_400 * S, 0).remaining(), 10);
+        // And back to daily finds them in the same day.
+        let mut day = s;
+        daily.rebase(&hourly, &mut day, t + 7_200 * S);
+        assert_eq!(
+            day,
+            FixedWindowState {
+                window: 1,
+                count: 8
+            }
+        );
         // A stale window carries nothing; an earlier clock stays in the stored window.
         let mut stale = FixedWindowState {
             window: 3,

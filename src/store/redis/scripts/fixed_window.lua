@@ -117,6 +117,12 @@ local function fw_apply(key, ttl, now, cost, period, limit, cal, window, count)
       after = limit
     end
   end
+  -- A window later than the current one (carried from a longer one by fw_rebase) is kept
+  -- until it ends.
+  local e = cdiv(fw_until_end(w, now, period, cal), 1000)
+  if e > tonumber(ttl) then
+    ttl = string.format('%d', e)
+  end
   store2(key, ttl, w, after)
 end
 
@@ -153,6 +159,14 @@ local function fw_rebase(_, _, now, operiod, _, ocal, period, _, cal, window, co
   if window ~= fw_index(t, operiod, ocal) then
     count = 0
   end
-  window = fw_index(t, period, cal)
-  return window, count
+  local w = fw_index(t, period, cal)
+  if count > 0 then
+    -- The count stays counted until the window it was counted in ends: it goes to the new
+    -- window holding that end (a later one than the current when the new windows are shorter).
+    local last = fw_index(t + fw_until_end(window, t, operiod, ocal) - 1, period, cal)
+    if last > w then
+      w = last
+    end
+  end
+  return w, count
 end
