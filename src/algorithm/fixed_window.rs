@@ -75,26 +75,34 @@ use crate::quota::{Calendar, Quota};
 /// # Plan changes
 ///
 /// [`rebase`](Algorithm::rebase) from a fixed window `o` (the quota the count was written under)
-/// to this one, `n`, at `now` carries the count of `o`'s current window into `n`'s current
-/// window:
+/// to this one, `n`, at `now` carries the count of `o`'s current window into `n`'s window that
+/// holds the end of `o`'s (the current one, or a later one when `n`'s windows are shorter):
 ///
 /// ```text
 /// if o.P == n.P and o's calendar == n's: nothing changes   (counts are units; n's limit applies)
 /// t     = max(now, start of o's window `window`)   (an earlier clock stays in the stored window:
 ///                                                   window × o.P, or o's calendar's end(window - 1))
 /// spent = count  if window == o.index(t),  else 0  (index(t) = floor(t / P), or the calendar's)
-/// window = n.index(t);  count = spent
+/// window = n.index(t)                              if spent == 0
+///          max(n.index(t), n.index(o.end(window) - 1))   otherwise
+/// count  = spent
 /// ```
 ///
-/// The count is not clamped: a count above `n`'s limit reads as exhausted until `n`'s window
-/// ends (a check of cost 0 is allowed and keeps it as it is), and is never charged twice (the
-/// next window starts empty).
+/// The count is not clamped: a count above `n`'s limit reads as exhausted until the window it
+/// went to ends, and is never charged twice (the next window starts empty). A count carried to
+/// shorter windows stays counted until the longer window it was counted in ends: `n` admits at
+/// most `n`'s limit less that count until then, all of it into that one window, and a change
+/// back (or to any other quota) finds it there. So within a window of the longest quota in
+/// force, a key switched to shorter windows and back never admits more than the largest limit
+/// in force. The price: at the shorter quota, the rest of the longer window is one window.
+/// The other way, from shorter windows to a longer one, only the current shorter window's
+/// count is carried: what earlier shorter windows of the longer one admitted is not.
 ///
 /// A calendar quota's windows are on Unix time and a plain one's on the clock's time; the
 /// memory store's clock need not read Unix time, so a key switched between the two is read at
 /// the same instant on each quota's own time base (`t` above on `o`'s, `n.index` of that
-/// instant on `n`'s): the count lands in `n`'s current window, which ends within one of `n`'s
-/// periods.
+/// instant on `n`'s): the count lands in a window of `n` that ends within one of `n`'s periods
+/// after `o`'s window does.
 ///
 /// ```
 /// use tollgate::algorithm::{Algorithm, FixedWindow};

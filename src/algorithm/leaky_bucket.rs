@@ -43,15 +43,12 @@ use crate::quota::Quota;
 ///
 /// # Plan changes
 ///
-/// As the token bucket's (the level is its deficit): [`rebase`](Algorithm::rebase) from a
-/// queue `o` to this one, `n`, at `now` carries the queued units, rounded up to whole units,
-/// all of them (a level above `n`'s capacity reads as a full queue until it has drained to
-/// below it); nothing changes when both have the same arithmetic.
-///
-/// ```text
-/// level' = o's level' at now;  queued = ceil(level' / o.unit)
-/// level  = min(queued × n.unit, 2^53 - 1);  last = max(last, now)
-/// ```
+/// As the token bucket's (the level is its deficit; see its **Plan changes**):
+/// [`rebase`](Algorithm::rebase) from a queue `o` to this one, `n`, at `now` carries the queued
+/// units that fit `n`'s capacity, rounded up to whole units, and the units above it as the time
+/// `o` takes to drain them: the queue is full at `n` and nothing drains before that lock ends
+/// (`last` ahead of `now`; [`queue_delay`](LeakyBucket::queue_delay) and the waits reported
+/// include it). Nothing changes when both have the same arithmetic.
 ///
 /// ```
 /// use tollgate::algorithm::{Algorithm, LeakyBucket};

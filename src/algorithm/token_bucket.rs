@@ -38,11 +38,12 @@ pub(super) const MAX_DEFICIT: u64 = MAX_EXACT - 1;
 /// idle timeout = ceil(cap / per) µs
 /// ```
 ///
-/// The deficit is at most `cap` for every state the bucket's own transitions write; only
-/// [`rebase`](Algorithm::rebase) from a larger quota carries more (the key spent it), and then
-/// the bucket reads as empty, `remaining` 0, until the refill has paid the excess back; a cost
-/// of 0 is still allowed and writes nothing new. Such a state outlives the idle timeout: it is
-/// whole again after `ceil(deficit / per)` µs.
+/// Nothing refills before `last`: a clock reading earlier than `last` earns nothing, and a
+/// plan change may set `last` ahead of `now` (a **lock**, see below). The waits reported run
+/// from `last`: with `lock = max(0, last - now)`, `reset` is `lock + ceil(after / per)` and
+/// `retry_after` is `lock + ceil((deficit' + need - cap) / per)`. The deficit is at most `cap`
+/// for every state the bucket's own transitions and [`rebase`](Algorithm::rebase) write; a
+/// state with more (written by an earlier version) reads as empty until it has refilled.
 ///
 /// # Why a refund never over-admits
 ///
@@ -65,21 +66,33 @@ pub(super) const MAX_DEFICIT: u64 = MAX_EXACT - 1;
 /// # Plan changes
 ///
 /// [`rebase`](Algorithm::rebase) from a bucket `o` (the quota the state was written under) to
-/// this one, `n`, at `now` carries what the key spent, in whole units, up to `n`'s capacity:
+/// this one, `n`, at `now` carries what the key spent: the units that fit `n`'s capacity as
+/// units, the units above it as **time**, the time `o` takes to refill them (a lock: the key is
+/// empty at `n`, and nothing refills before the lock ends):
 ///
 /// ```text
 /// if (o.unit, o.per, o.cap) == (n.unit, n.per, n.cap): nothing changes
-/// d       = o's deficit' at now
-/// spent   = ceil(d / o.unit)                 (rounded up: toward refusing, < 1 unit)
-/// deficit = min(spent × n.unit, 2^53 - 1);  last = max(last, now)
+/// d     = o's deficit' at now;   lock = max(0, last - now)
+/// fits  = n.burst × o.unit       (n's capacity, in o's steps)
+/// if d > fits:      deficit = n.cap;  lock += ceil((d - fits) / o.per)
+/// elif lock > 0:    deficit = n.cap   (a lock stays a lock, whole: its units are unknown)
+/// else:             deficit = ceil(d / o.unit) × n.unit   (rounded up: toward refusing)
+/// last = min(now + lock, 2^53 - 1)
 /// ```
 ///
 /// Right after the change, `remaining = max(0, n.burst - spent)`: an upgrade keeps what was
-/// spent (no reset gift). A downgrade to less than was spent keeps all of it, the excess
-/// included: the key is empty until `n`'s refill has paid back `spent - n.burst` units
-/// (`retry_after` says exactly when), so changing straight back finds the spending still there.
-/// Across any sequence of changes a key never admits more in a span `t` than
-/// `max burst + max rate × t` over the quotas in force during it.
+/// spent (no reset gift). A downgrade to less than was spent keeps all of it, the excess as the
+/// time `o` would have taken to refill it, not as `n`'s units (which a far smaller quota would
+/// take years to refill): the key is locked out for at most `o`'s full refill plus `n`'s
+/// (`o.burst / o.rate + n.burst / n.rate`; 1,000,000/day to 1/day: at most 2 days), and told
+/// exactly when it fits again. A lock converted again stays a lock, so a sequence of changes
+/// never hands spending back either (a state carrying a lock reads as empty at any quota
+/// until the lock ends). Across any sequence of changes a key never admits more in a span `t`
+/// than `max burst + max rate × t` over the quotas in force during it.
+///
+/// The stores convert a key's state on a copy for each check and store it only when the check
+/// charges something (see [`Algorithm::rebase`]): a key that is only checked keeps refilling
+/// at the quota it was written under, and the figures a check reports are those of the copy.
 ///
 /// ```
 /// use tollgate::algorithm::{Algorithm, TokenBucket};
@@ -94,11 +107,14 @@ pub(super) const MAX_DEFICIT: u64 = MAX_EXACT - 1;
 /// assert!(pro.check(&mut state, 0, 500).allowed());
 /// free.rebase(&pro, &mut state, 0); // downgraded with 560 spent: 460 above Free's 100
 /// assert_eq!(free.decide(&state, 0, 0).remaining(), 0);
-/// // Free's rate is one per 36 s: 461 of them before one request fits again.
-/// assert!(!free.decide(&state, 461 * 36_000_000 - 1, 1).allowed());
-/// assert!(free.decide(&state, 461 * 36_000_000, 1).allowed());
-/// pro.rebase(&free, &mut state, 0); // straight back up: still 560 spent
-/// assert_eq!(pro.decide(&state, 0, 0).remaining(), 440);
+/// // The 460 are held as the 1,656 s Pro takes to refill them (one per 3.6 s), then Free
+/// // refills one per 36 s: the next request fits after 1,692 s, not after 461 × 36 s.
+/// let d = free.decide(&state, 0, 1);
+/// assert_eq!(d.retry_after(), Some(std::time::Duration::from_secs(1_692)));
+/// assert!(!free.decide(&state, 1_692_000_000 - 1, 1).allowed());
+/// assert!(free.decide(&state, 1_692_000_000, 1).allowed());
+/// pro.rebase(&free, &mut state, 0); // straight back up: empty until the lock ends
+/// assert_eq!(pro.decide(&state, 0, 0).remaining(), 0);
 /// ```
 ///
 /// ```

@@ -619,7 +619,7 @@ async fn hour_down_to_minutes_and_back<S: Store>(store: &S, clock: &ManualClock)
     let minute = PlanQuota::new(kind, Quota::per_minute(20)).unwrap();
     let bob = || Key::string("bob");
     let mut admitted = 0;
-    let mut take = async |plan: Option<&PlanQuota>, n: u64| {
+    let take = async |plan: Option<&PlanQuota>, n: u64| {
         let mut got = 0;
         for _ in 0..n {
             let mut check = LimitCheck::new(0, bob(), 1);

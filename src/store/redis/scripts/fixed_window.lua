@@ -144,9 +144,10 @@ end
 -- Plan change (FixedWindow::rebase): the state was written with windows of `operiod`
 -- (calendar `ocal`) and a check arrives with windows of `period` (calendar `cal`). With the same
 -- windows, the count carries over as it is (the new limit applies to it). Otherwise the units
--- charged in the window current at t stay charged, in the new window current at t (not clamped:
--- a count above the new limit reads as exhausted until that window ends); t = now, or for epoch
--- windows max(now, the stored window's start). Returns the new state without storing it (the
+-- charged in the window current at t stay charged, in the new window holding the end of the old
+-- one (the current one, or a later one when the new windows are shorter; not clamped: a count
+-- above the new limit reads as exhausted until that window ends); t = now, or for epoch windows
+-- max(now, the stored window's start). Returns the new state without storing it (the
 -- check stores it only if it charges something; see `replan` in the driver).
 local function fw_rebase(_, _, now, operiod, _, ocal, period, _, cal, window, count)
   if operiod == period and ocal == cal then
