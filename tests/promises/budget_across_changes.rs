@@ -404,6 +404,36 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// Fixed windows of different periods (1, 2, 4 and 8 s, nested), the key charged first at
+    /// the longest: within that longest window, switched to shorter windows and back in any
+    /// order, never more than the largest limit in force (its count stays counted until that
+    /// window ends), in the algorithm's own transitions and as the stores run them. (A key
+    /// with history in shorter windows first is not covered: from shorter windows to a longer
+    /// one only the current shorter window's count is carried.)
+    #[test]
+    fn random_period_changes_never_beat_the_largest_limit_in_the_longest_window(
+        quotas in prop::collection::vec(
+            (1u64..=12, 0u32..=3).prop_map(|(c, p)| Quota::per(Duration::from_secs(1 << p), c)),
+            3,
+        ),
+        events in events(3, 12),
+    ) {
+        let longest = quotas.iter().map(|q| q.period_micros()).max().unwrap();
+        let start = quotas.iter().position(|q| q.period_micros() == longest).unwrap();
+        let mut events = events;
+        events[0] = (events[0].0, start, 1);
+        let fw: Vec<_> = quotas.iter().map(|q| FixedWindow::new(*q).unwrap()).collect();
+        for log in [run(&fw, &events), run_store(&fw, &events)] {
+            let first = log[0].0 / longest;
+            let window: Vec<_> = log.iter().copied().filter(|e| e.0 / longest == first).collect();
+            assert_spans(&quotas, &window, |q, _, _| q.iter().map(|q| q.count()).max().unwrap());
+        }
+    }
+}
+
 /// On Redis, a key whose spending is above its quota's capacity (carried from a larger quota)
 /// lives until all of it has refilled, not just the quota's idle timeout: expiring sooner would
 /// hand the excess back.
