@@ -218,7 +218,15 @@ proptest! {
             prop_assert!(left <= n.capacity().saturating_sub(reported));
             prop_assert!(left + 1 >= n.capacity().saturating_sub(reported));
             prop_assert_eq!(after.prev, 0);
-            prop_assert_eq!(after.last, now.max(before.last));
+            let t = now.max(before.last);
+            if after.cur > 0 && n.quota().period() < o.quota().period() {
+                // Kept until `o`'s window ends: charged to `n`'s window holding that end.
+                let (op, np) = (o.quota().period_micros(), n.quota().period_micros());
+                let end = (t / op + 1) * op;
+                prop_assert_eq!(after.last, t.max((end - 1) / np * np));
+            } else {
+                prop_assert_eq!(after.last, t);
+            }
         }
         assert_common(&o, &n, &before, &after, now)?;
     }

@@ -157,7 +157,8 @@ pub trait Algorithm: sealed::Sealed + Send + Sync + Debug + 'static {
     /// `from`'s full refill plus this quota's, never years); the fixed window carries its count
     /// into this quota's window holding the end of the window it was counted in (exhausted
     /// until then: a shorter period does not forget a longer window's count); the sliding
-    /// window carries its weighted count into the current window; the log keeps its entries.
+    /// window carries its weighted count likewise (into its window holding the end of
+    /// `from`'s current one); the log keeps its entries.
     /// With `from` equal to `self` (the same arithmetic) nothing changes. Each algorithm's
     /// rustdoc states its rule under **Plan changes**; the Redis scripts mirror them.
     ///

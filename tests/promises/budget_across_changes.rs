@@ -644,8 +644,11 @@ async fn a_million_a_day_to_one_a_day_decides_identically_on_redis() {
 /// minute), then back to hourly: what the hour admitted in all. The hourly count stays counted
 /// at 20/min until the hour ends, so the hour never admits more than its 1,000 (before the
 /// fix: 2,140: the minutes forgot the hour's 10, and the way back forgot all but the last minute).
-async fn hour_down_to_minutes_and_back<S: Store>(store: &S, clock: &ManualClock) -> u64 {
-    let kind = AlgorithmKind::FixedWindow;
+async fn hour_down_to_minutes_and_back<S: Store>(
+    store: &S,
+    clock: &ManualClock,
+    kind: AlgorithmKind,
+) -> u64 {
     let minute = PlanQuota::new(kind, Quota::per_minute(20)).unwrap();
     let bob = || Key::string("bob");
     let mut admitted = 0;
@@ -671,32 +674,28 @@ async fn hour_down_to_minutes_and_back<S: Store>(store: &S, clock: &ManualClock)
 
 #[tokio::test]
 async fn a_shorter_period_keeps_the_longer_windows_count_until_it_ends() {
-    let clock = ManualClock::new();
-    clock.set_micros(T + 10 * S);
-    let limits = [spec(
-        "api",
-        Quota::per_hour(1_000),
-        AlgorithmKind::FixedWindow,
-    )];
-    let store = memory_store(&clock, &limits);
-    let admitted = hour_down_to_minutes_and_back(&store, &clock).await;
-    println!("memory fixed_window: 10 of 1000/h, 58 min at 20/min, back: {admitted} in the hour (bound 1,000)");
-    assert_eq!(admitted, 1_000);
+    for kind in [AlgorithmKind::FixedWindow, AlgorithmKind::SlidingWindow] {
+        let clock = ManualClock::new();
+        clock.set_micros(T + 10 * S);
+        let limits = [spec("api", Quota::per_hour(1_000), kind)];
+        let store = memory_store(&clock, &limits);
+        let admitted = hour_down_to_minutes_and_back(&store, &clock, kind).await;
+        println!("memory {kind}: 10 of 1000/h, 58 min at 20/min, back: {admitted} in the hour (bound 1,000)");
+        assert_eq!(admitted, 1_000, "{kind}");
+    }
 }
 
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn a_shorter_period_keeps_the_longer_windows_count_until_it_ends_on_redis() {
     let server = crate::support::RedisServer::start();
-    let clock = ManualClock::new();
-    clock.set_micros(T + 10 * S);
-    let limits = [spec(
-        "api",
-        Quota::per_hour(1_000),
-        AlgorithmKind::FixedWindow,
-    )];
-    let store = crate::common::node_store(&server.url(), "hour-to-minutes", &clock, &limits);
-    let admitted = hour_down_to_minutes_and_back(&store, &clock).await;
-    println!("redis fixed_window: 10 of 1000/h, 58 min at 20/min, back: {admitted} in the hour (bound 1,000)");
-    assert_eq!(admitted, 1_000);
+    for kind in [AlgorithmKind::FixedWindow, AlgorithmKind::SlidingWindow] {
+        let clock = ManualClock::new();
+        clock.set_micros(T + 10 * S);
+        let limits = [spec("api", Quota::per_hour(1_000), kind)];
+        let store = crate::common::node_store(&server.url(), "hour-to-minutes", &clock, &limits);
+        let admitted = hour_down_to_minutes_and_back(&store, &clock, kind).await;
+        println!("redis {kind}: 10 of 1000/h, 58 min at 20/min, back: {admitted} in the hour (bound 1,000)");
+        assert_eq!(admitted, 1_000, "{kind}");
+    }
 }
