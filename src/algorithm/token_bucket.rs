@@ -87,7 +87,11 @@ pub(super) const MAX_DEFICIT: u64 = MAX_EXACT - 1;
 /// (`o.burst / o.rate + n.burst / n.rate`; 1,000,000/day to 1/day: at most 2 days), and told
 /// exactly when it fits again. A lock converted again stays a lock, so a sequence of changes
 /// never hands spending back either (a state carrying a lock reads as empty at any quota
-/// until the lock ends). Across any sequence of changes a key never admits more in a span `t`
+/// until the lock ends); such a conversion errs toward refusing (the capacity standing in
+/// for the lock's units is counted again, so repeated changes back and forth lengthen the
+/// lock by up to `o.burst / o.rate` each). The stores do not compound conversions on checks:
+/// they convert a copy of the state the key's last charge (or refund) wrote, and a locked
+/// state is never charged. Across any sequence of changes a key never admits more in a span `t`
 /// than `max burst + max rate × t` over the quotas in force during it.
 ///
 /// The stores convert a key's state on a copy for each check and store it only when the check
@@ -503,20 +507,26 @@ mod tests {
         let free = TokenBucket::new(Quota::per_minute(5)).unwrap();
         let mut s = TokenBucketState::default();
         assert!(pro.check(&mut s, 0, 20).allowed());
-        for _ in 0..50 {
-            free.rebase(&pro, &mut s, 0);
-            assert!(free.check(&mut s, 0, 0).allowed());
-            pro.rebase(&free, &mut s, 0);
-            assert!(!pro.check(&mut s, 0, 1).allowed(), "no reset gift");
-        }
         // The 15 above Free's 5 are held as the 45 s Pro takes to refill them, then Free
         // refills one per 12 s: one request fits after 57 s (not 192 s at Free's rate).
         free.rebase(&pro, &mut s, 0);
+        assert!(free.check(&mut s, 0, 0).allowed());
         assert_eq!(
             free.decide(&s, 0, 1).retry_after(),
             Some(Duration::from_secs(57))
         );
         assert!(!free.decide(&s, 57 * S - 1, 1).allowed());
         assert!(free.decide(&s, 57 * S, 1).allowed());
+        // Straight back up, and down again, at the same instant: never a reset gift. A lock
+        // converted again stays a lock and the capacity it stands in for is counted again:
+        // conversions of a converted state err toward refusing (the stores convert a copy of
+        // the state a charge wrote, so they never compound).
+        for round in 1..=3u64 {
+            pro.rebase(&free, &mut s, 0);
+            assert!(!pro.check(&mut s, 0, 1).allowed(), "no reset gift");
+            free.rebase(&pro, &mut s, 0);
+            let wait = free.decide(&s, 0, 1).retry_after().unwrap();
+            assert_eq!(wait, Duration::from_secs(57 + 45 * round));
+        }
     }
 }
