@@ -218,7 +218,15 @@ proptest! {
             prop_assert!(left <= n.capacity().saturating_sub(reported));
             prop_assert!(left + 1 >= n.capacity().saturating_sub(reported));
             prop_assert_eq!(after.prev, 0);
-            prop_assert_eq!(after.last, now.max(before.last));
+            let t = now.max(before.last);
+            if after.cur > 0 && n.quota().period() < o.quota().period() {
+                // Kept until `o`'s window ends: charged to `n`'s window holding that end.
+                let (op, np) = (o.quota().period_micros(), n.quota().period_micros());
+                let end = (t / op + 1) * op;
+                prop_assert_eq!(after.last, t.max((end - 1) / np * np));
+            } else {
+                prop_assert_eq!(after.last, t);
+            }
         }
         assert_common(&o, &n, &before, &after, now)?;
     }
@@ -253,16 +261,20 @@ fn worked_examples() {
     pro.rebase(&free, &mut s, 0);
     assert_eq!(pro.decide(&s, 0, 0).remaining(), 90);
     // 80 more on Pro, then back to Free: 90 spent is more than Free holds, so it is empty, and
-    // all 90 stay spent: at Free's rate, one unit every 6 s, 81 come back before one fits.
+    // the 80 above Free's 10 are held as the 48 s Pro takes to refill them (not the 480 s
+    // Free would): nothing refills before 48 s, then one unit every 6 s.
     assert!(pro.check(&mut s, 0, 80).allowed());
     free.rebase(&pro, &mut s, 0);
     assert_eq!(free.decide(&s, 0, 0).remaining(), 0);
-    assert!(!free.decide(&s, 486 * S - 1, 1).allowed());
-    assert!(free.decide(&s, 486 * S, 1).allowed());
-    // Straight back to Pro: still 90 spent (no reset gift).
+    assert!(!free.decide(&s, 54 * S - 1, 1).allowed());
+    assert!(free.decide(&s, 54 * S, 1).allowed());
+    // Straight back to Pro: the lock stays a lock, so Pro is empty until it ends (never less
+    // than the 90 spent: no reset gift).
     let mut back = s;
     pro.rebase(&free, &mut back, 0);
-    assert_eq!(pro.decide(&back, 0, 0).remaining(), 10);
+    assert_eq!(pro.decide(&back, 0, 0).remaining(), 0);
+    assert_eq!(pro.decide(&back, 48 * S, 0).remaining(), 0);
+    assert_eq!(pro.decide(&back, 54 * S, 0).remaining(), 10);
 
     // GCRA: the same arithmetic, stored as a time.
     let (free, pro) = (
@@ -285,10 +297,12 @@ fn worked_examples() {
     assert!(hourly.check(&mut s, t, 8).allowed());
     daily.rebase(&hourly, &mut s, t + S);
     assert_eq!(daily.decide(&s, t + S, 0).remaining(), 92);
-    // Back to 10 per hour: 8 spent is carried into the current hour, once.
+    // Back to 10 per hour: the 8 spent stay counted until the day ends (in its last hour), so
+    // the day never admits more than the larger limit in force; the next day starts whole.
     hourly.rebase(&daily, &mut s, t + 2 * S);
     assert_eq!(hourly.decide(&s, t + 2 * S, 0).remaining(), 2);
-    assert_eq!(hourly.decide(&s, 6 * 3_600 * S, 0).remaining(), 10);
+    assert_eq!(hourly.decide(&s, 6 * 3_600 * S, 0).remaining(), 2);
+    assert_eq!(hourly.decide(&s, 24 * 3_600 * S, 0).remaining(), 10);
 
     // Sliding window: 90 in the previous minute, 20 in this one, 15 s in: 87.5 weighted,
     // carried as 88 into a 10-minute window of 1,000.

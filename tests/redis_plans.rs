@@ -85,16 +85,17 @@ fn bucket_steps() -> Vec<Step> {
         at(0, P0, 1, Rejected(0, 500 * MS)),
         // 1 s at 2/s refills 2 of the plan's units.
         at(S, P0, 0, Allowed(2)),
-        // Downgrade: 8 units spent, 3 more than the own capacity of 5, and all stay spent:
-        // empty, 4 s at 1/s to the next.
-        at(S, OWN, 1, Rejected(0, 4 * S)),
-        at(5 * S - 1, OWN, 1, Rejected(0, 1)),
-        at(5 * S, OWN, 1, Allowed(0)),
+        // Downgrade: 8 units spent, 3 more than the own capacity of 5: held as the 1.5 s the
+        // plan takes to refill them, then 1 s at 1/s: told 2.5 s. Nothing is written, so the
+        // key's state refills at the plan's 2/s meanwhile, and one fits at 3 s.
+        at(S, OWN, 1, Rejected(0, 2_500 * MS)),
+        at(3 * S - 1, OWN, 1, Rejected(0, S)),
+        at(3 * S, OWN, 1, Allowed(0)),
         // Back and forth in the same µs: 5 spent of 10, then 5 of 5 again, never a refill.
-        at(5 * S, P0, 0, Allowed(5)),
-        at(5 * S, OWN, 0, Allowed(0)),
+        at(3 * S, P0, 0, Allowed(5)),
+        at(3 * S, OWN, 0, Allowed(0)),
         at(10 * S, P0, 10, Allowed(0)),
-        at(11 * S, OWN, 1, Rejected(0, 4 * S)),
+        at(11 * S, OWN, 1, Rejected(0, 2_500 * MS)),
         // Straight back up: the 8 are still spent (no reset gift).
         at(11 * S, P0, 0, Allowed(2)),
         at(20 * S, P0, 10, Allowed(0)),
@@ -155,10 +156,13 @@ fn scenarios() -> Vec<Scenario> {
                 // 20 in the current minute become 20 in the current hour.
                 at(30 * S, P1, 0, Allowed(80)),
                 at(31 * S, P1, 5, Allowed(75)),
-                // 25 spent this hour, carried into the current minute of a limit of 10.
+                // 25 spent this hour, carried into the current minute of a limit of 10. The
+                // checks charge nothing, so nothing is written: the key keeps the hour's state,
+                // and the hour's 25 stay counted while the hourly estimate holds them.
                 at(90 * S, OWN, 1, Exhausted),
                 at(90 * S, OWN, 0, Allowed(0)),
-                at(200 * S, OWN, 10, Allowed(0)),
+                at(200 * S, OWN, 10, Exhausted),
+                at(7_300 * S, OWN, 10, Allowed(0)),
             ],
         },
         Scenario {

@@ -75,26 +75,34 @@ use crate::quota::{Calendar, Quota};
 /// # Plan changes
 ///
 /// [`rebase`](Algorithm::rebase) from a fixed window `o` (the quota the count was written under)
-/// to this one, `n`, at `now` carries the count of `o`'s current window into `n`'s current
-/// window:
+/// to this one, `n`, at `now` carries the count of `o`'s current window into `n`'s window that
+/// holds the end of `o`'s (the current one, or a later one when `n`'s windows are shorter):
 ///
 /// ```text
 /// if o.P == n.P and o's calendar == n's: nothing changes   (counts are units; n's limit applies)
 /// t     = max(now, start of o's window `window`)   (an earlier clock stays in the stored window:
 ///                                                   window × o.P, or o's calendar's end(window - 1))
 /// spent = count  if window == o.index(t),  else 0  (index(t) = floor(t / P), or the calendar's)
-/// window = n.index(t);  count = spent
+/// window = n.index(t)                              if spent == 0
+///          max(n.index(t), n.index(o.end(window) - 1))   otherwise
+/// count  = spent
 /// ```
 ///
-/// The count is not clamped: a count above `n`'s limit reads as exhausted until `n`'s window
-/// ends (a check of cost 0 is allowed and keeps it as it is), and is never charged twice (the
-/// next window starts empty).
+/// The count is not clamped: a count above `n`'s limit reads as exhausted until the window it
+/// went to ends, and is never charged twice (the next window starts empty). A count carried to
+/// shorter windows stays counted until the longer window it was counted in ends: `n` admits at
+/// most `n`'s limit less that count until then, all of it into that one window, and a change
+/// back (or to any other quota) finds it there. So within a window of the longest quota in
+/// force, a key switched to shorter windows and back never admits more than the largest limit
+/// in force. The price: at the shorter quota, the rest of the longer window is one window.
+/// The other way, from shorter windows to a longer one, only the current shorter window's
+/// count is carried: what earlier shorter windows of the longer one admitted is not.
 ///
 /// A calendar quota's windows are on Unix time and a plain one's on the clock's time; the
 /// memory store's clock need not read Unix time, so a key switched between the two is read at
 /// the same instant on each quota's own time base (`t` above on `o`'s, `n.index` of that
-/// instant on `n`'s): the count lands in `n`'s current window, which ends within one of `n`'s
-/// periods.
+/// instant on `n`'s): the count lands in a window of `n` that ends within one of `n`'s periods
+/// after `o`'s window does.
 ///
 /// ```
 /// use tollgate::algorithm::{Algorithm, FixedWindow};
@@ -226,9 +234,17 @@ impl FixedWindow {
             0
         };
         // The same instant on this quota's time base.
-        let t = now.saturating_add(t - from_now);
+        let here = now.saturating_add(t - from_now);
+        let mut window = self.window_index(here);
+        if spent > 0 {
+            // The count stays counted until the window it was counted in ends: it goes to this
+            // quota's window holding that end (a later one than the current when this quota's
+            // windows are shorter), so a change back, or to any other quota, still finds it.
+            let end = here.saturating_add(from.until_end(state.window, t));
+            window = window.max(self.window_index(end.saturating_sub(1)));
+        }
         *state = FixedWindowState {
-            window: self.window_index(t),
+            window,
             count: spent,
         };
     }
@@ -433,20 +449,32 @@ mod tests {
         );
         assert!(!daily.decide(&s, t + S, 1).allowed());
         assert_eq!(daily.decide(&s, 2 * 86_400 * S, 0).remaining(), 5);
-        // Back to hourly: the day's 8 are spent, in this hour or a later one of the same day.
+        // Back to hourly: the day's 8 stay counted until the day ends, in its last hour, so
+        // the day never admits more than the larger of the limits in force (10).
         let mut back = s;
         hourly.rebase(&daily, &mut back, t + 2 * S);
         assert_eq!(
             back,
             FixedWindowState {
-                window: 30,
+                window: 47,
                 count: 8
             }
         );
         assert_eq!(hourly.decide(&back, t + 2 * S, 0).remaining(), 2);
         hourly.rebase(&daily, &mut s, t + 3_600 * S);
         assert_eq!(hourly.decide(&s, t + 3_600 * S, 0).remaining(), 2);
-        assert_eq!(hourly.decide(&s, t + 7_200 * S, 0).remaining(), 10);
+        assert_eq!(hourly.decide(&s, t + 7_200 * S, 0).remaining(), 2);
+        assert_eq!(hourly.decide(&s, 2 * 86_400 * S, 0).remaining(), 10);
+        // And back to daily finds them in the same day.
+        let mut day = s;
+        daily.rebase(&hourly, &mut day, t + 7_200 * S);
+        assert_eq!(
+            day,
+            FixedWindowState {
+                window: 1,
+                count: 8
+            }
+        );
         // A stale window carries nothing; an earlier clock stays in the stored window.
         let mut stale = FixedWindowState {
             window: 3,

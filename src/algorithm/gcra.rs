@@ -69,22 +69,24 @@ use crate::quota::{Quota, MAX_EXACT};
 /// # Plan changes
 ///
 /// [`rebase`](Algorithm::rebase) from a GCRA `o` (the quota the TAT was written under) to this
-/// one, `n`, at `now` carries what the key spent, in whole units, up to `n`'s capacity, as the
-/// token bucket does:
+/// one, `n`, at `now` carries what the key spent exactly as the [`TokenBucket`] does (see its
+/// **Plan changes**): `o`'s steps before full are, up to `o`'s capacity, a deficit, and beyond
+/// it a lock (`ceil((before - o.cap) / o.per)` µs before anything refills); both go through the
+/// token bucket's conversion, and the result is stored as a TAT:
 ///
 /// ```text
 /// if (o.unit, o.per, o.cap) == (n.unit, n.per, n.cap): nothing changes
-/// before = o's before at now;  spent = ceil(before / o.unit)   (rounded up: toward refusing)
-/// if spent == 0:  (tat, sub) = (0, 0)        (full: a fresh key)
-/// else:           steps = min(spent × n.unit, 2^53 - 1, (2^52 - 1) × n.per)
-///                 tat = now + floor(steps / n.per);  sub = steps mod n.per
+/// (deficit, lock) = the token bucket's conversion of (min(before, o.cap), that lock)
+/// if deficit == 0 and lock == 0:  (tat, sub) = (0, 0)        (full: a fresh key)
+/// else:  steps = min(lock × n.per + deficit, 2^53 - 1, (2^52 - 1) × n.per)
+///        tat = now + floor(steps / n.per);  sub = steps mod n.per
 /// ```
 ///
 /// Right after the change, `remaining = max(0, n.burst - spent)`: an upgrade is no reset gift.
-/// A downgrade to less than was spent keeps all of it, the excess included: the TAT is more
-/// than `n`'s burst tolerance ahead, the key is empty until `n`'s refill has paid the excess
-/// back (`retry_after` says exactly when), and changing straight back finds the spending still
-/// there. Such a TAT outlives the idle timeout: the key is whole again at the TAT.
+/// A downgrade to less than was spent keeps all of it, the excess as the time `o` takes to
+/// refill it: the TAT is that lock plus `n`'s burst tolerance ahead, the key is empty until the
+/// lock ends and `retry_after` says exactly when it fits again. Such a TAT outlives the idle
+/// timeout: the key is whole again at the TAT.
 ///
 /// ```
 /// use tollgate::algorithm::{Algorithm, Gcra};
@@ -275,15 +277,24 @@ impl Algorithm for Gcra {
         if (self.unit, self.per, self.cap) == (from.unit, from.per, from.cap) {
             return;
         }
-        let spent = from.before(state, now).div_ceil(from.unit);
-        if spent == 0 {
+        // Steps before full at `from`: up to its capacity a deficit, beyond it a lock (the
+        // time before anything refills), as the token bucket's state holds them.
+        let before = from.before(state, now);
+        let (deficit, lock) = if before > from.cap {
+            (from.cap, (before - from.cap).div_ceil(from.per))
+        } else {
+            (before, 0)
+        };
+        let (deficit, lock) =
+            super::token_bucket::carry((from.unit, from.per), (self.unit, self.cap), deficit, lock);
+        if deficit == 0 && lock == 0 {
             *state = GcraState::default();
         } else {
-            self.store(
-                state,
-                now,
-                spent.saturating_mul(self.unit).min(self.max_carried()),
-            );
+            let steps = u128::from(lock) * u128::from(self.per) + u128::from(deficit);
+            let steps = u64::try_from(steps)
+                .map_or(u64::MAX, |s| s)
+                .min(self.max_carried());
+            self.store(state, now, steps);
         }
     }
 

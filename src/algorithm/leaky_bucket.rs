@@ -43,15 +43,12 @@ use crate::quota::Quota;
 ///
 /// # Plan changes
 ///
-/// As the token bucket's (the level is its deficit): [`rebase`](Algorithm::rebase) from a
-/// queue `o` to this one, `n`, at `now` carries the queued units, rounded up to whole units,
-/// all of them (a level above `n`'s capacity reads as a full queue until it has drained to
-/// below it); nothing changes when both have the same arithmetic.
-///
-/// ```text
-/// level' = o's level' at now;  queued = ceil(level' / o.unit)
-/// level  = min(queued × n.unit, 2^53 - 1);  last = max(last, now)
-/// ```
+/// As the token bucket's (the level is its deficit; see its **Plan changes**):
+/// [`rebase`](Algorithm::rebase) from a queue `o` to this one, `n`, at `now` carries the queued
+/// units that fit `n`'s capacity, rounded up to whole units, and the units above it as the time
+/// `o` takes to drain them: the queue is full at `n` and nothing drains before that lock ends
+/// (`last` ahead of `now`; [`queue_delay`](LeakyBucket::queue_delay) and the waits reported
+/// include it). Nothing changes when both have the same arithmetic.
 ///
 /// ```
 /// use tollgate::algorithm::{Algorithm, LeakyBucket};
@@ -131,7 +128,9 @@ impl LeakyBucket {
     /// ```
     pub fn queue_delay(&self, state: &LeakyBucketState, now: u64) -> Duration {
         let level = self.bucket.deficit_at(&as_bucket(state), now);
-        Duration::from_micros(self.bucket.micros_to_earn(level))
+        // Nothing drains before `last` (a lock carried by a plan change, or an earlier clock).
+        let lock = state.last.saturating_sub(now);
+        Duration::from_micros(lock.saturating_add(self.bucket.micros_to_earn(level)))
     }
 }
 
@@ -283,11 +282,12 @@ mod tests {
         n.rebase(&o, &mut s, 250 * MS);
         n.bucket.rebase(&o.bucket, &mut t, 250 * MS);
         assert_eq!(s, from_bucket(t));
-        // 4.5 queued, rounded up to 5: more than the 3 that fit, all of them kept.
-        assert_eq!(s.level, 5 * S);
-        assert_eq!(n.queue_delay(&s, 250 * MS), Duration::from_secs(5));
+        // 4.5 queued: the 3 that fit, and the 1.5 above them held as the 750 ms `o` takes to
+        // drain them (nothing drains before 1 s).
+        assert_eq!((s.level, s.last), (3 * S, S));
+        assert_eq!(n.queue_delay(&s, 250 * MS), Duration::from_millis(3_750));
         let d = n.decide(&s, 250 * MS, 1);
-        assert_eq!(d.retry_after(), Some(Duration::from_secs(3)));
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(1_750)));
         let kept = s;
         n.rebase(&n, &mut s, 0);
         assert_eq!(s, kept);
@@ -300,7 +300,8 @@ mod tests {
         assert!(b.check(&mut s, 5 * S, 1).allowed());
         let d = b.check(&mut s, S, 1);
         assert!(!d.allowed());
-        assert_eq!(d.retry_after(), Some(Duration::from_secs(1)));
+        // Nothing drains before 5 s, the time already seen: the request fits at 6 s.
+        assert_eq!(d.retry_after(), Some(Duration::from_secs(5)));
         assert!(b.check(&mut s, 6 * S, 1).allowed());
     }
 

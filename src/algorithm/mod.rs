@@ -10,9 +10,10 @@
 //! - refills lazily from elapsed time (no timers);
 //! - treats `State::default()` as a fresh key, which starts full;
 //! - caps idle banking at its capacity;
-//! - keeps a state spent beyond its capacity (carried from a larger quota by
-//!   [`rebase`](Algorithm::rebase)) as it is: it reads as exhausted until the excess is paid
-//!   back, and a cost of 0 never writes it clamped;
+//! - keeps what a key spent beyond its capacity (carried from a larger quota by
+//!   [`rebase`](Algorithm::rebase)): it reads as exhausted until the excess is paid back (the
+//!   buckets hold it as the time the larger quota takes to refill it), and a cost of 0 never
+//!   writes it clamped;
 //! - allows a cost of 0 (it reports without charging) and answers a cost above its
 //!   [`capacity`](Algorithm::capacity) with [`Decision::impossible`] (waiting never helps);
 //! - never earns anything from a `now` earlier than one already seen: the buckets and windows
@@ -151,14 +152,21 @@ pub trait Algorithm: sealed::Sealed + Send + Sync + Debug + 'static {
     ///
     /// What was spent is read at `now` under `from` and rounded up to whole units (toward
     /// refusing, by less than one unit), then carried, all of it, the part above this quota's
-    /// capacity included: the buckets carry their deficit (a key that spent more than this
-    /// quota holds is empty until its refill has paid the excess back), the windows carry
-    /// their count into this quota's current window (exhausted until it ends), the log keeps
-    /// its entries. A check of cost 0 on such a state is allowed and writes nothing new, so a
-    /// sequence of changes never hands spending back: a key never admits more in a span than
-    /// the most generous quota in force during it would have. With `from` equal to `self` (the
-    /// same arithmetic) nothing changes. Each algorithm's rustdoc states its rule under **Plan
-    /// changes**; the Redis scripts mirror them.
+    /// capacity included: the buckets carry what fits as their deficit and the excess as the
+    /// time `from` takes to refill it (the key is empty until then: locked out for at most
+    /// `from`'s full refill plus this quota's, never years); the fixed window carries its count
+    /// into this quota's window holding the end of the window it was counted in (exhausted
+    /// until then: a shorter period does not forget a longer window's count); the sliding
+    /// window carries its weighted count likewise (into its window holding the end of
+    /// `from`'s current one); the log keeps its entries.
+    /// With `from` equal to `self` (the same arithmetic) nothing changes. Each algorithm's
+    /// rustdoc states its rule under **Plan changes**; the Redis scripts mirror them.
+    ///
+    /// The stores decide a check at a quota other than the one a key's state was written under
+    /// on a converted copy, and store the copy (now written under the check's quota) only if
+    /// the check charges something: a check of cost 0, or a rejected one, writes nothing, so
+    /// changing back finds the state as it was, and a key that is only checked keeps
+    /// refilling at the quota it was written under (a check's figures are the copy's).
     ///
     /// ```
     /// use tollgate::algorithm::{Algorithm, TokenBucket};
@@ -174,9 +182,10 @@ pub trait Algorithm: sealed::Sealed + Send + Sync + Debug + 'static {
     fn rebase(&self, from: &Self, state: &mut Self::State, now: u64);
 
     /// Microseconds without requests after which any state the algorithm's own transitions
-    /// write is indistinguishable from a fresh key; stores use it to expire idle keys. A
-    /// bucket's state that [`rebase`](Self::rebase) carried above this quota's capacity takes
-    /// longer, until all of it has refilled (the Redis store sets such a key's TTL to that).
+    /// write is indistinguishable from a fresh key; stores use it to expire idle keys. A state
+    /// [`rebase`](Self::rebase) carried from another quota takes longer: a bucket's until its
+    /// lock has ended and it has refilled, a fixed window's until the later window it was
+    /// carried to has ended (the Redis store sets such a key's TTL to that).
     fn idle_timeout_micros(&self) -> u64;
 
     /// Heap bytes `state` owns outside itself (a sliding log's entries); 0 for the algorithms

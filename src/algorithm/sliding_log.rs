@@ -298,6 +298,11 @@ impl Algorithm for SlidingLog {
     }
 
     fn apply(&self, state: &mut SlidingLogState, now: u64, cost: u64) {
+        if cost == 0 {
+            // Charges nothing, so changes nothing: entries older than this quota's window may
+            // still count for another (a key whose plan changed and may change back).
+            return;
+        }
         let v = self.view(state, now);
         self.prune(state, v);
         let cost = cost.min(self.limit.saturating_sub(v.used));
@@ -411,7 +416,12 @@ mod tests {
             s.entries().copied().collect::<Vec<_>>(),
             [LogEntry { at: 5, units: 40 }, LogEntry { at: 6, units: 2 }]
         );
+        // A cost of 0 changes nothing; a charge prunes.
         log.check(&mut s, S + 5, 0);
+        assert_eq!(s.len(), 2);
+        log.check(&mut s, S + 5, 1);
+        assert_eq!(s.units(), 3);
+        log.refund(&mut s, S + 5, S + 5, 1);
         assert_eq!(
             s.entries().map(|e| e.at).collect::<Vec<_>>(),
             [6],

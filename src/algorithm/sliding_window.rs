@@ -81,11 +81,17 @@ use crate::quota::{Quota, MAX_EXACT};
 /// (t, e, p, c) = o's view at now                (as in decide, with o's W and K)
 /// spent = ceil(p × (o.W - e) / o.W) + c         (the weighted count, rounded up)
 /// last = t;  prev = 0;  cur = spent             (n's current window holds it)
+/// if spent > 0 and n.W < o.W:                   (kept until o's current window ends)
+///     last = max(t, floor((end - 1) / n.W) × n.W)   where end = (floor(t / o.W) + 1) × o.W
 /// ```
 ///
 /// The key keeps what it spent, rounded up to a whole unit (toward refusing): an upgrade is no
 /// reset gift, a downgrade below what was spent reads as exhausted and is never charged twice
-/// (the count then weighs as any other, fading over `n`'s next window).
+/// (the count then weighs as any other, fading over `n`'s window after the one holding it).
+/// Moving to shorter windows, the count is charged to the shorter window holding the end of the
+/// longer one (`last` ahead of `now`: an earlier clock reads as `last`), so it stays counted
+/// until the longer window ends and a change back finds it. From shorter windows to a longer
+/// one, only the current estimate is carried.
 ///
 /// ```
 /// use tollgate::algorithm::{Algorithm, SlidingWindow, SlidingWindowState};
@@ -303,11 +309,17 @@ impl Algorithm for SlidingWindow {
             return;
         }
         let v = from.view(state, now);
-        *state = SlidingWindowState {
-            last: v.t,
-            prev: 0,
-            cur: from.weighted_up(v.prev, v.e).saturating_add(v.cur),
-        };
+        let cur = from.weighted_up(v.prev, v.e).saturating_add(v.cur);
+        let mut last = v.t;
+        if cur > 0 && self.period < from.period {
+            // The count stays counted until `from`'s current window ends: it is charged to
+            // this quota's window holding that end (weighed from then on like any count).
+            let end = (v.t / from.period)
+                .saturating_add(1)
+                .saturating_mul(from.period);
+            last = last.max((end - 1) / self.period * self.period);
+        }
+        *state = SlidingWindowState { last, prev: 0, cur };
     }
 
     fn idle_timeout_micros(&self) -> u64 {

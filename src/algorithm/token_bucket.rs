@@ -38,11 +38,12 @@ pub(super) const MAX_DEFICIT: u64 = MAX_EXACT - 1;
 /// idle timeout = ceil(cap / per) µs
 /// ```
 ///
-/// The deficit is at most `cap` for every state the bucket's own transitions write; only
-/// [`rebase`](Algorithm::rebase) from a larger quota carries more (the key spent it), and then
-/// the bucket reads as empty, `remaining` 0, until the refill has paid the excess back; a cost
-/// of 0 is still allowed and writes nothing new. Such a state outlives the idle timeout: it is
-/// whole again after `ceil(deficit / per)` µs.
+/// Nothing refills before `last`: a clock reading earlier than `last` earns nothing, and a
+/// plan change may set `last` ahead of `now` (a **lock**, see below). The waits reported run
+/// from `last`: with `lock = max(0, last - now)`, `reset` is `lock + ceil(after / per)` and
+/// `retry_after` is `lock + ceil((deficit' + need - cap) / per)`. The deficit is at most `cap`
+/// for every state the bucket's own transitions and [`rebase`](Algorithm::rebase) write; a
+/// state with more (written by an earlier version) reads as empty until it has refilled.
 ///
 /// # Why a refund never over-admits
 ///
@@ -65,21 +66,37 @@ pub(super) const MAX_DEFICIT: u64 = MAX_EXACT - 1;
 /// # Plan changes
 ///
 /// [`rebase`](Algorithm::rebase) from a bucket `o` (the quota the state was written under) to
-/// this one, `n`, at `now` carries what the key spent, in whole units, up to `n`'s capacity:
+/// this one, `n`, at `now` carries what the key spent: the units that fit `n`'s capacity as
+/// units, the units above it as **time**, the time `o` takes to refill them (a lock: the key is
+/// empty at `n`, and nothing refills before the lock ends):
 ///
 /// ```text
 /// if (o.unit, o.per, o.cap) == (n.unit, n.per, n.cap): nothing changes
-/// d       = o's deficit' at now
-/// spent   = ceil(d / o.unit)                 (rounded up: toward refusing, < 1 unit)
-/// deficit = min(spent × n.unit, 2^53 - 1);  last = max(last, now)
+/// d     = o's deficit' at now;   lock = max(0, last - now)
+/// fits  = n.burst × o.unit       (n's capacity, in o's steps)
+/// if d > fits:      deficit = n.cap;  lock += ceil((d - fits) / o.per)
+/// elif lock > 0:    deficit = n.cap   (a lock stays a lock, whole: its units are unknown)
+/// else:             deficit = ceil(d / o.unit) × n.unit   (rounded up: toward refusing)
+/// last = min(now + lock, 2^53 - 1)
 /// ```
 ///
 /// Right after the change, `remaining = max(0, n.burst - spent)`: an upgrade keeps what was
-/// spent (no reset gift). A downgrade to less than was spent keeps all of it, the excess
-/// included: the key is empty until `n`'s refill has paid back `spent - n.burst` units
-/// (`retry_after` says exactly when), so changing straight back finds the spending still there.
-/// Across any sequence of changes a key never admits more in a span `t` than
-/// `max burst + max rate × t` over the quotas in force during it.
+/// spent (no reset gift). A downgrade to less than was spent keeps all of it, the excess as the
+/// time `o` would have taken to refill it, not as `n`'s units (which a far smaller quota would
+/// take years to refill): the key is locked out for at most `o`'s full refill plus `n`'s
+/// (`o.burst / o.rate + n.burst / n.rate`; 1,000,000/day to 1/day: at most 2 days), and told
+/// exactly when it fits again. A lock converted again stays a lock, so a sequence of changes
+/// never hands spending back either (a state carrying a lock reads as empty at any quota
+/// until the lock ends); such a conversion errs toward refusing (the capacity standing in
+/// for the lock's units is counted again, so repeated changes back and forth lengthen the
+/// lock by up to `o.burst / o.rate` each). The stores do not compound conversions on checks:
+/// they convert a copy of the state the key's last charge (or refund) wrote, and a locked
+/// state is never charged. Across any sequence of changes a key never admits more in a span `t`
+/// than `max burst + max rate × t` over the quotas in force during it.
+///
+/// The stores convert a key's state on a copy for each check and store it only when the check
+/// charges something (see [`Algorithm::rebase`]): a key that is only checked keeps refilling
+/// at the quota it was written under, and the figures a check reports are those of the copy.
 ///
 /// ```
 /// use tollgate::algorithm::{Algorithm, TokenBucket};
@@ -94,11 +111,14 @@ pub(super) const MAX_DEFICIT: u64 = MAX_EXACT - 1;
 /// assert!(pro.check(&mut state, 0, 500).allowed());
 /// free.rebase(&pro, &mut state, 0); // downgraded with 560 spent: 460 above Free's 100
 /// assert_eq!(free.decide(&state, 0, 0).remaining(), 0);
-/// // Free's rate is one per 36 s: 461 of them before one request fits again.
-/// assert!(!free.decide(&state, 461 * 36_000_000 - 1, 1).allowed());
-/// assert!(free.decide(&state, 461 * 36_000_000, 1).allowed());
-/// pro.rebase(&free, &mut state, 0); // straight back up: still 560 spent
-/// assert_eq!(pro.decide(&state, 0, 0).remaining(), 440);
+/// // The 460 are held as the 1,656 s Pro takes to refill them (one per 3.6 s), then Free
+/// // refills one per 36 s: the next request fits after 1,692 s, not after 461 × 36 s.
+/// let d = free.decide(&state, 0, 1);
+/// assert_eq!(d.retry_after(), Some(std::time::Duration::from_secs(1_692)));
+/// assert!(!free.decide(&state, 1_692_000_000 - 1, 1).allowed());
+/// assert!(free.decide(&state, 1_692_000_000, 1).allowed());
+/// pro.rebase(&free, &mut state, 0); // straight back up: empty until the lock ends
+/// assert_eq!(pro.decide(&state, 0, 0).remaining(), 0);
 /// ```
 ///
 /// ```
@@ -173,6 +193,37 @@ impl TokenBucket {
     }
 }
 
+/// A bucket's spending carried from one quota to another ([`Algorithm::rebase`] of the token
+/// bucket and GCRA): `deficit` steps at `from`'s fixed point (`from_unit` steps a unit,
+/// `from_per` a µs) and `lock` µs before which nothing refills, converted to `to`'s
+/// (`to_unit`, `to_per`, `to_cap`). Returns `to`'s deficit and lock.
+///
+/// The units that fit `to`'s capacity are carried as units (rounded up); the units above it
+/// as the time `from` takes to refill them (not as `to`'s units, which a far smaller quota
+/// would take years to refill): the key is then empty at `to` and nothing refills before that
+/// lock ends. A lock the state already carries stays a lock, whole, and the key stays empty
+/// until it ends: a lock is time, and its units are those of a quota no longer known (turning
+/// it into units at a slower quota's rate would hand units back).
+pub(super) fn carry(
+    (from_unit, from_per): (u64, u64),
+    (to_unit, to_cap): (u64, u64),
+    deficit: u64,
+    lock: u64,
+) -> (u64, u64) {
+    let burst = to_cap / to_unit;
+    let fits = u128::from(burst) * u128::from(from_unit);
+    if u128::from(deficit) > fits {
+        // Below 2^53 / from_per + 1: fits a u64.
+        let excess = (u128::from(deficit) - fits).div_ceil(u128::from(from_per));
+        return (to_cap, lock.saturating_add(excess as u64));
+    }
+    if lock > 0 {
+        return (to_cap, lock);
+    }
+    // `deficit <= burst × from_unit`: at most `burst` units, at most `to_cap` steps.
+    (deficit.div_ceil(from_unit) * to_unit, 0)
+}
+
 impl Algorithm for TokenBucket {
     type State = TokenBucketState;
 
@@ -188,39 +239,31 @@ impl Algorithm for TokenBucket {
     fn decide(&self, state: &TokenBucketState, now: u64, cost: u64) -> Decision {
         let limit = self.quota.burst_size();
         let deficit = self.deficit_at(state, now);
+        // Nothing refills before `last`: a lock carried from a larger quota (see "Plan
+        // changes"), or a clock reading earlier than one already seen.
+        let lock = state.last.saturating_sub(now);
+        let wait =
+            |steps: u64| Duration::from_micros(lock.saturating_add(self.micros_to_earn(steps)));
         // Hot path first: the allowed branch computes only what it reports.
         if cost <= limit {
             // `deficit <= MAX_DEFICIT` and `cost × unit <= cap < 2^53`: no overflow.
             let after = deficit + cost * self.unit;
             if after <= self.cap {
-                return Decision::allowed_with(
-                    limit,
-                    (self.cap - after) / self.unit,
-                    Duration::from_micros(self.micros_to_earn(after)),
-                );
+                return Decision::allowed_with(limit, (self.cap - after) / self.unit, wait(after));
             }
             if cost == 0 {
-                // A deficit above the capacity (carried from a larger quota): empty, and whole
-                // again once all of it has refilled.
-                return Decision::allowed_with(
-                    limit,
-                    0,
-                    Duration::from_micros(self.micros_to_earn(deficit)),
-                );
+                // A deficit above the capacity (carried from a larger quota by an earlier
+                // version): empty, and whole again once all of it has refilled.
+                return Decision::allowed_with(limit, 0, wait(deficit));
             }
         }
         let remaining_now = self.cap.saturating_sub(deficit) / self.unit;
-        let reset_now = Duration::from_micros(self.micros_to_earn(deficit));
+        let reset_now = wait(deficit);
         if cost > limit {
             return Decision::impossible(limit, remaining_now, reset_now);
         }
         let after = deficit + cost * self.unit;
-        Decision::rejected(
-            limit,
-            remaining_now,
-            reset_now,
-            Duration::from_micros(self.micros_to_earn(after - self.cap)),
-        )
+        Decision::rejected(limit, remaining_now, reset_now, wait(after - self.cap))
     }
 
     #[inline]
@@ -246,9 +289,14 @@ impl Algorithm for TokenBucket {
         if self.same_arithmetic(from) {
             return;
         }
-        let spent = from.deficit_at(state, now).div_ceil(from.unit);
-        state.deficit = spent.saturating_mul(self.unit).min(MAX_DEFICIT);
-        state.last = state.last.max(now);
+        let (deficit, lock) = carry(
+            (from.unit, from.per),
+            (self.unit, self.cap),
+            from.deficit_at(state, now),
+            state.last.saturating_sub(now),
+        );
+        state.deficit = deficit;
+        state.last = now.saturating_add(lock).min(MAX_DEFICIT);
     }
 
     fn idle_timeout_micros(&self) -> u64 {
@@ -373,7 +421,29 @@ mod tests {
         // A downgrade below what was spent: empty, and the excess stays spent.
         let tiny = TokenBucket::new(Quota::per_second(1).burst(2)).unwrap();
         tiny.rebase(&n, &mut s, 250 * MS);
-        assert_eq!(s.deficit, 8 * tiny.unit);
+        // 2 fit; the 6 above are held as the 2 s `n` takes to refill them: nothing refills
+        // before 2.25 s, and one request fits 1 s after that.
+        assert_eq!(
+            s,
+            TokenBucketState {
+                deficit: 2 * tiny.unit,
+                last: 2_250 * MS
+            }
+        );
+        let d = tiny.decide(&s, 250 * MS, 1);
+        assert_eq!(d.retry_after(), Some(Duration::from_secs(3)));
+        assert_eq!(d.reset(), Duration::from_secs(4));
+        // Straight back: the lock stays a lock (its units are `n`'s, which `tiny` does not
+        // know), and `n` is empty until it ends: never less spent than the 8.
+        let mut back = s;
+        n.rebase(&tiny, &mut back, 250 * MS);
+        assert_eq!(
+            back,
+            TokenBucketState {
+                deficit: 12 * n.unit,
+                last: 2_250 * MS
+            }
+        );
         // Nothing spent: the fresh state stays fresh.
         let mut fresh = TokenBucketState::default();
         n.rebase(&o, &mut fresh, 5 * S);
@@ -437,17 +507,26 @@ mod tests {
         let free = TokenBucket::new(Quota::per_minute(5)).unwrap();
         let mut s = TokenBucketState::default();
         assert!(pro.check(&mut s, 0, 20).allowed());
-        for _ in 0..50 {
-            free.rebase(&pro, &mut s, 0);
-            assert!(free.check(&mut s, 0, 0).allowed());
-            pro.rebase(&free, &mut s, 0);
-            assert!(!pro.check(&mut s, 0, 1).allowed(), "no reset gift");
-        }
-        // Free refills one per 12 s: 16 of the 20 spent come back before one request fits.
+        // The 15 above Free's 5 are held as the 45 s Pro takes to refill them, then Free
+        // refills one per 12 s: one request fits after 57 s (not 192 s at Free's rate).
         free.rebase(&pro, &mut s, 0);
+        assert!(free.check(&mut s, 0, 0).allowed());
         assert_eq!(
             free.decide(&s, 0, 1).retry_after(),
-            Some(Duration::from_secs(192))
+            Some(Duration::from_secs(57))
         );
+        assert!(!free.decide(&s, 57 * S - 1, 1).allowed());
+        assert!(free.decide(&s, 57 * S, 1).allowed());
+        // Straight back up, and down again, at the same instant: never a reset gift. A lock
+        // converted again stays a lock and the capacity it stands in for is counted again:
+        // conversions of a converted state err toward refusing (the stores convert a copy of
+        // the state a charge wrote, so they never compound).
+        for round in 1..=3u64 {
+            pro.rebase(&free, &mut s, 0);
+            assert!(!pro.check(&mut s, 0, 1).allowed(), "no reset gift");
+            free.rebase(&pro, &mut s, 0);
+            let wait = free.decide(&s, 0, 1).retry_after().unwrap();
+            assert_eq!(wait, Duration::from_secs(57 + 45 * round));
+        }
     }
 }

@@ -488,7 +488,7 @@ pub fn with_quota_registry_locked<R>(f: impl FnOnce() -> R) -> R {
 /// An algorithm that a [`PlanQuota`] can hold: lets a store's table, typed by its algorithm,
 /// take the same type out of a plan.
 pub(crate) trait Compiled:
-    Algorithm<State: crate::store::memory::slot::SlotState> + Copy + PartialEq
+    Algorithm<State: crate::store::memory::slot::SlotState + Clone> + Copy + PartialEq
 {
     /// The kind, for error messages.
     const KIND: AlgorithmKind;

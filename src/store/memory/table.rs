@@ -268,6 +268,60 @@ impl<A: Compiled + RebaseAcross> Table<A> {
         }
     }
 
+    /// The state in `slot` converted to `plan`'s quota, as a copy, if it was written under
+    /// another quota that is still known (`now` is on `plan`'s time base); `None` if it was
+    /// written under `plan`'s. A check decides on the copy and stores it only if it charges
+    /// something: a check of cost 0, or a rejected one, writes nothing, so the key keeps the
+    /// state (and the quota) it was written under, and a later change back finds it whole.
+    /// A state whose quota is forgotten is converted in place (see [`rebase`](Self::rebase)).
+    #[inline]
+    fn converted(
+        &self,
+        shard: &mut Shard<A::State>,
+        slot: u32,
+        plan: Plan<'_, A>,
+        now: u64,
+        offset: UnixOffset<'_>,
+    ) -> Option<A::State> {
+        let tag = shard.tag(slot);
+        if tag == plan.tag {
+            return None;
+        }
+        self.convert(shard, slot, tag, plan, now, offset)
+    }
+
+    #[cold]
+    fn convert(
+        &self,
+        shard: &mut Shard<A::State>,
+        slot: u32,
+        tag: u32,
+        plan: Plan<'_, A>,
+        now: u64,
+        offset: UnixOffset<'_>,
+    ) -> Option<A::State> {
+        match self.algorithm_of(tag) {
+            Some(from) => {
+                let from_now = shift(plan.algorithm, &from, now, offset);
+                let mut state = shard.read_state(slot, Clone::clone);
+                plan.algorithm
+                    .rebase_across(&from, &mut state, from_now, now);
+                Some(state)
+            }
+            None => {
+                self.rebase(shard, slot, tag, plan, now, offset);
+                None
+            }
+        }
+    }
+
+    /// Stores `state`, converted to `plan`'s quota and charged, in `slot`.
+    #[cold]
+    fn store_converted(shard: &mut Shard<A::State>, slot: u32, plan: Plan<'_, A>, state: A::State) {
+        shard.update_state(slot, |s| *s = state);
+        shard.set_tag(slot, plan.tag);
+    }
+
     #[cold]
     fn rebase(
         &self,
@@ -351,8 +405,18 @@ impl<A: Compiled + RebaseAcross> Table<A> {
         let decision = match shard.lookup(fp) {
             Some(slot) => {
                 let plan = quota.plan(self);
-                self.align(&mut shard, slot, plan, now, offset);
-                shard.update_state(slot, |state| plan.algorithm.check(state, now, cost))
+                match self.converted(&mut shard, slot, plan, now, offset) {
+                    None => {
+                        shard.update_state(slot, |state| plan.algorithm.check(state, now, cost))
+                    }
+                    Some(mut state) => {
+                        let decision = plan.algorithm.check(&mut state, now, cost);
+                        if decision.allowed() && cost > 0 {
+                            Self::store_converted(&mut shard, slot, plan, state);
+                        }
+                        decision
+                    }
+                }
             }
             None => self.check_new(&mut shard, fp, now, cost, quota.plan(self), offset),
         };
@@ -473,10 +537,10 @@ impl<A: Compiled + RebaseAcross> Table<A> {
     ) -> Locked<'a, A> {
         let mut shard = self.shard(fp);
         let target = match shard.lookup(fp) {
-            Some(slot) => {
-                self.align(&mut shard, slot, plan, now, offset);
-                Target::Slot(slot)
-            }
+            Some(slot) => match self.converted(&mut shard, slot, plan, now, offset) {
+                None => Target::Slot(slot),
+                Some(state) => Target::Converted(slot, state),
+            },
             // Free or impossible: decided as a fresh key, never stored.
             None if cost == 0 || cost > plan.algorithm.capacity() => Target::Fresh,
             None => match shard.vacancy(|s, tag| self.is_fresh(s, tag, plan, now, offset)) {
@@ -559,6 +623,9 @@ fn mismatch(name: PolicyName, kind: AlgorithmKind, quota: &PlanQuota) -> StoreEr
 enum Target<'a, S> {
     /// The key's slot.
     Slot(u32),
+    /// The key's slot, whose state was written under another quota, and that state converted
+    /// to the check's: stored only if charged.
+    Converted(u32, S),
     /// A key not held, checked at no cost (or above the capacity): a fresh state, not stored.
     Fresh,
     /// A key not held, stored where this says if charged.
@@ -587,6 +654,7 @@ impl<A: Compiled> Locked<'_, A> {
             Target::Slot(slot) => self
                 .shard
                 .read_state(*slot, |state| algorithm.decide(state, now, cost)),
+            Target::Converted(_, state) => algorithm.decide(state, now, cost),
             Target::Fresh | Target::Vacant(_) => algorithm.decide(&A::State::default(), now, cost),
             Target::Overflow(state, own_now) => self.table.algorithm.decide(state, *own_now, cost),
         };
@@ -599,6 +667,17 @@ impl<A: Compiled> Locked<'_, A> {
         let algorithm = self.plan.algorithm;
         let slot = match &mut self.target {
             Target::Slot(slot) => *slot,
+            // Charged nothing: the key keeps the state it was written under.
+            Target::Converted(..) if cost == 0 => return,
+            Target::Converted(slot, state) => {
+                let slot = *slot;
+                algorithm.apply(state, now, cost);
+                let state = std::mem::take(state);
+                self.shard.update_state(slot, |s| *s = state);
+                self.shard.set_tag(slot, self.plan.tag);
+                self.target = Target::Slot(slot);
+                return;
+            }
             // A fresh key charged nothing stays fresh: no need to store it.
             Target::Fresh => return,
             Target::Vacant(_) if cost == 0 => return,

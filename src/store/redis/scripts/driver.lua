@@ -91,9 +91,11 @@ end
 -- A check at `plan` (ttl_ms and parameters; nil: the limit's own, ttl, p1..p3) of a key whose
 -- state (s1..s3) was written at o1..o3 (its mark; nil: the limit's own parameters). Sets MARK
 -- for the writes that follow, rebases the state (`Algorithm::rebase`, mirrored by each algorithm's
--- `_rebase`, which stores it) if it was written at other parameters, and returns the check's
--- ttl, parameters and state. The rebase is stored even if the check is then rejected: the key
--- keeps what it spent, once, whatever comes next.
+-- `_rebase`) if it was written at other parameters, and returns the check's ttl, parameters and
+-- state, and whether it was rebased. The rebased state is not stored here: only a check that
+-- charges something stores it (its apply writes it, marked); a check of cost 0, or a rejected
+-- one, writes nothing, so the key keeps the state it was written at, and a change back finds it
+-- whole (as the memory store does). A refund stores what it gives back to.
 local function replan(key, lim, plan, now, ttl, p1, p2, p3, s1, s2, s3, o1, o2, o3)
   local n1, n2, n3 = p1, p2, p3
   if plan then
@@ -108,10 +110,12 @@ local function replan(key, lim, plan, now, ttl, p1, p2, p3, s1, s2, s3, o1, o2, 
     o1, o2, o3 = p1, p2, p3
   end
   -- A missing key (all zeros: a fresh key at any parameters) has nothing to carry.
+  local rebased = false
   if (o1 ~= n1 or o2 ~= n2 or o3 ~= n3) and (s1 ~= 0 or s2 ~= 0 or (s3 or 0) ~= 0) then
     s1, s2, s3 = REBASE(lim)(key, ttl, now, o1, o2, o3, n1, n2, n3, s1, s2, s3)
+    rebased = true
   end
-  return ttl, n1, n2, n3, s1, s2, s3
+  return ttl, n1, n2, n3, s1, s2, s3, rebased
 end
 
 -- Appends one limit's five integers.
@@ -136,12 +140,17 @@ end
 local function single(key, lim, cost, now, at, plan)
   local load, decide, apply, give_back, check, ttl, p1, p2, p3 = LIMIT(lim)
   local corrupt, s1, s2, s3, o1, o2, o3 = load(key)
+  local rebased = false
   if plan or o1 then
-    ttl, p1, p2, p3, s1, s2, s3 = replan(key, lim, plan, now, ttl, p1, p2, p3, s1, s2, s3, o1, o2, o3)
+    ttl, p1, p2, p3, s1, s2, s3, rebased =
+      replan(key, lim, plan, now, ttl, p1, p2, p3, s1, s2, s3, o1, o2, o3)
   end
   local ok, remaining, reset, retry
   if refund then
     s1, s2, s3 = give_back(key, ttl, at, now, cost, p1, p2, p3, s1, s2, s3)
+    ok, remaining, reset, retry = decide(now, 0, p1, p2, p3, s1, s2, s3)
+  elseif rebased and cost == 0 then
+    -- Charges nothing: the key keeps the state it was written at.
     ok, remaining, reset, retry = decide(now, 0, p1, p2, p3, s1, s2, s3)
   elseif check then
     ok, remaining, reset, retry = check(key, ttl, now, cost, p1, p2, p3, s1, s2, s3)
@@ -261,7 +270,7 @@ for g = 1, ngroups do
     -- Decide every limit, then charge all of them or none. The state (up to three values per
     -- limit), parameters and mark are kept for the second pass.
     local lims, costs, s1s, s2s, s3s, oks, corrupts, pos = {}, {}, {}, {}, {}, {}, {}, nout
-    local params, marks = {}, {}
+    local params, marks, rebaseds = {}, {}, {}
     local all = true
     for j = 1, n do
       local a = base + 2 * (first + j - 1)
@@ -272,9 +281,12 @@ for g = 1, ngroups do
       local load, decide, _, give_back, _, ttl, p1, p2, p3 = LIMIT(lim)
       local key = KEYS[first + j]
       local corrupt, s1, s2, s3, o1, o2, o3 = load(key)
+      local rebased = false
       if plan or o1 then
-        ttl, p1, p2, p3, s1, s2, s3 = replan(key, lim, plan, now, ttl, p1, p2, p3, s1, s2, s3, o1, o2, o3)
+        ttl, p1, p2, p3, s1, s2, s3, rebased =
+          replan(key, lim, plan, now, ttl, p1, p2, p3, s1, s2, s3, o1, o2, o3)
       end
+      rebaseds[j] = rebased
       if refund then
         s1, s2, s3 = give_back(key, ttl, at, now, cost, p1, p2, p3, s1, s2, s3)
         cost = 0
@@ -290,10 +302,13 @@ for g = 1, ngroups do
     if not refund then
       if all then
         for j = 1, n do
-          local _, _, apply = LIMIT(lims[j])
-          local p = params[j]
-          MARK = marks[j]
-          apply(KEYS[first + j], p[1], now, costs[j], p[2], p[3], p[4], s1s[j], s2s[j], s3s[j])
+          -- A rebased state charged nothing is not stored (see `replan`).
+          if costs[j] > 0 or not rebaseds[j] then
+            local _, _, apply = LIMIT(lims[j])
+            local p = params[j]
+            MARK = marks[j]
+            apply(KEYS[first + j], p[1], now, costs[j], p[2], p[3], p[4], s1s[j], s2s[j], s3s[j])
+          end
         end
         MARK = ''
       else

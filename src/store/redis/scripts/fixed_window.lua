@@ -117,6 +117,12 @@ local function fw_apply(key, ttl, now, cost, period, limit, cal, window, count)
       after = limit
     end
   end
+  -- A window later than the current one (carried from a longer one by fw_rebase) is kept
+  -- until it ends.
+  local e = cdiv(fw_until_end(w, now, period, cal), 1000)
+  if e > tonumber(ttl) then
+    ttl = string.format('%d', e)
+  end
   store2(key, ttl, w, after)
 end
 
@@ -138,10 +144,12 @@ end
 -- Plan change (FixedWindow::rebase): the state was written with windows of `operiod`
 -- (calendar `ocal`) and a check arrives with windows of `period` (calendar `cal`). With the same
 -- windows, the count carries over as it is (the new limit applies to it). Otherwise the units
--- charged in the window current at t stay charged, in the new window current at t (not clamped:
--- a count above the new limit reads as exhausted until that window ends); t = now, or for epoch
--- windows max(now, the stored window's start). Stores and returns the new state.
-local function fw_rebase(key, ttl, now, operiod, _, ocal, period, _, cal, window, count)
+-- charged in the window current at t stay charged, in the new window holding the end of the old
+-- one (the current one, or a later one when the new windows are shorter; not clamped: a count
+-- above the new limit reads as exhausted until that window ends); t = now, or for epoch windows
+-- max(now, the stored window's start). Returns the new state without storing it (the
+-- check stores it only if it charges something; see `replan` in the driver).
+local function fw_rebase(_, _, now, operiod, _, ocal, period, _, cal, window, count)
   if operiod == period and ocal == cal then
     return window, count
   end
@@ -152,7 +160,14 @@ local function fw_rebase(key, ttl, now, operiod, _, ocal, period, _, cal, window
   if window ~= fw_index(t, operiod, ocal) then
     count = 0
   end
-  window = fw_index(t, period, cal)
-  store2(key, ttl, window, count)
-  return window, count
+  local w = fw_index(t, period, cal)
+  if count > 0 then
+    -- The count stays counted until the window it was counted in ends: it goes to the new
+    -- window holding that end (a later one than the current when the new windows are shorter).
+    local last = fw_index(t + fw_until_end(window, t, operiod, ocal) - 1, period, cal)
+    if last > w then
+      w = last
+    end
+  end
+  return w, count
 end

@@ -101,25 +101,42 @@ local function gcra_refund(key, ttl, at, now, cost, unit, per, cap, tat, sub)
   return tat, sub
 end
 
--- Plan change (Gcra::rebase): the state was written at (ounit, oper) and a check
--- arrives at (unit, per, cap). What the key spent, in whole units rounded up, stays spent, all of
--- it (above the new capacity too), at most min(2^53 - 1, (2^52 - 1) * per) steps so the TAT stays
--- below 2^53; a key that spent nothing is fresh. Stores and returns the new state.
-local function gcra_rebase(key, ttl, now, ounit, oper, _, unit, per, _, tat, sub)
+-- Plan change (Gcra::rebase): the state was written at (ounit, oper, ocap) and a check arrives
+-- at (unit, per, cap). The steps before full at the old quota are, up to its capacity, a deficit
+-- and beyond it a lock (the time before anything refills); both are carried as the token bucket
+-- carries them (bucket_carry in the prelude), and stored as a TAT that many steps after `now`, at
+-- most min(2^53 - 1, (2^52 - 1) * per) steps so the TAT stays below 2^53; a key that spent
+-- nothing is fresh. Returns the new state without storing it (the check stores it only if it
+-- charges something; see `replan` in the driver).
+local function gcra_rebase(_, _, now, ounit, oper, ocap, unit, per, cap, tat, sub)
   if ounit < 1 then
     ounit = 1 -- only a mark written by something else (see read_mark)
   end
-  local steps = cdiv(gcra_before(now, oper, tat, sub), ounit) * unit
-  if steps == 0 then
-    redis.call('DEL', key)
+  if oper < 1 then
+    oper = 1
+  end
+  local before = gcra_before(now, oper, tat, sub)
+  local deficit, lock = before, 0
+  if before > ocap then
+    deficit, lock = ocap, cdiv(before - ocap, oper)
+  end
+  deficit, lock = bucket_carry(ounit, oper, unit, cap, deficit, lock)
+  if deficit == 0 and lock == 0 then
     return 0, 0
   end
   local most = (4503599627370496 - 1) * per -- (2^52 - 1) * per, exact or above 2^53
   if most > MAX_EXACT - 1 then
     most = MAX_EXACT - 1
   end
-  if steps > most then
+  local steps
+  if lock > idiv(most - deficit, per) then
     steps = most
+  else
+    steps = lock * per + deficit
+    if steps > most then
+      steps = most
+    end
   end
-  return gcra_store(key, ttl, now, per, now, steps)
+  local q = idiv(steps, per)
+  return now + q, steps - q * per
 end

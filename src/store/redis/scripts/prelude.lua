@@ -142,3 +142,22 @@ end
 local function store3(key, ttl, a, b, c)
   redis.call('SET', key, struct.pack('<i8i8i8', a, b, c) .. MARK, 'PX', ttl)
 end
+
+-- A bucket's spending carried from one quota to another (token_bucket.rs `carry`, shared by the
+-- token bucket and GCRA): `deficit` steps at (ounit, oper) and `lock` µs before which nothing
+-- refills, to (unit, cap). The units that fit cap are carried as units (rounded up); the units
+-- above cap as the time the old quota takes to refill them (a lock: empty until it ends). A lock
+-- the state already carries stays a lock, whole. Returns the new deficit and lock. The one
+-- product that may pass 2^53 is compared without being computed.
+local function bucket_carry(ounit, oper, unit, cap, deficit, lock)
+  local burst = cap / unit
+  -- deficit > burst * ounit, without the product.
+  local whole = idiv(deficit, ounit)
+  if whole > burst or (whole == burst and deficit - burst * ounit > 0) then
+    return cap, lock + cdiv(deficit - burst * ounit, oper)
+  end
+  if lock > 0 then
+    return cap, lock
+  end
+  return cdiv(deficit, ounit) * unit, 0
+end

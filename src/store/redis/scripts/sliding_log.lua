@@ -140,6 +140,11 @@ local function sl_header(total, start)
 end
 
 local function sl_apply(key, ttl, now, cost, period, limit, _, st)
+  if cost == 0 then
+    -- Charges nothing, so changes nothing (SlidingLog::apply): entries older than this
+    -- quota's window may still count for another.
+    return
+  end
   local t, expired, used, newest = sl_view(st, now, period)
   local room = limit - used
   if room < 0 then

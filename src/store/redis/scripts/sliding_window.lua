@@ -96,6 +96,10 @@ local function sw_apply(key, ttl, now, cost, period, limit, _, last, sprev, scur
       after = limit
     end
   end
+  -- A `last` ahead of now (carried from a longer window by sw_rebase) is kept that much longer.
+  if t > now then
+    ttl = string.format('%d', tonumber(ttl) + cdiv(t - now, 1000))
+  end
   store3(key, ttl, t, prev, after)
 end
 
@@ -126,14 +130,23 @@ end
 -- Plan change (SlidingWindow::rebase): the state was written with windows of
 -- `operiod` (limit `olimit`) and a check arrives with windows of `period`. With the same period,
 -- counts are units and carry over as they are. Otherwise the weighted count at `now` (rounded up)
--- is what the key spent, charged to the new window current at `now`. Stores and returns the new
--- state.
-local function sw_rebase(key, ttl, now, operiod, olimit, _, period, _, _, last, sprev, scur)
+-- is what the key spent, charged to the new window current at `now`, or, for shorter new windows,
+-- to the one holding the end of the old current window (`last` ahead of now). Returns the new state
+-- without storing it (the check stores it only if it charges something; see `replan` in the
+-- driver).
+local function sw_rebase(_, _, now, operiod, olimit, _, period, _, _, last, sprev, scur)
   if operiod == period then
     return last, sprev, scur
   end
   local t, e, prev, cur = sw_view(now, operiod, olimit, last, sprev, scur)
   cur = cdiv(prev * (operiod - e), operiod) + cur
-  store3(key, ttl, t, 0, cur)
+  if cur > 0 and period < operiod then
+    -- The count stays counted until the old current window ends: it is charged to the new
+    -- window holding that end (weighed from then on like any count).
+    local start = idiv((idiv(t, operiod) + 1) * operiod - 1, period) * period
+    if start > t then
+      t = start
+    end
+  end
   return t, 0, cur
 end

@@ -66,21 +66,32 @@ local function tb_remaining(deficit, unit, cap)
   return idiv(cap - deficit, unit)
 end
 
+-- Nothing refills before `last`: a lock carried from a larger quota (tb_rebase), or a clock
+-- reading earlier than one already seen. Every wait runs from `last`.
+local function tb_lock(now, last)
+  if last > now then
+    return last - now
+  end
+  return 0
+end
+
 local function tb_decide(now, cost, unit, per, cap, deficit, last)
   deficit = tb_deficit(now, per, cap, deficit, last)
+  local lock = tb_lock(now, last)
   local limit = cap / unit
   if cost > limit then
-    return false, tb_remaining(deficit, unit, cap), cdiv(deficit, per), -1
+    return false, tb_remaining(deficit, unit, cap), lock + cdiv(deficit, per), -1
   end
   local after = deficit + cost * unit
   if after <= cap then
-    return true, idiv(cap - after, unit), cdiv(after, per), 0
+    return true, idiv(cap - after, unit), lock + cdiv(after, per), 0
   end
   if cost == 0 then
     -- A deficit above cap (carried from a larger quota): empty, whole once it has refilled.
-    return true, 0, cdiv(deficit, per), 0
+    return true, 0, lock + cdiv(deficit, per), 0
   end
-  return false, tb_remaining(deficit, unit, cap), cdiv(deficit, per), cdiv(after - cap, per)
+  return false, tb_remaining(deficit, unit, cap), lock + cdiv(deficit, per),
+    lock + cdiv(after - cap, per)
 end
 
 local function tb_apply(key, ttl, now, cost, unit, per, cap, deficit, last)
@@ -103,8 +114,9 @@ end
 -- decide and, if allowed, apply, in one call: the single-limit fast path.
 local function tb_check(key, ttl, now, cost, unit, per, cap, deficit, last)
   deficit = tb_deficit(now, per, cap, deficit, last)
+  local lock = tb_lock(now, last)
   if cost * unit > cap then
-    return false, tb_remaining(deficit, unit, cap), cdiv(deficit, per), -1
+    return false, tb_remaining(deficit, unit, cap), lock + cdiv(deficit, per), -1
   end
   local after = deficit + cost * unit
   if after <= cap or cost == 0 then
@@ -112,9 +124,10 @@ local function tb_check(key, ttl, now, cost, unit, per, cap, deficit, last)
       last = now
     end
     tb_store(key, ttl, now, after, last, per, cap)
-    return true, tb_remaining(after, unit, cap), cdiv(after, per), 0
+    return true, tb_remaining(after, unit, cap), lock + cdiv(after, per), 0
   end
-  return false, tb_remaining(deficit, unit, cap), cdiv(deficit, per), cdiv(after - cap, per)
+  return false, tb_remaining(deficit, unit, cap), lock + cdiv(deficit, per),
+    lock + cdiv(after - cap, per)
 end
 
 -- A batch's common decision in one call: a check of cost 1 at the limit's own parameters of a
@@ -133,8 +146,8 @@ local function tb_fast(key, ttl, now, unit, per, cap, cell, keep)
   if deficit < 0 or deficit >= MAX_EXACT or last < 0 or last >= MAX_EXACT then
     return nil
   end
-  if deficit > cap then
-    return nil -- a deficit carried from a larger quota: the general path keeps it
+  if deficit > cap or last > now then
+    return nil -- a deficit carried from a larger quota, or a lock: the general path keeps it
   end
   PREFETCHED[key] = nil
   if now > last then
@@ -186,19 +199,20 @@ end
 
 -- Plan change (TokenBucket::rebase): the state was written at (ounit, oper, ocap) and
 -- a check arrives at (unit, per, cap). What the key spent, in whole units rounded up, stays spent,
--- all of it (above the new capacity too), at most 2^53 - 1 steps. Stores and returns the new
--- state.
-local function tb_rebase(key, ttl, now, ounit, oper, ocap, unit, per, cap, deficit, last)
+-- all of it (above the new capacity too), at most 2^53 - 1 steps. Returns the new state without
+-- storing it (the check stores it only if it charges something; see `replan` in the driver).
+local function tb_rebase(_, _, now, ounit, oper, ocap, unit, per, cap, deficit, last)
   if ounit < 1 then
     ounit = 1 -- only a mark written by something else (see read_mark)
   end
-  deficit = cdiv(tb_deficit(now, oper, ocap, deficit, last), ounit) * unit
-  if deficit > MAX_EXACT - 1 then
-    deficit = MAX_EXACT - 1 -- also when the product passed 2^53: it is then at least 2^53
+  if oper < 1 then
+    oper = 1
   end
-  if now > last then
-    last = now
+  deficit, last = bucket_carry(ounit, oper, unit, cap, tb_deficit(now, oper, ocap, deficit, last),
+    tb_lock(now, last))
+  last = now + last
+  if last > MAX_EXACT - 1 then
+    last = MAX_EXACT - 1
   end
-  tb_store(key, ttl, now, deficit, last, per, cap)
   return deficit, last
 end
