@@ -25,9 +25,9 @@ for target in $(cargo +nightly fuzz list); do
   echo "fuzz smoke: $target for ${seconds}s"
   # corpus/ collects new inputs (git-ignored); seeds/ is the committed starting set.
   log="$(mktemp)"
-  # -detect_leaks=0: limit and plan names (PolicyName) and compiled plan quotas are interned for
-  # the life of the process by design, and LeakSanitizer reports the first input that interns a
-  # new one (seen on redis_state once plans existed). Panics, crashes and timeouts still fail.
+  # -detect_leaks=0: the quota registry keeps up to 1,024 compiled quotas that no layer uses
+  # (store::KEPT_QUOTAS) for the life of the process, which LeakSanitizer would report. Panics,
+  # crashes and timeouts still fail.
   if ! cargo +nightly fuzz run "$target" "corpus/$target" "seeds/$target" -- \
     -max_total_time="$seconds" -timeout=10 -detect_leaks=0 -print_final_stats=1 >"$log" 2>&1; then
     tail -n 40 "$log"

@@ -121,7 +121,7 @@ local function fw_apply(key, ttl, now, cost, period, limit, cal, window, count)
   -- until it ends.
   local e = cdiv(fw_until_end(w, now, period, cal), 1000)
   if e > tonumber(ttl) then
-    ttl = string.format('%d', e)
+    ttl = ttl_digits(e)
   end
   store2(key, ttl, w, after)
 end

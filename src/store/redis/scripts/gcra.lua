@@ -51,7 +51,7 @@ local function gcra_store(key, ttl, now, per, base, steps)
   local tat, sub = base + q, steps - q * per
   local ahead = cdiv(tat + 1 - now, 1000)
   if ahead > tonumber(ttl) then
-    ttl = string.format('%d', ahead)
+    ttl = ttl_digits(ahead)
   end
   store2(key, ttl, tat, sub)
   return tat, sub

@@ -135,6 +135,17 @@ local function load3(key)
   return false, a, b, c
 end
 
+-- A TTL (ms) extended past the quota's own as a string of digits, at most 2^52 ms (about 142,000
+-- years: any state a script writes itself is idle long before; a larger figure comes only from a
+-- corrupted or hostile state, and Redis refuses an expire time beyond its own range).
+local MAX_TTL_MS = 4503599627370496
+local function ttl_digits(ms)
+  if ms > MAX_TTL_MS then
+    ms = MAX_TTL_MS
+  end
+  return string.format('%d', ms)
+end
+
 local function store2(key, ttl, a, b)
   redis.call('SET', key, struct.pack('<i8i8', a, b) .. MARK, 'PX', ttl)
 end

@@ -98,7 +98,7 @@ local function sw_apply(key, ttl, now, cost, period, limit, _, last, sprev, scur
   end
   -- A `last` ahead of now (carried from a longer window by sw_rebase) is kept that much longer.
   if t > now then
-    ttl = string.format('%d', tonumber(ttl) + cdiv(t - now, 1000))
+    ttl = ttl_digits(tonumber(ttl) + cdiv(t - now, 1000))
   end
   store3(key, ttl, t, prev, after)
 end

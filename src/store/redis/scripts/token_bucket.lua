@@ -53,7 +53,7 @@ local function tb_store(key, ttl, now, deficit, last, per, cap)
     ms, extended = ms + cdiv(last - now, 1000), true
   end
   if extended then
-    ttl = string.format('%d', ms)
+    ttl = ttl_digits(ms)
   end
   store2(key, ttl, deficit, last)
 end
