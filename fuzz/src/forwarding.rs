@@ -73,11 +73,11 @@ pub fn check(data: &[u8]) {
             .flat_map(|(_, v)| addresses_in(v))
             .collect::<Vec<_>>();
         assert!(
-            key == canonical(peer) || written.contains(&key),
+            key == key_of(peer) || written.contains(&key),
             "key {key} is neither the peer {peer} nor written in {forged:?}"
         );
     } else {
-        assert_eq!(key, canonical(peer), "an untrusted peer chose its key");
+        assert_eq!(key, key_of(peer), "an untrusted peer chose its key");
     }
 
     // Forgery: a trusted proxy appends the client's real, untrusted address to `first`.
@@ -109,7 +109,7 @@ pub fn check(data: &[u8]) {
     let key = client_key(&extractor, &req);
     assert_eq!(
         key,
-        canonical(honest),
+        key_of(honest),
         "a forged prefix changed the key; lines {lines:?}"
     );
 }
@@ -186,6 +186,21 @@ fn render(header: ForwardedHeader, ip: IpAddr, form: u8) -> String {
 /// An IPv6 address carrying an IPv4 host as that IPv4 address, as the extractor counts it:
 /// IPv4-mapped `::ffff:0:0/96`, IPv4-compatible `::/96` (not `::` and `::1`) and the
 /// well-known NAT64 prefix `64:ff9b::/96`.
+/// The key of a client at `ip`: its canonical address, or the IPv4 host a 6to4 (`2002::/16`)
+/// or Teredo (`2001::/32`, client bits inverted) address carries.
+fn key_of(ip: IpAddr) -> IpAddr {
+    let ip = canonical(ip);
+    let IpAddr::V6(v6) = ip else {
+        return ip;
+    };
+    let bits = u128::from(v6);
+    match bits >> 96 {
+        b if b >> 16 == 0x2002 => IpAddr::V4(Ipv4Addr::from((bits >> 80) as u32)),
+        0x2001_0000 => IpAddr::V4(Ipv4Addr::from(!(bits as u32))),
+        _ => ip,
+    }
+}
+
 fn canonical(ip: IpAddr) -> IpAddr {
     let IpAddr::V6(v6) = ip else {
         return ip;
@@ -219,6 +234,7 @@ fn addresses_in(value: &[u8]) -> Vec<IpAddr> {
         ];
         for ip in candidates.into_iter().flatten() {
             out.push(canonical(ip));
+            out.push(key_of(ip));
             if let IpAddr::V6(v6) = ip {
                 // An IPv4 address embedded in the low 32 bits (NAT64 forms).
                 out.push(IpAddr::V4(Ipv4Addr::from(u128::from(v6) as u32)));
