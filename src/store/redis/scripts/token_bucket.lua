@@ -90,8 +90,10 @@ local function tb_decide(now, cost, unit, per, cap, deficit, last)
     -- A deficit above cap (carried from a larger quota): empty, whole once it has refilled.
     return true, 0, lock + cdiv(deficit, per), 0
   end
+  -- after - cap, computed without `after`, which can pass 2^53 (a deficit carried near it)
+  -- where a double no longer counts every microsecond.
   return false, tb_remaining(deficit, unit, cap), lock + cdiv(deficit, per),
-    lock + cdiv(after - cap, per)
+    lock + cdiv(deficit - (cap - cost * unit), per)
 end
 
 local function tb_apply(key, ttl, now, cost, unit, per, cap, deficit, last)
@@ -126,8 +128,10 @@ local function tb_check(key, ttl, now, cost, unit, per, cap, deficit, last)
     tb_store(key, ttl, now, after, last, per, cap)
     return true, tb_remaining(after, unit, cap), lock + cdiv(after, per), 0
   end
+  -- after - cap, computed without `after`, which can pass 2^53 (a deficit carried near it)
+  -- where a double no longer counts every microsecond.
   return false, tb_remaining(deficit, unit, cap), lock + cdiv(deficit, per),
-    lock + cdiv(after - cap, per)
+    lock + cdiv(deficit - (cap - cost * unit), per)
 end
 
 -- A batch's common decision in one call: a check of cost 1 at the limit's own parameters of a
