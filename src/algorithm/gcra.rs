@@ -69,7 +69,7 @@ use crate::quota::{Quota, MAX_EXACT};
 /// # Plan changes
 ///
 /// [`rebase`](Algorithm::rebase) from a GCRA `o` (the quota the TAT was written under) to this
-/// one, `n`, at `now` carries what the key spent exactly as the [`TokenBucket`] does (see its
+/// one, `n`, at `now` carries what the key spent exactly as the [`TokenBucket`](super::TokenBucket) does (see its
 /// **Plan changes**): `o`'s steps before full are, up to `o`'s capacity, a deficit, and beyond
 /// it a lock (`ceil((before - o.cap) / o.per)` µs before anything refills); both go through the
 /// token bucket's conversion, and the result is stored as a TAT:
