@@ -795,16 +795,18 @@ pub(crate) fn slot_of_tag(tag: &[u8]) -> u16 {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_stopped_batcher_is_restarted_and_counted() {
+    /// Runs `test` on a current-thread runtime with the links to a single node (one that refuses
+    /// connections), batching as `batching`, and their stats.
+    fn with_node_links(
+        batching: (usize, usize),
+        test: impl AsyncFnOnce(&LinkConfig<'_>, &Links, &RedisStats),
+    ) {
         let target = Target::Node(redis::Client::open("redis://127.0.0.1:1").unwrap());
         let stats = RedisStats::default();
-        // max_in_flight 0 (refused by the builder) makes the task end at once: a stand-in for a
-        // batcher that panicked.
         let cfg = LinkConfig {
             target: &target,
             connect_timeout: Duration::from_millis(10),
-            batching: Some((64, 0)),
+            batching: Some(batching),
             stats: &stats,
             slots: None,
         };
@@ -813,8 +815,15 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        rt.block_on(async {
-            let (first, fresh) = links.get(&cfg).unwrap();
+        rt.block_on(test(&cfg, &links, &stats));
+    }
+
+    #[test]
+    fn a_stopped_batcher_is_restarted_and_counted() {
+        // max_in_flight 0 (refused by the builder) makes the task end at once: a stand-in for a
+        // batcher that panicked.
+        with_node_links((64, 0), async |cfg, links, stats| {
+            let (first, fresh) = links.get(cfg).unwrap();
             assert!(fresh);
             let batcher = first.batchers.expect("batching on").get("");
             for _ in 0..100 {
@@ -824,7 +833,7 @@ mod tests {
                 tokio::task::yield_now().await;
             }
             assert!(batcher.is_closed(), "the task ended");
-            let (again, fresh) = links.get(&cfg).unwrap();
+            let (again, fresh) = links.get(cfg).unwrap();
             assert!(!fresh, "same runtime, same connection");
             let restarted = again.batchers.unwrap().get("");
             assert_eq!(stats.batcher_restarts(), 1);
@@ -856,32 +865,18 @@ mod tests {
 
     #[test]
     fn a_connection_is_rebuilt_once_per_generation() {
-        let target = Target::Node(redis::Client::open("redis://127.0.0.1:1").unwrap());
-        let stats = RedisStats::default();
-        let cfg = LinkConfig {
-            target: &target,
-            connect_timeout: Duration::from_millis(10),
-            batching: Some((64, 4)),
-            stats: &stats,
-            slots: None,
-        };
-        let links = Links::default();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let (first, _) = links.get(&cfg).unwrap();
+        with_node_links((64, 4), async |cfg, links, stats| {
+            let (first, _) = links.get(cfg).unwrap();
             let rebuilt = links
-                .rebuild(&cfg, first.generation)
+                .rebuild(cfg, first.generation)
                 .unwrap()
                 .expect("rebuilt");
             assert_ne!(rebuilt.generation, first.generation);
             assert!(
-                links.rebuild(&cfg, first.generation).unwrap().is_none(),
+                links.rebuild(cfg, first.generation).unwrap().is_none(),
                 "a second probe that saw the old connection does not replace the new one"
             );
-            let (now, fresh) = links.get(&cfg).unwrap();
+            let (now, fresh) = links.get(cfg).unwrap();
             assert!(!fresh);
             assert_eq!(
                 now.generation, rebuilt.generation,
