@@ -175,3 +175,30 @@ pub use request::RequestView;
 ))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// Compiles and runs every Rust code block of the guides in `docs/guide/` as doctests, as
+/// `ReadmeDoctests` does for the README.
+#[cfg(all(
+    doctest,
+    feature = "axum",
+    feature = "redis",
+    feature = "tonic",
+    feature = "toml",
+    feature = "metrics"
+))]
+pub mod guide_doctests {
+    #[doc = include_str!("../docs/guide/concurrency.md")]
+    pub struct Concurrency;
+    #[doc = include_str!("../docs/guide/grpc.md")]
+    pub struct Grpc;
+    #[doc = include_str!("../docs/guide/hybrid.md")]
+    pub struct Hybrid;
+    #[doc = include_str!("../docs/guide/outbound.md")]
+    pub struct Outbound;
+    #[doc = include_str!("../docs/guide/plans.md")]
+    pub struct Plans;
+    #[doc = include_str!("../docs/guide/redis.md")]
+    pub struct Redis;
+    #[doc = include_str!("../docs/guide/shaping.md")]
+    pub struct Shaping;
+}

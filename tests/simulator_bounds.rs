@@ -172,7 +172,7 @@ fn burst_token_bucket_admits_its_capacity_then_the_rate() {
 
 /// The sliding counter's error against an exact log, on seeded Poisson traffic of 100/min:
 /// no error far below the limit, under 2 % of decisions at 0.8× the rate, and always fewer
-/// errors than the fixed window. (README quotes these figures; `--release` runs over 10^6
+/// errors than the fixed window. (docs/guide/algorithms.md quotes these figures; `--release` runs over 10^6
 /// requests give the same picture.)
 #[test]
 fn sliding_counter_disagrees_with_the_log_on_few_poisson_decisions() {
