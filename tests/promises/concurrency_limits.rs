@@ -66,6 +66,24 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// One request served (200, body read) in a first runtime, which is then dropped.
+fn serve_one_in_a_dropped_runtime<S>(svc: &S)
+where
+    S: tower::Service<
+            Request<()>,
+            Response = Response<tollgate::concurrency::ResponseBody<Full<Bytes>>>,
+            Error = Infallible,
+        > + Clone,
+{
+    let first = runtime();
+    first.block_on(async {
+        let res = svc.clone().oneshot(tenant("acme")).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        res.into_body().collect().await.unwrap();
+    });
+    drop(first);
+}
+
 fn redis_layer(
     server: &RedisServer,
     max: u32,
@@ -96,13 +114,7 @@ fn redis_slots_keep_their_limit_after_the_first_runtime_is_gone() {
     let svc = gauged(layer, Arc::clone(&gauge));
 
     gauge.hold_ms.store(1, Ordering::SeqCst);
-    let first = runtime();
-    first.block_on(async {
-        let res = svc.clone().oneshot(tenant("acme")).await.unwrap();
-        assert_eq!(res.status(), StatusCode::OK);
-        res.into_body().collect().await.unwrap();
-    });
-    drop(first);
+    serve_one_in_a_dropped_runtime(&svc);
 
     gauge.hold_ms.store(800, Ordering::SeqCst);
     gauge.peak.store(0, Ordering::SeqCst);
@@ -162,13 +174,7 @@ fn redis_slots_are_given_back_after_the_first_runtime_is_gone() {
     let svc = gauged(layer, Arc::clone(&gauge));
     gauge.hold_ms.store(1, Ordering::SeqCst);
 
-    let first = runtime();
-    first.block_on(async {
-        let res = svc.clone().oneshot(tenant("acme")).await.unwrap();
-        assert_eq!(res.status(), StatusCode::OK);
-        res.into_body().collect().await.unwrap();
-    });
-    drop(first);
+    serve_one_in_a_dropped_runtime(&svc);
 
     let waves = 5;
     let second = runtime();

@@ -80,6 +80,18 @@ fn get(figures: &[(String, u64)], name: &str) -> u64 {
 
 const MB: u64 = 1 << 20;
 
+/// `bytes` in MB, to print.
+fn mb(bytes: u64) -> f64 {
+    bytes as f64 / MB as f64
+}
+
+/// Asserts the resident set grew by less than 1 MB from `before` to `after` (`between` names
+/// the two points in the message).
+fn assert_grew_less_than_1mb(before: u64, after: u64, between: &str) {
+    let grew = after.saturating_sub(before);
+    assert!(grew < MB, "memory grew {grew} bytes {between}");
+}
+
 /// A layer on a small memory store (the store's tables are not what is measured).
 fn layer(limit: Limit) -> RateLimitLayer<tollgate::store::MemoryStore> {
     RateLimitLayer::builder()
@@ -154,16 +166,12 @@ fn reloads_with_fresh_names_end_within_1mb_of_1000_reloads() {
     );
     println!(
         "RSS after 1,000 reloads {:.2} MB, 10,000 {:.2} MB, 100,000 {:.2} MB: grew {:.3} MB from 1,000 to 100,000 (bound 1 MB)",
-        at_1k as f64 / MB as f64,
-        at_10k as f64 / MB as f64,
-        at_100k as f64 / MB as f64,
-        at_100k.saturating_sub(at_1k) as f64 / MB as f64
+        mb(at_1k),
+        mb(at_10k),
+        mb(at_100k),
+        mb(at_100k.saturating_sub(at_1k))
     );
-    assert!(
-        at_100k.saturating_sub(at_1k) < MB,
-        "memory grew {} bytes from 1,000 to 100,000 reloads",
-        at_100k.saturating_sub(at_1k)
-    );
+    assert_grew_less_than_1mb(at_1k, at_100k, "from 1,000 to 100,000 reloads");
     // The registry's own count: the 3 quotas in force and at most KEPT_QUOTAS others, where
     // 300,000 distinct quotas were compiled.
     let kept = get(&figures, "kept_quotas");
@@ -286,15 +294,11 @@ fn junk_plan_names_from_requests_keep_no_memory() {
     );
     println!(
         "RSS after 20 reloads x 300 junk plan names {:.2} MB, after 200 {:.2} MB: grew {:.3} MB (bound 1 MB)",
-        at_20 as f64 / MB as f64,
-        at_200 as f64 / MB as f64,
-        at_200.saturating_sub(at_20) as f64 / MB as f64
+        mb(at_20),
+        mb(at_200),
+        mb(at_200.saturating_sub(at_20))
     );
-    assert!(
-        at_200.saturating_sub(at_20) < MB,
-        "memory grew {} bytes from reload 20 to reload 200",
-        at_200.saturating_sub(at_20)
-    );
+    assert_grew_less_than_1mb(at_20, at_200, "from reload 20 to reload 200");
 }
 
 /// Item 3: no global lock on the request path. Names are inline (no interner), plan names read

@@ -5,21 +5,19 @@
 //!
 //! Real `redis-server` processes on loopback (paused with SIGSTOP, or killed), a real layer.
 
-use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
-use http::{Request, Response, StatusCode};
+use http::{Request, StatusCode};
 use tollgate::key::HeaderKey;
 use tollgate::plan::Mode;
 use tollgate::store::redis::RedisBackend;
 use tollgate::store::{FailurePolicy, MemoryBackend};
 use tollgate::{Limit, Quota, RateLimitLayer};
-use tower::{Service, ServiceBuilder, ServiceExt};
+use tower::ServiceExt;
 
 use crate::common;
+use crate::shaping_cancellation::{serve, Served};
 use crate::support::RedisServer;
-
-type Body = tollgate::layer::ResponseBody<String>;
 
 /// The store timeout of these tests.
 const TIMEOUT: Duration = Duration::from_millis(50);
@@ -36,18 +34,7 @@ fn limit_at(name: &str, quota: Quota, policy: FailurePolicy) -> Limit {
         .on_store_error(policy)
 }
 
-fn service(
-    server: &RedisServer,
-    test: &str,
-    limits: Vec<Limit>,
-) -> impl Service<
-    Request<()>,
-    Response = Response<Body>,
-    Error = Infallible,
-    Future = impl std::future::Future<Output = Result<Response<Body>, Infallible>> + Send + 'static,
-> + Clone
-       + Send
-       + 'static {
+fn service(server: &RedisServer, test: &str, limits: Vec<Limit>) -> impl Served {
     let layer = RateLimitLayer::builder()
         .backend(
             RedisBackend::new(server.url())
@@ -60,11 +47,7 @@ fn service(
         .limits(limits)
         .build()
         .unwrap();
-    ServiceBuilder::new()
-        .layer(layer)
-        .service(tower::service_fn(|_req: Request<()>| async {
-            Ok::<_, Infallible>(Response::new(String::new()))
-        }))
+    serve(layer, |_| {})
 }
 
 fn req(client: usize) -> Request<()> {
@@ -75,11 +58,7 @@ fn req(client: usize) -> Request<()> {
 }
 
 /// Latencies of `n` requests, `concurrency` at a time, sorted.
-async fn latencies<S>(svc: &S, n: usize, concurrency: usize) -> Vec<Duration>
-where
-    S: Service<Request<()>, Response = Response<Body>, Error = Infallible> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-{
+async fn latencies(svc: &impl Served, n: usize, concurrency: usize) -> Vec<Duration> {
     let mut all = Vec::with_capacity(n);
     for round in 0..n.div_ceil(concurrency) {
         let calls: Vec<_> = (0..concurrency)
@@ -252,11 +231,7 @@ async fn a_request_the_enforcing_limit_refuses_leaves_no_shadow_charge() {
         .ietf_headers(true)
         .build()
         .unwrap();
-    let svc = ServiceBuilder::new()
-        .layer(layer)
-        .service(tower::service_fn(|_req: Request<()>| async {
-            Ok::<_, Infallible>(Response::new(String::new()))
-        }));
+    let svc = serve(layer, |_| {});
     let mut statuses = Vec::new();
     for _ in 0..5 {
         statuses.push(svc.clone().oneshot(req(7)).await.unwrap().status().as_u16());

@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tollgate::clock::TokioClock;
 use tollgate::key::GlobalKey;
-use tollgate::store::MemoryBackend;
+use tollgate::store::{MemoryBackend, Store};
 use tollgate::{AlgorithmKind, Limit, Quota, RateLimitLayer};
 use tower::{Service, ServiceBuilder};
 
@@ -33,19 +33,45 @@ type Seen = Arc<Mutex<Vec<Duration>>>;
 
 type Body = tollgate::layer::ResponseBody<String>;
 
+/// A rate-limited service, as `serve` returns it: cloned, and its calls spawned.
+pub(crate) trait Served:
+    Service<Request<()>, Response = Response<Body>, Error = Infallible, Future: Send + 'static>
+    + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> Served for S where
+    S: Service<Request<()>, Response = Response<Body>, Error = Infallible, Future: Send + 'static>
+        + Clone
+        + Send
+        + 'static
+{
+}
+
+/// `layer` over a service that calls `reached` with each request, then answers 200 (empty).
+pub(crate) fn serve<St: Store>(
+    layer: RateLimitLayer<St>,
+    reached: impl Fn(&Request<()>) + Clone + Send + 'static,
+) -> impl Served {
+    ServiceBuilder::new()
+        .layer(layer)
+        .service(tower::service_fn(move |req: Request<()>| {
+            let reached = reached.clone();
+            async move {
+                reached(&req);
+                Ok::<_, Infallible>(Response::new(String::new()))
+            }
+        }))
+}
+
 fn service(
     algorithm: AlgorithmKind,
     per_second: u64,
     max_wait: Duration,
     seen: Seen,
-) -> impl Service<
-    Request<()>,
-    Response = Response<Body>,
-    Error = Infallible,
-    Future = impl std::future::Future<Output = Result<Response<Body>, Infallible>> + Send + 'static,
-> + Clone
-       + Send
-       + 'static {
+) -> impl Served {
     let layer = RateLimitLayer::builder()
         .backend(MemoryBackend::new().clock(TokioClock::new()))
         .limit(
@@ -58,15 +84,7 @@ fn service(
         .build()
         .unwrap();
     let start = Instant::now();
-    ServiceBuilder::new()
-        .layer(layer)
-        .service(tower::service_fn(move |_req: Request<()>| {
-            let seen = Arc::clone(&seen);
-            async move {
-                seen.lock().unwrap().push(start.elapsed());
-                Ok::<_, Infallible>(Response::new(String::new()))
-            }
-        }))
+    serve(layer, move |_| seen.lock().unwrap().push(start.elapsed()))
 }
 
 /// Calls the service now (the reservation is made in `call`) and lets the response future run.
@@ -82,6 +100,19 @@ where
 async fn cancel(call: JoinHandle<Result<Response<Body>, Infallible>>) {
     call.abort();
     let _ = call.await;
+}
+
+/// How long a new request waits; it and `first` are both served.
+async fn next_wait(
+    svc: &mut impl Served,
+    first: JoinHandle<Result<Response<Body>, Infallible>>,
+) -> Duration {
+    let start = Instant::now();
+    let next = spawn_call(svc).await.unwrap().unwrap();
+    let waited = start.elapsed();
+    assert_eq!(next.status(), StatusCode::OK);
+    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
+    waited
 }
 
 /// The most admissions in excess of `burst + rate × span` over any window between two
@@ -116,11 +147,7 @@ async fn waiters_dropped_in_arrival_order_leave_no_phantom_places() {
         for call in waiting {
             cancel(call).await;
         }
-        let start = Instant::now();
-        let next = spawn_call(&mut svc).await.unwrap().unwrap();
-        let waited = start.elapsed();
-        assert_eq!(next.status(), StatusCode::OK);
-        assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
+        let waited = next_wait(&mut svc, first).await;
         println!("{algorithm}: 1,000 waiters dropped in arrival order; the next request waited {waited:?} (one interval: 10ms)");
         if waited > Duration::from_millis(10) {
             failures.push(format!("{algorithm}: waited {waited:?}"));
@@ -285,18 +312,7 @@ async fn on_redis_waiters_dropped_in_arrival_order_leave_no_phantom_places() {
 type SeenCost = Arc<Mutex<Vec<(Duration, u64)>>>;
 
 /// 10 per second, burst 2, POST costing 2 and GET 1 (or every request 1).
-fn costed_service(
-    algorithm: AlgorithmKind,
-    costed: bool,
-    seen: SeenCost,
-) -> impl Service<
-    Request<()>,
-    Response = Response<Body>,
-    Error = Infallible,
-    Future = impl std::future::Future<Output = Result<Response<Body>, Infallible>> + Send + 'static,
-> + Clone
-       + Send
-       + 'static {
+fn costed_service(algorithm: AlgorithmKind, costed: bool, seen: SeenCost) -> impl Served {
     let cost = move |req: &tollgate::RequestView<'_>| -> u64 {
         if costed && req.method() == http::Method::POST {
             2
@@ -317,20 +333,43 @@ fn costed_service(
         .build()
         .unwrap();
     let start = Instant::now();
-    ServiceBuilder::new()
-        .layer(layer)
-        .service(tower::service_fn(move |req: Request<()>| {
-            let seen = Arc::clone(&seen);
-            async move {
-                let cost = if costed && req.method() == http::Method::POST {
-                    2
-                } else {
-                    1
-                };
-                seen.lock().unwrap().push((start.elapsed(), cost));
-                Ok::<_, Infallible>(Response::new(String::new()))
-            }
-        }))
+    serve(layer, move |req| {
+        let cost = if costed && req.method() == http::Method::POST {
+            2
+        } else {
+            1
+        };
+        seen.lock().unwrap().push((start.elapsed(), cost));
+    })
+}
+
+/// 60 waiting, POST and GET in turn; the POSTs are dropped, then 60 new GETs; every request
+/// kept is awaited.
+async fn drop_posts_among_gets(svc: &mut impl Served) {
+    let mut kept = Vec::new();
+    let mut posts = Vec::new();
+    for i in 0..60 {
+        let method = if i % 2 == 0 {
+            http::Method::POST
+        } else {
+            http::Method::GET
+        };
+        let call = tokio::spawn(svc.call(Request::builder().method(method).body(()).unwrap()));
+        if i % 2 == 0 {
+            posts.push(call);
+        } else {
+            kept.push(call);
+        }
+    }
+    for call in posts {
+        cancel(call).await;
+    }
+    for _ in 0..60 {
+        kept.push(spawn_call(svc));
+    }
+    for call in kept {
+        let _ = call.await.unwrap().unwrap();
+    }
 }
 
 /// The most units in excess of `burst + rate × span` over any window between two admissions.
@@ -359,31 +398,7 @@ async fn per_request_costs_never_share_a_turn() {
         for costed in [false, true] {
             let seen = SeenCost::default();
             let mut svc = costed_service(algorithm, costed, seen.clone());
-            let mut kept = Vec::new();
-            let mut posts = Vec::new();
-            for i in 0..60 {
-                let method = if i % 2 == 0 {
-                    http::Method::POST
-                } else {
-                    http::Method::GET
-                };
-                let call =
-                    tokio::spawn(svc.call(Request::builder().method(method).body(()).unwrap()));
-                if i % 2 == 0 {
-                    posts.push(call);
-                } else {
-                    kept.push(call);
-                }
-            }
-            for call in posts {
-                cancel(call).await;
-            }
-            for _ in 0..60 {
-                kept.push(spawn_call(&mut svc));
-            }
-            for call in kept {
-                let _ = call.await.unwrap().unwrap();
-            }
+            drop_posts_among_gets(&mut svc).await;
             let mut seen = seen.lock().unwrap().clone();
             let units: u64 = seen.iter().map(|s| s.1).sum();
             let excess = worst_unit_excess(&mut seen, 2, 10);
@@ -420,11 +435,7 @@ async fn a_free_place_already_due_goes_back_to_the_store() {
         tokio::task::yield_now().await;
         cancel(b).await;
         cancel(c).await;
-        let start = Instant::now();
-        let next = spawn_call(&mut svc).await.unwrap().unwrap();
-        let waited = start.elapsed();
-        assert_eq!(next.status(), StatusCode::OK);
-        assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
+        let waited = next_wait(&mut svc, first).await;
         println!("{algorithm}: a free place due 50 ms ago and every place after it dropped; the next request waited {waited:?} (right: 0)");
         if waited > Duration::ZERO {
             failures.push(format!("{algorithm}: waited {waited:?}"));
@@ -461,39 +472,10 @@ async fn requests_with_different_shaped_limits_never_share_a_turn() {
             .unwrap();
         let start = Instant::now();
         let recorded = Arc::clone(&seen);
-        let mut svc = ServiceBuilder::new()
-            .layer(layer)
-            .service(tower::service_fn(move |_req: Request<()>| {
-                let seen = Arc::clone(&recorded);
-                async move {
-                    seen.lock().unwrap().push((start.elapsed(), 1));
-                    Ok::<_, Infallible>(Response::new(String::new()))
-                }
-            }));
-        let mut kept = Vec::new();
-        let mut posts = Vec::new();
-        for i in 0..60 {
-            let method = if i % 2 == 0 {
-                http::Method::POST
-            } else {
-                http::Method::GET
-            };
-            let call = tokio::spawn(svc.call(Request::builder().method(method).body(()).unwrap()));
-            if i % 2 == 0 {
-                posts.push(call);
-            } else {
-                kept.push(call);
-            }
-        }
-        for call in posts {
-            cancel(call).await;
-        }
-        for _ in 0..60 {
-            kept.push(spawn_call(&mut svc));
-        }
-        for call in kept {
-            let _ = call.await.unwrap().unwrap();
-        }
+        let mut svc = serve(layer, move |_| {
+            recorded.lock().unwrap().push((start.elapsed(), 1))
+        });
+        drop_posts_among_gets(&mut svc).await;
         let mut seen = seen.lock().unwrap().clone();
         let admitted = seen.len();
         let excess = worst_unit_excess(&mut seen, 1, 10);
