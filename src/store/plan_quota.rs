@@ -485,43 +485,6 @@ pub fn with_quota_registry_locked<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// An algorithm that a [`PlanQuota`] can hold: lets a store's table, typed by its algorithm,
-/// take the same type out of a plan.
-pub(crate) trait Compiled:
-    Algorithm<State: crate::store::memory::slot::SlotState + Clone> + Copy + PartialEq
-{
-    /// The kind, for error messages.
-    const KIND: AlgorithmKind;
-
-    /// This algorithm, if `compiled` is one of this type.
-    fn from_compiled(compiled: &CompiledAlgorithm) -> Option<&Self>;
-}
-
-macro_rules! compiled {
-    ($($t:ident),*) => {$(
-        impl Compiled for $t {
-            const KIND: AlgorithmKind = AlgorithmKind::$t;
-
-            #[inline]
-            fn from_compiled(compiled: &CompiledAlgorithm) -> Option<&Self> {
-                match compiled {
-                    CompiledAlgorithm::$t(a) => Some(a),
-                    _ => None,
-                }
-            }
-        }
-    )*};
-}
-
-compiled!(
-    TokenBucket,
-    Gcra,
-    FixedWindow,
-    SlidingWindow,
-    SlidingLog,
-    LeakyBucket
-);
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -543,8 +506,6 @@ mod tests {
         assert_eq!(compiled(u32::MAX), None);
         assert_eq!(a, b);
         assert_ne!(a, c);
-        assert!(Gcra::from_compiled(&a.compiled).is_some());
-        assert!(TokenBucket::from_compiled(&a.compiled).is_none());
     }
 
     #[test]

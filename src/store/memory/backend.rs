@@ -1,7 +1,7 @@
 //! [`MemoryBackend`]: the in-memory store's configuration.
 
+use super::any_table::AnyTable;
 use super::store::MemoryStore;
-use super::table::AnyTable;
 use crate::clock::{Clock, DefaultClock};
 use crate::error::ConfigError;
 use crate::store::{Backend, LimitSpec, MAX_LIMITS};

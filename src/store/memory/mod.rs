@@ -180,11 +180,15 @@
 //! one probe of the table (usually its home slot: one cache line) and the algorithm, plus, for an
 //! allowed check, one lock and the referenced bit.
 
+mod any_table;
+mod atomic_state;
 mod backend;
-mod cell;
+mod overflow;
+mod rebase;
+mod segments;
+mod seqlock;
 mod shard;
-pub(crate) mod slot;
-mod slots;
+mod slot;
 mod store;
 mod table;
 

@@ -4,11 +4,11 @@
 //! Layout, chosen so that a check of a held key reads one place in memory, and a key costs a few
 //! tens of bytes however long it is:
 //!
-//! - `table` is the table itself, in segments that never move (see `slots`): each slot holds a
+//! - `table` is the table itself, in segments that never move (see `segments`): each slot holds a
 //!   key's 64-bit fingerprint (0 marks an empty slot; a fingerprint of 0 is stored as 1), the
 //!   algorithm state, the tag of the quota it was written under and its place in the clock with
 //!   a referenced bit (for the token bucket: 8 + 16 + 4 + 4 = 32 bytes), all atomics, so that a
-//!   reader without the lock can copy them (see `cell`); every write is made under the lock. A key lives at its home slot (the fingerprint's
+//!   reader without the lock can copy them (see `seqlock`); every write is made under the lock. A key lives at its home slot (the fingerprint's
 //!   low 32 bits scaled to the table's length) or after it (linear probing, wrapping), so a
 //!   lookup reads the home slot and usually nothing further: no index, no second array. Keys are
 //!   kept in Robin Hood order (along a run, no key sits further from its home than the key after
@@ -30,18 +30,19 @@
 //! Recency is a second-chance clock: an allowed check of a held key (or any check under the lock)
 //! sets its slot's referenced bit, in the cache line the check reads and writes anyway (a linked
 //! LRU list would write the two neighbouring entries too); a refusal answered without the lock
-//! (see `cell`) leaves it, as a refused key has spent budget and is never recycled anyway. Looking for room, a hand sweeps the table, clearing the bits
+//! (see `seqlock`) leaves it, as a refused key has spent budget and is never recycled anyway. Looking for room, a hand sweeps the table, clearing the bits
 //! it passes, and prefers a key whose bit was clear (not used since the hand last passed) among
 //! those as good as fresh. Which fresh key goes is only a matter of efficiency: a key as good as
 //! fresh decides exactly like a key never seen, so the order never changes a decision, only
 //! which idle key a new one replaces.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use super::slot::SlotState;
-use super::slots::{SlotTable, Slots};
+use super::atomic_state::SlotState;
+use super::segments::{SlotTable, Slots};
+use super::slot::{Entry, Slot, REFERENCED};
 
 /// The table's first length, in slots.
 const MIN_SLOTS: usize = 8;
@@ -63,81 +64,11 @@ pub(crate) enum Vacancy {
     Full,
 }
 
-/// One slot of the table. Its fields are atomics so that a reader without the shard's lock can
-/// copy a key's slot (see `cell`); every write happens under the lock, with relaxed stores.
-#[derive(Debug, Default)]
-pub(crate) struct Slot<S: SlotState> {
-    /// The key's fingerprint (see the module docs of `store::memory`), never 0; 0: empty.
-    fp: AtomicU64,
-    /// The algorithm's per-key state.
-    state: S::Cell,
-    /// The tag of the quota the state was written under (0: the limit's own).
-    tag: AtomicU32,
-    /// The key's index in the clock, and [`REFERENCED`] if it was used since the hand last
-    /// passed it.
-    place: AtomicU32,
-}
-
-/// A slot's contents, moved out of the table or on their way into it.
-struct Entry<S> {
-    fp: u64,
-    state: S,
-    tag: u32,
-    place: u32,
-}
-
-impl<S: SlotState> Slot<S> {
-    #[inline(always)]
-    fn fp(&self) -> u64 {
-        self.fp.load(Relaxed)
-    }
-
-    #[inline(always)]
-    fn place(&self) -> u32 {
-        self.place.load(Relaxed)
-    }
-
-    /// Marks the key used since the clock hand last passed, writing only when that changes: a
-    /// key checked again and again then leaves its slot's cache line clean.
-    #[inline(always)]
-    fn mark_referenced(&self) {
-        let place = self.place();
-        if place & REFERENCED == 0 {
-            self.place.store(place | REFERENCED, Relaxed);
-        }
-    }
-
-    /// The contents, leaving the slot empty.
-    fn take(&self) -> Entry<S> {
-        let entry = Entry {
-            fp: self.fp(),
-            state: S::take(&self.state),
-            tag: self.tag.load(Relaxed),
-            place: self.place(),
-        };
-        self.fp.store(0, Relaxed);
-        self.tag.store(0, Relaxed);
-        self.place.store(0, Relaxed);
-        entry
-    }
-
-    /// Fills the (empty) slot with `entry`.
-    fn put(&self, entry: Entry<S>) {
-        S::store(&self.state, entry.state);
-        self.tag.store(entry.tag, Relaxed);
-        self.place.store(entry.place, Relaxed);
-        self.fp.store(entry.fp, Relaxed);
-    }
-}
-
-/// The bit of [`Slot::place`] that says the key was used since the clock hand last passed.
-const REFERENCED: u32 = 1 << 31;
-
 /// A bounded map from fingerprint to state with second-chance eviction of keys as good as
 /// fresh.
 pub(crate) struct Shard<S: SlotState> {
     /// Every slot the table can have (allocated as it grows), shared with readers without the
-    /// lock (see `cell`).
+    /// lock (see `seqlock`).
     table: Arc<SlotTable<S>>,
     /// The table's length: 0 until the first key, then [`MIN_SLOTS`] or more (or the full
     /// length, if that is less).
@@ -169,7 +100,7 @@ fn full_length(cap: u32) -> usize {
 /// The slot of the key `fp` among `n` slots that `slot_at` reads (`None`: not readable, the
 /// walk stops), and its index: from its home slot on, in Robin Hood order, so it stops at an
 /// empty slot or at a key closer to its home than the walk is. At most `n` slots, so the walk
-/// ends even over slots that change under it (see `cell`).
+/// ends even over slots that change under it (see `seqlock`).
 #[inline(always)]
 fn probe<'a, S: SlotState>(
     n: usize,
@@ -247,12 +178,12 @@ impl<S: SlotState> Shard<S> {
         full_length(self.cap)
     }
 
-    /// Every slot, shared with readers without the lock (see `cell`).
+    /// Every slot, shared with readers without the lock (see `seqlock`).
     pub(crate) fn table(&self) -> &Arc<SlotTable<S>> {
         &self.table
     }
 
-    /// The table's length, for readers without the lock (see `cell`).
+    /// The table's length, for readers without the lock (see `seqlock`).
     pub(crate) fn table_len(&self) -> usize {
         self.len
     }
@@ -298,7 +229,7 @@ impl<S: SlotState> Shard<S> {
     /// The slot, state and quota tag of `fp` among the first `n` slots of `table`, copied by a
     /// reader without the lock: the walk of [`lookup`](Self::lookup), which may meet slots
     /// changing under it. What it finds means something only if no write overlapped the call
-    /// (see `cell`). `None` if the key is not found, a slot is not allocated (`n` is being
+    /// (see `seqlock`). `None` if the key is not found, a slot is not allocated (`n` is being
     /// published), or the state cannot be copied ([`SlotState::COPYABLE`]).
     #[inline(always)]
     pub(crate) fn peek(table: &SlotTable<S>, n: usize, fp: u64) -> Option<(&Slot<S>, S, u32)> {
@@ -309,7 +240,7 @@ impl<S: SlotState> Shard<S> {
 
     /// Stores `state` in `slot` and marks its key referenced, as a check that found it there
     /// and charged it would have: for a state read by [`peek`](Self::peek) with no write since
-    /// (see `cell`).
+    /// (see `seqlock`).
     #[inline(always)]
     pub(crate) fn commit(&mut self, slot: &Slot<S>, state: S) {
         slot.mark_referenced();
@@ -486,7 +417,7 @@ impl<S: SlotState> Shard<S> {
     }
 
     /// Doubles the table (at least [`MIN_SLOTS`], at most its full length) and puts every key
-    /// back at its place in it. The slots stay where they are (see `slots`): the new ones are
+    /// back at its place in it. The slots stay where they are (see `segments`): the new ones are
     /// allocated, the keys taken out and placed again.
     #[cold]
     fn grow(&mut self) {
@@ -560,7 +491,7 @@ impl<S: SlotState> Shard<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::memory::slot::SlotState;
+    use crate::store::memory::atomic_state::SlotState;
 
     /// States are `u64`s; 0 is "as good as fresh".
     fn fresh(s: &u64, _tag: u32) -> bool {

@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use super::table::{AnyLocked, AnyTable};
+use super::any_table::{AnyLocked, AnyTable};
 use crate::clock::{Clock, DefaultClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError, StoreErrorKind};
@@ -963,7 +963,7 @@ mod tests {
     #[test]
     fn huge_keys_work_and_cost_no_memory() {
         let (store, _) = store_with(&[tb("a", Quota::per_minute(3))], MemoryBackend::new());
-        // Every shard has its first segment of slots (see `slots`) once it holds a key.
+        // Every shard has its first segment of slots (see `segments`) once it holds a key.
         for k in 0..200 {
             store.check_one(0, &Key::int(k), 1).unwrap();
         }

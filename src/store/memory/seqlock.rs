@@ -10,7 +10,7 @@
 //! So a [`ShardCell`] is also a sequence lock. Its `version` is odd while a [`ShardGuard`] is
 //! alive (every locked access, whatever it writes) and moves on by two each time. A reader
 //! ([`ShardCell::read_unlocked`]) notes an even version, copies the key's slot (fingerprint,
-//! quota tag and state, all atomics: see `slot`) without the lock, and keeps the copy only if
+//! quota tag and state, all atomics: see `slot` and `atomic_state`) without the lock, and keeps the copy only if
 //! the version is the same afterwards: then no locked access overlapped the copy, and it is the
 //! key's state as a locked read at that instant would have seen it. The table answers a refusal
 //! from such a copy (a refusal writes nothing under the lock either). An allowed check decides
@@ -20,7 +20,7 @@
 //! again under the lock. A reader writes no shared memory, so refusals on several cores share
 //! the shard's cache lines instead of trading them.
 //!
-//! The slots never move while the shard lives (see `slots`): a growing table allocates its new
+//! The slots never move while the shard lives (see `segments`): a growing table allocates its new
 //! slots and places its keys again, and publishes its new length under the version, so a
 //! reader needs no reference count or epoch to hold a slot. No `unsafe`: a copy that mixes two
 //! writes is a set of values that were each written, thrown away by the version check, and
@@ -32,9 +32,10 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
 
-use super::shard::{Shard, Slot};
-use super::slot::SlotState;
-use super::slots::SlotTable;
+use super::atomic_state::SlotState;
+use super::segments::SlotTable;
+use super::shard::Shard;
+use super::slot::Slot;
 
 /// Read-only polls of a held shard lock before falling back to parking_lot's own wait.
 const SPINS: u32 = 64;

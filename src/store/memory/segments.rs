@@ -1,5 +1,5 @@
 //! A shard's slots, in segments that are allocated as the table grows and never move or go
-//! away while the shard lives: a reader without the shard's lock (see `cell`) can hold a slot
+//! away while the shard lives: a reader without the shard's lock (see `seqlock`) can hold a slot
 //! without a reference count, and a table that grows keeps its slots where they are (its keys are
 //! taken out into a temporary list and placed again).
 //!
@@ -12,8 +12,8 @@
 use std::ops::Index;
 use std::sync::OnceLock;
 
-use super::shard::Slot;
-use super::slot::SlotState;
+use super::atomic_state::SlotState;
+use super::slot::Slot;
 
 /// Fewest slots in a segment: a shard's first allocation.
 const MIN_SEGMENT: usize = 256;
