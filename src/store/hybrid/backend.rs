@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::plan::LeasePlan;
+use super::lease_plan::LeasePlan;
 use super::stats::HybridStats;
 use super::store::{HybridStore, Inner};
 use super::table::Table;

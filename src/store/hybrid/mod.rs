@@ -185,12 +185,12 @@
 //! ```
 
 mod backend;
-mod plan;
+mod lease_plan;
 mod stats;
 mod store;
 mod table;
 
 pub use backend::{HybridBackend, DEFAULT_MAX_KEYS, DEFAULT_MAX_LEASE, MAX_KEYS};
-pub use plan::MAX_LEASE_TTL_MICROS;
+pub use lease_plan::MAX_LEASE_TTL_MICROS;
 pub use stats::HybridStats;
 pub use store::{HybridFuture, HybridStore};

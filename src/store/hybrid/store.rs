@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 
 use tokio::sync::Notify;
 
-use super::plan::LeasePlan;
+use super::lease_plan::LeasePlan;
 use super::stats::HybridStats;
 use super::table::Table;
 use crate::clock::Clock;

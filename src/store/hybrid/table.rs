@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use super::plan::Demand;
+use super::lease_plan::Demand;
 use crate::decision::Decision;
 use crate::key::Key;
 

@@ -14,7 +14,7 @@ const MIN_KEYS_PER_SHARD: usize = 4_096;
 /// Configuration of the in-memory store: key bound, shard count and clock.
 ///
 /// The layer builder turns it into a [`MemoryStore`] with [`Backend::build`]; see the
-/// [module docs](super) for the design and memory figures.
+/// [module docs](super) for the key bound and memory per key.
 ///
 /// ```
 /// use tollgate::clock::ManualClock;

@@ -74,3 +74,25 @@ impl<S: SlotState> Slot<S> {
         self.fp.store(entry.fp, Relaxed);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::mem::size_of;
+
+    use super::*;
+    use crate::algorithm::{
+        FixedWindowState, GcraState, LeakyBucketState, SlidingLogState, SlidingWindowState,
+        TokenBucketState,
+    };
+
+    #[test]
+    fn a_slot_is_its_fields_and_no_more() {
+        // The figures of docs/internals/memory-store.md ("Memory").
+        assert_eq!(size_of::<Slot<TokenBucketState>>(), 32);
+        assert_eq!(size_of::<Slot<GcraState>>(), 32);
+        assert_eq!(size_of::<Slot<FixedWindowState>>(), 32);
+        assert_eq!(size_of::<Slot<LeakyBucketState>>(), 32);
+        assert_eq!(size_of::<Slot<SlidingWindowState>>(), 40);
+        assert_eq!(size_of::<Slot<SlidingLogState>>(), 64);
+    }
+}

@@ -21,7 +21,8 @@ use crate::store::{Checked, Decisions, LimitCheck, LimitSpec, PlanQuota, Store, 
 /// HTTP layer, [`check_one`](Self::check_one) checks one key against one limit.
 pub struct MemoryStore<C = DefaultClock> {
     limits: Box<[StoreLimit]>,
-    /// Seeded per store: see "Keys" in the module docs. Kept by
+    /// Seeded per store, so that nobody outside can aim keys at one shard (see "Keys" in
+    /// `docs/internals/memory-store.md`). Kept by
     /// [`reconfigure`](Store::reconfigure), so shared tables see the same fingerprints.
     hasher: foldhash::quality::RandomState,
     max_keys: usize,
@@ -80,7 +81,7 @@ impl<C: Clock> MemoryStore<C> {
     /// [`Backend::build`](crate::store::Backend::build)) and charges `cost` if allowed.
     ///
     /// This is the direct API: one clock read, one hash, no lock for a refusal of a held key
-    /// and one for a charge (see the module docs). The decision is attributed to
+    /// and one for a charge. The decision is attributed to
     /// the limit's name. The only error is an out-of-range `limit`. The check is decided at
     /// the limit's quota; [`check_all`](Self::check_all) takes a [`LimitCheck`] with a
     /// [`PlanQuota`] of its own.
@@ -476,7 +477,7 @@ impl<C: Clock> MemoryStore<C> {
     /// The key's fingerprint: one seeded hash of the key. An unscoped IPv4 address or number
     /// (the usual keys) is hashed as one `u128` that says which kind it is, anything else
     /// through `Key`'s `Hash`: distinct keys are distinct inputs either way, so they collide
-    /// only by chance (see "Keys" in the module docs).
+    /// only by chance (see "Keys" in `docs/internals/memory-store.md`).
     #[inline]
     fn fingerprint(&self, key: &Key<'_>) -> u64 {
         use crate::key::KeyValue;
