@@ -1,4 +1,7 @@
-//! [`PlanQuota`]: a quota compiled for one algorithm, chosen per request.
+//! The process-wide registry of plan quotas: it names each distinct quota (algorithm and
+//! [`Quota`]) by a tag, which stores keep beside a key's state, and keeps the quota a tag names
+//! while a layer in service holds it or while it is among the [`KEPT_QUOTAS`] most recently used
+//! (see [`PlanQuota`](super::PlanQuota) for what this promises).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -8,159 +11,46 @@ use std::sync::{Arc, LazyLock};
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
-use crate::algorithm::{
-    Algorithm, AlgorithmKind, FixedWindow, Gcra, LeakyBucket, SlidingLog, SlidingWindow,
-    TokenBucket,
-};
+use super::compiled_algorithm::CompiledAlgorithm;
+use crate::algorithm::AlgorithmKind;
 use crate::error::ConfigError;
 use crate::quota::Quota;
 
-/// A quota compiled for one algorithm: what a [`LimitCheck`](super::LimitCheck) carries when a
-/// request is decided at a quota other than its limit's own (a plan chosen per request, a
-/// per-key override, a limit changed by a policy reload).
-///
-/// Compile it once (when the plan or policy is built) and lend it to every check: a check then
-/// costs the store no parsing or validation. Its algorithm must be the limit's; a store answers
-/// a mismatch with an error rather than guessing.
-///
-/// ```
-/// use tollgate::store::PlanQuota;
-/// use tollgate::{AlgorithmKind, Quota};
-///
-/// let pro = PlanQuota::new(AlgorithmKind::FixedWindow, Quota::per_minute(20)).unwrap();
-/// assert_eq!(pro.capacity(), 20);
-/// assert_eq!(pro.algorithm(), AlgorithmKind::FixedWindow);
-///
-/// // Windows take no burst: the error says so when the plan is built, not per request.
-/// let err = PlanQuota::new(AlgorithmKind::FixedWindow, Quota::per_minute(20).burst(40));
-/// assert!(err.unwrap_err().to_string().contains("burst"));
-/// ```
-///
-/// A key keeps what it spent when the quota it is checked at changes: the store converts its
-/// state with [`Algorithm::rebase`] (see each algorithm's **Plan changes**). To know which
-/// quota a state was written under, every distinct quota (algorithm and [`Quota`]) gets a
-/// number, its *tag*, and stores keep the tag beside the key's state. A tag is never given to
-/// another quota.
-///
-/// The process keeps a tag's quota (a few hundred bytes) while a layer built with it serves
-/// (its limits' and plans' quotas, and its per-key overrides' quotas while each override is
-/// set), and otherwise while it is among the [`KEPT_QUOTAS`] quotas most recently compiled
-/// (`PlanQuota::new`, of a new quota or of one already kept) or released by a layer, so that
-/// keys written under a quota a reload replaced are converted from it when next seen. Memory
-/// is thus bounded by the quotas in force plus `KEPT_QUOTAS`, however many reloads. A key
-/// whose state was written under a quota no longer kept is counted as having spent its whole
-/// budget at the moment it is next checked, under the quota it is checked at: never a fresh
-/// budget (if it is never checked again, its slot may be reused once the state looks refilled
-/// under the limit's own quota).
-///
-/// Compiling takes a process-wide mutex only for a quota not compiled before; checks never
-/// take it (stores read the tags from a snapshot, without a lock).
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct PlanQuota {
-    pub(crate) compiled: CompiledAlgorithm,
-    /// This quota's tag: never 0, which a store keeps for its limit's own quota. Equal quotas
-    /// compiled while it is kept share a tag.
-    pub(crate) tag: u32,
-}
-
-/// How many quotas that no layer in service holds the process keeps (see [`PlanQuota`]).
+/// How many quotas that no layer in service holds the process keeps (see [`PlanQuota`](crate::store::PlanQuota)).
 pub const KEPT_QUOTAS: usize = 1024;
 
-/// One of the six algorithms, built for a quota.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum CompiledAlgorithm {
-    TokenBucket(TokenBucket),
-    Gcra(Gcra),
-    FixedWindow(FixedWindow),
-    SlidingWindow(SlidingWindow),
-    SlidingLog(SlidingLog),
-    LeakyBucket(LeakyBucket),
-}
-
-impl PlanQuota {
-    /// `quota` enforced by `algorithm`, validated as a [`Limit`](crate::Limit) would be.
-    pub fn new(algorithm: AlgorithmKind, quota: Quota) -> Result<Self, ConfigError> {
-        let compiled = match algorithm {
-            AlgorithmKind::TokenBucket => CompiledAlgorithm::TokenBucket(TokenBucket::new(quota)?),
-            AlgorithmKind::Gcra => CompiledAlgorithm::Gcra(Gcra::new(quota)?),
-            AlgorithmKind::FixedWindow => CompiledAlgorithm::FixedWindow(FixedWindow::new(quota)?),
-            AlgorithmKind::SlidingWindow => {
-                CompiledAlgorithm::SlidingWindow(SlidingWindow::new(quota)?)
-            }
-            AlgorithmKind::SlidingLog => CompiledAlgorithm::SlidingLog(SlidingLog::new(quota)?),
-            AlgorithmKind::LeakyBucket => CompiledAlgorithm::LeakyBucket(LeakyBucket::new(quota)?),
-        };
-        let tag = REGISTRY.tag(algorithm, quota, compiled)?;
-        Ok(Self { compiled, tag })
-    }
-
-    /// The quota.
-    pub fn quota(&self) -> &Quota {
-        match &self.compiled {
-            CompiledAlgorithm::TokenBucket(a) => a.quota(),
-            CompiledAlgorithm::Gcra(a) => a.quota(),
-            CompiledAlgorithm::FixedWindow(a) => a.quota(),
-            CompiledAlgorithm::SlidingWindow(a) => a.quota(),
-            CompiledAlgorithm::SlidingLog(a) => a.quota(),
-            CompiledAlgorithm::LeakyBucket(a) => a.quota(),
-        }
-    }
-
-    /// The algorithm enforcing it.
-    pub fn algorithm(&self) -> AlgorithmKind {
-        match &self.compiled {
-            CompiledAlgorithm::TokenBucket(_) => AlgorithmKind::TokenBucket,
-            CompiledAlgorithm::Gcra(_) => AlgorithmKind::Gcra,
-            CompiledAlgorithm::FixedWindow(_) => AlgorithmKind::FixedWindow,
-            CompiledAlgorithm::SlidingWindow(_) => AlgorithmKind::SlidingWindow,
-            CompiledAlgorithm::SlidingLog(_) => AlgorithmKind::SlidingLog,
-            CompiledAlgorithm::LeakyBucket(_) => AlgorithmKind::LeakyBucket,
-        }
-    }
-
-    /// Keeps this quota's tag while the pin lives (see [`PlanQuota`]): a layer pins the quotas
-    /// it serves (limits', plans' and per-key overrides').
-    pub(crate) fn pin(&self) -> QuotaPin {
-        QuotaPin::new(&REGISTRY, self)
-    }
-
-    /// The largest cost one request can be granted under it.
-    pub fn capacity(&self) -> u64 {
-        match &self.compiled {
-            CompiledAlgorithm::TokenBucket(a) => a.capacity(),
-            CompiledAlgorithm::Gcra(a) => a.capacity(),
-            CompiledAlgorithm::FixedWindow(a) => a.capacity(),
-            CompiledAlgorithm::SlidingWindow(a) => a.capacity(),
-            CompiledAlgorithm::SlidingLog(a) => a.capacity(),
-            CompiledAlgorithm::LeakyBucket(a) => a.capacity(),
-        }
-    }
-}
-
-impl fmt::Debug for PlanQuota {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PlanQuota")
-            .field("algorithm", &self.algorithm())
-            .field("quota", self.quota())
-            .finish()
-    }
-}
-
-/// Keeps a quota's tag in the registry while it lives (see [`PlanQuota::pin`]).
+/// Keeps a quota's tag in the registry while it lives (see `PlanQuota::pin`).
 pub(crate) struct QuotaPin {
     tag: u32,
     quotas: &'static Quotas,
 }
 
 impl QuotaPin {
-    fn new(quotas: &'static Quotas, quota: &PlanQuota) -> Self {
-        let key = (quota.algorithm(), *quota.quota());
-        quotas.update(|r| r.pin(quota.tag, key, quota.compiled));
-        Self {
-            tag: quota.tag,
-            quotas,
-        }
+    /// Pins `tag`, the quota `key` compiled as `compiled`.
+    fn new(
+        quotas: &'static Quotas,
+        tag: u32,
+        key: (AlgorithmKind, Quota),
+        compiled: CompiledAlgorithm,
+    ) -> Self {
+        quotas.update(|r| r.pin(tag, key, compiled));
+        Self { tag, quotas }
     }
+}
+
+/// Keeps `tag`, the quota `key` compiled as `compiled`, while the pin lives.
+pub(super) fn pin(tag: u32, key: (AlgorithmKind, Quota), compiled: CompiledAlgorithm) -> QuotaPin {
+    QuotaPin::new(&REGISTRY, tag, key, compiled)
+}
+
+/// The tag of `quota` enforced by `algorithm`, compiled as `compiled`: the kept one, or a new
+/// one.
+pub(super) fn tag(
+    algorithm: AlgorithmKind,
+    quota: Quota,
+    compiled: CompiledAlgorithm,
+) -> Result<u32, ConfigError> {
+    REGISTRY.tag(algorithm, quota, compiled)
 }
 
 impl Drop for QuotaPin {
@@ -175,9 +65,9 @@ impl fmt::Debug for QuotaPin {
     }
 }
 
-/// The quotas kept, by tag and by quota (see [`PlanQuota`]). Changed under a mutex when quotas
+/// The quotas kept, by tag and by quota (see [`PlanQuota`](crate::store::PlanQuota)). Changed under a mutex when quotas
 /// are compiled and layers built or dropped (configuration time); stores and
-/// [`PlanQuota::new`] read a published snapshot of it without a lock.
+/// [`PlanQuota::new`](crate::store::PlanQuota::new) read a published snapshot of it without a lock.
 struct Quotas {
     registry: Mutex<Registry>,
     /// The registry as published: every tag given is in it before the tag is handed out; it
@@ -466,12 +356,12 @@ impl Registry {
     }
 }
 
-/// The algorithm tag `tag` (not 0) names, if it is kept (see [`PlanQuota`]).
+/// The algorithm tag `tag` (not 0) names, if it is kept (see [`PlanQuota`](crate::store::PlanQuota)).
 pub(crate) fn compiled(tag: u32) -> Option<CompiledAlgorithm> {
     REGISTRY.compiled(tag)
 }
 
-/// The number of quotas the process keeps (see [`PlanQuota`]): how tests see its memory.
+/// The number of quotas the process keeps (see [`PlanQuota`](crate::store::PlanQuota)): how tests see its memory.
 #[doc(hidden)]
 pub fn kept_quotas() -> usize {
     REGISTRY.registry.lock().entries.len()
@@ -488,24 +378,13 @@ pub fn with_quota_registry_locked<R>(f: impl FnOnce() -> R) -> R {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::{Gcra, TokenBucket};
 
-    #[test]
-    fn equal_quotas_share_a_tag_and_the_registry_names_them() {
-        let q = Quota::per_minute(7_919);
-        let a = PlanQuota::new(AlgorithmKind::Gcra, q).unwrap();
-        let b = PlanQuota::new(AlgorithmKind::Gcra, q).unwrap();
-        let c = PlanQuota::new(AlgorithmKind::TokenBucket, q).unwrap();
-        let d = PlanQuota::new(AlgorithmKind::Gcra, q.burst(2)).unwrap();
-        assert_eq!(a.tag, b.tag);
-        assert_ne!(a.tag, 0);
-        assert_ne!(a.tag, c.tag);
-        assert_ne!(a.tag, d.tag);
-        assert_eq!(compiled(a.tag), Some(a.compiled));
-        assert_eq!(compiled(c.tag), Some(c.compiled));
-        assert_eq!(compiled(0), None);
-        assert_eq!(compiled(u32::MAX), None);
-        assert_eq!(a, b);
-        assert_ne!(a, c);
+    /// A quota compiled in a registry of a test's own.
+    struct Compiled {
+        tag: u32,
+        compiled: CompiledAlgorithm,
+        quota: Quota,
     }
 
     #[test]
@@ -518,7 +397,11 @@ mod tests {
             let tag = quotas
                 .update(|r| r.intern(AlgorithmKind::TokenBucket, quota, compiled))
                 .unwrap();
-            PlanQuota { compiled, tag }
+            Compiled {
+                tag,
+                compiled,
+                quota,
+            }
         };
         let kept = |tag| quotas.registry.lock().entries.get(&tag).map(|e| e.compiled);
         let a = compile(60);
@@ -536,7 +419,12 @@ mod tests {
         );
 
         // Pinned (a layer in service): kept however many others come.
-        let pin = QuotaPin::new(quotas, &b);
+        let pin = QuotaPin::new(
+            quotas,
+            b.tag,
+            (AlgorithmKind::TokenBucket, b.quota),
+            b.compiled,
+        );
         for n in 100..200 {
             compile(n);
         }
