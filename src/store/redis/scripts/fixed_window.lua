@@ -171,3 +171,8 @@ local function fw_rebase(_, _, now, operiod, _, ocal, period, _, cal, window, co
   end
   return w, count
 end
+
+-- Registered for the dispatch (dispatch.lua).
+ALGORITHMS.fw = {
+  load = fw_load, decide = fw_decide, apply = fw_apply, refund = fw_refund, rebase = fw_rebase,
+}

@@ -140,3 +140,9 @@ local function gcra_rebase(_, _, now, ounit, oper, ocap, unit, per, cap, tat, su
   local q = idiv(steps, per)
   return now + q, steps - q * per
 end
+
+-- Registered for the dispatch (dispatch.lua).
+ALGORITHMS.gcra = {
+  load = gcra_load, decide = gcra_decide, apply = gcra_apply, refund = gcra_refund,
+  check = gcra_check, rebase = gcra_rebase,
+}

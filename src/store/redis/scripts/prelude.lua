@@ -46,6 +46,14 @@ end
 local MARK = ''
 local MARK_LEN = 24
 
+-- Each algorithm's functions, by its name (the `short` of `script_of` in script.rs, also in its
+-- key names): each algorithm's file registers an entry at its end, `{ load, decide, apply, refund,
+-- rebase }`, plus `check` (decide-then-apply in one call) where the algorithm has one, `fast` (a
+-- batch's fused check, see the driver) and `prefetch = false` when a batch must not read its keys
+-- ahead. The dispatch (dispatch.lua) reads them; docs/internals/redis-script.md says what each
+-- takes and returns.
+local ALGORITHMS = {}
+
 -- Values the driver read ahead with one MGET for a batch (key -> string; missing keys and keys
 -- of another type are left out and read below). Each is taken once: a key that appears again in
 -- the batch is read with GET, after the write the first decision made.

@@ -239,3 +239,10 @@ end
 local function sl_rebase(_, _, _, _, _, _, _, _, _, st)
   return st
 end
+
+-- Registered for the dispatch (dispatch.lua). A log is read in pieces, so a batch does not read
+-- its keys ahead (`prefetch = false`).
+ALGORITHMS.sl = {
+  load = sl_load, decide = sl_decide, apply = sl_apply, refund = sl_refund, rebase = sl_rebase,
+  prefetch = false,
+}

@@ -150,3 +150,8 @@ local function sw_rebase(_, _, now, operiod, olimit, _, period, _, _, last, spre
   end
   return t, 0, cur
 end
+
+-- Registered for the dispatch (dispatch.lua).
+ALGORITHMS.sw = {
+  load = sw_load, decide = sw_decide, apply = sw_apply, refund = sw_refund, rebase = sw_rebase,
+}

@@ -32,8 +32,9 @@ local tb_load = load2
 -- write with) is then in L's cell, so before L + cell, and its bucket is full before
 -- L + cell + keep = L + ttl - 2 ms: the key expires no earlier than that. Keeping the TTL never
 -- makes a key live longer than the write that set it allowed; it may expire up to a cell sooner
--- after its last write than before, and only ever once its bucket is full. A key written at least
--- once a cell keeps most of its writes cheap; a sparser one sets the TTL on every write.
+-- after its last write than a key whose every write sets the TTL, and only ever once its bucket
+-- is full. A key written at least once a cell keeps most of its writes cheap; a sparser one sets
+-- the TTL on every write.
 -- Writes by other code (plans, refunds, groups of several limits) all go through tb_store.
 
 -- Writes the state (deficit, last), alive for ttl (ms) past `last`, or, for a deficit above cap
@@ -220,3 +221,15 @@ local function tb_rebase(_, _, now, ounit, oper, ocap, unit, per, cap, deficit, 
   end
   return deficit, last
 end
+
+-- Registered for the dispatch (dispatch.lua): the token bucket, and the leaky-bucket meter, which
+-- is the same arithmetic read as a queue's level (src/algorithm/leaky_bucket.rs wraps a
+-- TokenBucket) under its own key names, without the fused batch path.
+ALGORITHMS.tb = {
+  load = tb_load, decide = tb_decide, apply = tb_apply, refund = tb_refund, check = tb_check,
+  rebase = tb_rebase, fast = tb_fast,
+}
+ALGORITHMS.lb = {
+  load = tb_load, decide = tb_decide, apply = tb_apply, refund = tb_refund, check = tb_check,
+  rebase = tb_rebase,
+}
