@@ -27,29 +27,30 @@ const GCRA: &str = include_str!("scripts/gcra.lua");
 const FIXED_WINDOW: &str = include_str!("scripts/fixed_window.lua");
 const SLIDING_WINDOW: &str = include_str!("scripts/sliding_window.lua");
 const SLIDING_LOG: &str = include_str!("scripts/sliding_log.lua");
+const LEAKY_BUCKET: &str = include_str!("scripts/leaky_bucket.lua");
 
 /// How one algorithm maps onto the script.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct AlgorithmScript {
-    /// Its name: in key names, and the entry of `ALGORITHMS` its Lua file registers its
-    /// functions under.
+    /// Its name: in key names, and in `<name>_algorithm`, the function of its Lua file that
+    /// gives the dispatch its functions.
     pub(crate) short: &'static str,
-    /// The Lua file that defines and registers it.
-    source: &'static str,
+    /// The Lua files that define it, in order.
+    sources: &'static [&'static str],
 }
 
 pub(crate) fn script_of(kind: AlgorithmKind) -> AlgorithmScript {
-    let (short, source) = match kind {
-        AlgorithmKind::TokenBucket => ("tb", TOKEN_BUCKET),
-        AlgorithmKind::Gcra => ("gcra", GCRA),
-        AlgorithmKind::FixedWindow => ("fw", FIXED_WINDOW),
-        AlgorithmKind::SlidingWindow => ("sw", SLIDING_WINDOW),
-        AlgorithmKind::SlidingLog => ("sl", SLIDING_LOG),
+    let (short, sources): (_, &'static [&'static str]) = match kind {
+        AlgorithmKind::TokenBucket => ("tb", &[TOKEN_BUCKET]),
+        AlgorithmKind::Gcra => ("gcra", &[GCRA]),
+        AlgorithmKind::FixedWindow => ("fw", &[FIXED_WINDOW]),
+        AlgorithmKind::SlidingWindow => ("sw", &[SLIDING_WINDOW]),
+        AlgorithmKind::SlidingLog => ("sl", &[SLIDING_LOG]),
         // The leaky-bucket meter is the token bucket's arithmetic read as a queue's level
-        // (src/algorithm/leaky_bucket.rs wraps a TokenBucket): token_bucket.lua registers it.
-        AlgorithmKind::LeakyBucket => ("lb", TOKEN_BUCKET),
+        // (src/algorithm/leaky_bucket.rs wraps a TokenBucket).
+        AlgorithmKind::LeakyBucket => ("lb", &[TOKEN_BUCKET, LEAKY_BUCKET]),
     };
-    AlgorithmScript { short, source }
+    AlgorithmScript { short, sources }
 }
 
 /// A limit as the script sees it.
@@ -171,32 +172,31 @@ pub(crate) fn keep_ttl_window(ttl_ms: u64) -> (u64, i64) {
     )
 }
 
-/// Writes `CONFIG`, the script's one generated chunk: a Lua table of `limits` by configuration
-/// index (from 1 in Lua, from 0 everywhere else), each `{ algorithm, ttl_ms, p1, p2, p3, cell,
-/// keep }`. `ttl_ms` is a string: it only goes to `PX`, and a number would be formatted with
-/// `sprintf` on every write. `cell` and `keep` say when a token bucket's fused batch path keeps
-/// the key's TTL ([`keep_ttl_window`]).
+/// Writes `CONFIG`, the script's one generated piece: a Lua function of a limit's configuration
+/// index returning its algorithm (the `<name>_algorithm` function of its file), `ttl_ms`, `p1`,
+/// `p2`, `p3`, and the `cell` and `keep` of a token bucket's TTL-keeping writes
+/// ([`keep_ttl_window`]); nothing past the last limit. `ttl_ms` is a string: it only goes to
+/// `PX`, and a number would be formatted with `sprintf` on every write. A function of constants
+/// rather than a table, so that a call builds nothing it does not use.
 fn write_config(code: &mut String, limits: &[(AlgorithmKind, ScriptParams)]) {
     use std::fmt::Write;
     code.push_str(
-        "-- This store's limits by configuration index (CONFIG[i + 1] is limit i): the algorithm\n\
-         -- (its entry in ALGORITHMS), ttl_ms, p1, p2, p3, and the cell and refill bound (µs) of a\n\
-         -- token bucket's TTL-keeping writes. Generated from the store's configuration.\n\
-         local CONFIG = {\n",
+        "-- This store's limits, generated from its configuration: CONFIG(i) returns limit i's\n\
+         -- algorithm, ttl_ms, p1, p2, p3, and the cell and refill bound (µs) of a token bucket's\n\
+         -- TTL-keeping writes; nothing past the last limit.\n\
+         local function CONFIG(i)\n",
     );
-    for (kind, p) in limits {
+    for (i, (kind, p)) in limits.iter().enumerate() {
         let (cell, keep) = keep_ttl_window(p.ttl_ms);
+        let [p1, p2, p3] = p.p;
         let _ = writeln!(
             code,
-            "  {{ '{}', '{}', {}, {}, {}, {cell}, {keep} }},",
+            "  if i == {i} then return {}_algorithm, '{}', {p1}, {p2}, {p3}, {cell}, {keep} end",
             script_of(*kind).short,
             p.ttl_ms,
-            p.p[0],
-            p.p[1],
-            p.p[2]
         );
     }
-    code.push_str("}\n");
+    code.push_str("end\n");
 }
 
 impl LuaScript {
@@ -218,11 +218,12 @@ impl LuaScript {
         code.push_str(PRELUDE);
         let mut used: Vec<&'static str> = Vec::with_capacity(limits.len());
         for (kind, _) in limits {
-            let source = script_of(*kind).source;
-            if !used.iter().any(|u| std::ptr::eq(*u, source)) {
-                used.push(source);
-                code.push('\n');
-                code.push_str(source);
+            for &source in script_of(*kind).sources {
+                if !used.iter().any(|u| std::ptr::eq(*u, source)) {
+                    used.push(source);
+                    code.push('\n');
+                    code.push_str(source);
+                }
             }
         }
         code.push('\n');
@@ -502,47 +503,40 @@ mod tests {
         };
         let fw = params(AlgorithmKind::FixedWindow);
         let limits = [
-            (AlgorithmKind::TokenBucket, p),
-            (AlgorithmKind::FixedWindow, fw),
             (AlgorithmKind::LeakyBucket, p),
+            (AlgorithmKind::FixedWindow, fw),
+            (AlgorithmKind::TokenBucket, p),
         ];
         let script = LuaScript::assemble(&limits);
         let [a, b, c] = fw.p;
+        let (cell, keep) = keep_ttl_window(fw.ttl_ms);
         let config = format!(
-            "-- This store's limits by configuration index (CONFIG[i + 1] is limit i): the algorithm\n\
-             -- (its entry in ALGORITHMS), ttl_ms, p1, p2, p3, and the cell and refill bound (µs) of a\n\
-             -- token bucket's TTL-keeping writes. Generated from the store's configuration.\n\
-             local CONFIG = {{\n  \
-             {{ 'tb', '2000', 100000, 1, 2000000, 250000, 1748000 }},\n  \
-             {{ 'fw', '{}', {a}, {b}, {c}, {}, {} }},\n  \
-             {{ 'lb', '2000', 100000, 1, 2000000, 250000, 1748000 }},\n\
-             }}\n",
+            "-- This store's limits, generated from its configuration: CONFIG(i) returns limit i's\n\
+             -- algorithm, ttl_ms, p1, p2, p3, and the cell and refill bound (µs) of a token bucket's\n\
+             -- TTL-keeping writes; nothing past the last limit.\n\
+             local function CONFIG(i)\n  \
+             if i == 0 then return lb_algorithm, '2000', 100000, 1, 2000000, 250000, 1748000 end\n  \
+             if i == 1 then return fw_algorithm, '{}', {a}, {b}, {c}, {cell}, {keep} end\n  \
+             if i == 2 then return tb_algorithm, '2000', 100000, 1, 2000000, 250000, 1748000 end\n\
+             end\n",
             fw.ttl_ms,
-            keep_ttl_window(fw.ttl_ms).0,
-            keep_ttl_window(fw.ttl_ms).1,
         );
-        // The leaky bucket's functions are the token bucket's file, included once.
-        let expected = [
+        // Each file once, in the order of first use; the leaky bucket's after the token bucket's.
+        let files = [
             PRELUDE,
             TOKEN_BUCKET,
+            LEAKY_BUCKET,
             FIXED_WINDOW,
             &config,
             DISPATCH,
-            DRIVER,
-        ]
-        .join("\n");
-        assert_eq!(script.code(), expected);
+        ];
+        assert_eq!(script.code(), [&files[..], &[DRIVER]].concat().join("\n"));
         assert_eq!(script.sha().len(), 40);
         let lease = script.with_driver(LEASE_DRIVER);
-        let expected = [
-            PRELUDE,
-            TOKEN_BUCKET,
-            FIXED_WINDOW,
-            &config,
-            DISPATCH,
-            LEASE_DRIVER,
-        ];
-        assert_eq!(lease.code(), expected.join("\n"));
+        assert_eq!(
+            lease.code(),
+            [&files[..], &[LEASE_DRIVER]].concat().join("\n")
+        );
         assert_ne!(lease.sha(), script.sha());
     }
 
@@ -552,6 +546,7 @@ mod tests {
         let tb = LuaScript::assemble(&[(AlgorithmKind::TokenBucket, p)]);
         assert!(tb.code().contains("local function tb_decide("));
         assert!(!tb.code().contains("local function gcra_decide("));
+        assert!(!tb.code().contains("local function lb_algorithm("));
         let again = LuaScript::assemble(&[(AlgorithmKind::TokenBucket, p)]);
         assert_eq!(again.sha(), tb.sha(), "same configuration, same script");
         let other =
@@ -559,77 +554,74 @@ mod tests {
         assert_ne!(other.sha(), tb.sha());
     }
 
-    /// The entries `short` registers in `ALGORITHMS` (`name = value` pairs), from its file.
-    fn registration(kind: AlgorithmKind) -> Vec<(String, String)> {
-        let AlgorithmScript { short, source } = script_of(kind);
-        let head = format!("\nALGORITHMS.{short} = {{");
+    /// What `<short>_algorithm()` returns for `kind`, from its file: load, decide, apply, refund,
+    /// rebase, check, fast, and whether a batch may read its keys ahead.
+    fn registration(kind: AlgorithmKind) -> Vec<String> {
+        let AlgorithmScript { short, sources } = script_of(kind);
+        let source = sources.last().expect("a file");
+        let head = format!("\nlocal function {short}_algorithm()\n  return ");
         let at = source
             .find(&head)
-            .unwrap_or_else(|| panic!("{kind} registers {short}"));
+            .unwrap_or_else(|| panic!("{kind} defines {short}_algorithm"));
         let body = &source[at + head.len()..];
-        let body = &body[..body.find('}').expect("a closed table")];
-        body.split(',')
-            .map(str::trim)
-            .filter(|e| !e.is_empty())
-            .map(|e| {
-                let (name, value) = e.split_once('=').expect("name = value");
-                (name.trim().to_owned(), value.trim().to_owned())
-            })
-            .collect()
+        let body = &body[..body.find('\n').expect("one line")];
+        body.split(',').map(|v| v.trim().to_owned()).collect()
     }
 
     #[test]
-    fn every_algorithm_registers_what_the_dispatch_calls() {
+    fn every_algorithm_gives_the_dispatch_what_it_calls() {
         for kind in AlgorithmKind::ALL {
-            let source = script_of(kind).source;
-            let entries = registration(kind);
-            let names: Vec<&str> = entries.iter().map(|(n, _)| n.as_str()).collect();
-            for required in ["load", "decide", "apply", "refund", "rebase"] {
-                assert!(names.contains(&required), "{kind} registers no {required}");
+            let code: String = script_of(kind).sources.concat();
+            let returned = registration(kind);
+            let [load, decide, apply, refund, rebase, check, fast, ahead] = &returned[..] else {
+                panic!("{kind}: eight values, got {returned:?}");
+            };
+            let defined = |f: &str| {
+                let def = |c: &str| {
+                    c.contains(&format!("local function {f}("))
+                        || c.contains(&format!("local {f} = "))
+                };
+                def(&code) || def(PRELUDE)
+            };
+            for f in [load, decide, apply, refund, rebase] {
+                assert!(defined(f), "{kind}: {f}");
             }
-            for (name, value) in &entries {
-                match name.as_str() {
-                    "prefetch" => assert_eq!(value, "false", "{kind}"),
-                    "load" | "decide" | "apply" | "refund" | "rebase" | "check" | "fast" => {
-                        let defined = |code: &str| {
-                            code.contains(&format!("local function {value}("))
-                                || code.contains(&format!("local {value} = "))
-                        };
-                        assert!(defined(source) || defined(PRELUDE), "{kind}: {value}");
-                    }
-                    other => panic!("{kind} registers {other}, which the dispatch never reads"),
-                }
-            }
-            // A batch reads ahead unless a sliding log is configured; only a token bucket has
-            // the fused batch path.
-            assert_eq!(
-                names.contains(&"prefetch"),
-                kind == AlgorithmKind::SlidingLog,
-                "{kind}"
-            );
-            assert_eq!(
-                names.contains(&"fast"),
-                kind == AlgorithmKind::TokenBucket,
-                "{kind}"
-            );
-            let check = matches!(
+            // Only the buckets decide and apply in one call; only the token bucket has the
+            // fused batch path; a batch reads ahead unless a sliding log is configured.
+            let buckets = matches!(
                 kind,
                 AlgorithmKind::TokenBucket | AlgorithmKind::Gcra | AlgorithmKind::LeakyBucket
             );
-            assert_eq!(names.contains(&"check"), check, "{kind}");
+            assert_eq!(check != "false", buckets, "{kind}: {check}");
+            assert!(check == "false" || defined(check), "{kind}: {check}");
+            assert_eq!(
+                fast != "false",
+                kind == AlgorithmKind::TokenBucket,
+                "{kind}"
+            );
+            assert!(fast == "false" || defined(fast), "{kind}: {fast}");
+            let expected = if kind == AlgorithmKind::SlidingLog {
+                "false"
+            } else {
+                "true"
+            };
+            assert_eq!(ahead, expected, "{kind}");
         }
-        // Defined before the driver reads them.
+        // Defined before they are read.
         let all: Vec<_> = AlgorithmKind::ALL
             .into_iter()
             .map(|k| (k, params(k)))
             .collect();
         let code = LuaScript::assemble(&all).code().to_owned();
         let at = |s: &str| code.find(s).unwrap_or_else(|| panic!("{s}"));
-        assert!(at("local ALGORITHMS = {}") < at("ALGORITHMS.tb = {"));
-        assert!(at("ALGORITHMS.sl = {") < at("local CONFIG = {"));
-        assert!(at("local CONFIG = {") < at("local function LIMIT(i)"));
-        assert!(at("local PREFETCH = true") < at("if PREFETCH and"));
-        assert!(at("local FAST,") < at("local packed = FAST"));
+        for kind in AlgorithmKind::ALL {
+            let short = script_of(kind).short;
+            let defined = at(&format!("local function {short}_algorithm()"));
+            assert!(defined < at("local function CONFIG(i)"), "{kind}");
+        }
+        assert!(at("local function CONFIG(i)") < at("local function LIMIT(i)"));
+        assert!(at("local function batch_paths()") < at("= batch_paths()"));
+        assert!(at("local PREFETCH, FAST,") < at("local packed = FAST"));
     }
 
     #[test]

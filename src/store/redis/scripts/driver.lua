@@ -4,6 +4,7 @@
 local KEYS, ARGV = KEYS, ARGV
 local node = ARGV[1] == 'n'
 if node then
+  PREFETCH, FAST, FAST_TTL, FAST_P1, FAST_P2, FAST_P3, FAST_CELL, FAST_KEEP = batch_paths()
   local nkeys = tonumber(ARGV[2])
   local keys, argv = {}, {}
   for i = 1, nkeys do
@@ -136,6 +137,9 @@ local function single(key, lim, cost, now, at, plan)
 end
 
 if ARGV[1] == 'b' then
+  if not node then
+    PREFETCH, FAST, FAST_TTL, FAST_P1, FAST_P2, FAST_P3, FAST_CELL, FAST_KEEP = batch_paths()
+  end
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   out[1] = struct.pack('<i8', now)

@@ -172,7 +172,9 @@ local function fw_rebase(_, _, now, operiod, _, ocal, period, _, cal, window, co
   return w, count
 end
 
--- Registered for the dispatch (dispatch.lua).
-ALGORITHMS.fw = {
-  load = fw_load, decide = fw_decide, apply = fw_apply, refund = fw_refund, rebase = fw_rebase,
-}
+
+-- The fixed window for the dispatch (dispatch.lua): load, decide, apply, refund, rebase, check,
+-- fast, and whether a batch may read its keys ahead.
+local function fw_algorithm()
+  return fw_load, fw_decide, fw_apply, fw_refund, fw_rebase, false, false, true
+end

@@ -141,8 +141,9 @@ local function gcra_rebase(_, _, now, ounit, oper, ocap, unit, per, cap, tat, su
   return now + q, steps - q * per
 end
 
--- Registered for the dispatch (dispatch.lua).
-ALGORITHMS.gcra = {
-  load = gcra_load, decide = gcra_decide, apply = gcra_apply, refund = gcra_refund,
-  check = gcra_check, rebase = gcra_rebase,
-}
+
+-- GCRA for the dispatch (dispatch.lua): load, decide, apply, refund, rebase, check, fast, and
+-- whether a batch may read its keys ahead.
+local function gcra_algorithm()
+  return gcra_load, gcra_decide, gcra_apply, gcra_refund, gcra_rebase, gcra_check, false, true
+end

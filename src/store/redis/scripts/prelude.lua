@@ -46,13 +46,11 @@ end
 local MARK = ''
 local MARK_LEN = 24
 
--- Each algorithm's functions, by its name (the `short` of `script_of` in script.rs, also in its
--- key names): each algorithm's file registers an entry at its end, `{ load, decide, apply, refund,
--- rebase }`, plus `check` (decide-then-apply in one call) where the algorithm has one, `fast` (a
--- batch's fused check, see the driver) and `prefetch = false` when a batch must not read its keys
--- ahead. The dispatch (dispatch.lua) reads them; docs/internals/redis-script.md says what each
--- takes and returns.
-local ALGORITHMS = {}
+-- Each algorithm's file ends with `<name>_algorithm()` (its name as in script.rs's `script_of`
+-- and in its keys), returning its functions for the dispatch (dispatch.lua): load, decide, apply,
+-- refund, rebase, then check (decide-then-apply in one call) and fast (a batch's fused check) or
+-- false, and whether a batch may read its keys ahead. docs/internals/redis-script.md says what
+-- each takes and returns.
 
 -- Values the driver read ahead with one MGET for a batch (key -> string; missing keys and keys
 -- of another type are left out and read below). Each is taken once: a key that appears again in

@@ -240,9 +240,9 @@ local function sl_rebase(_, _, _, _, _, _, _, _, _, st)
   return st
 end
 
--- Registered for the dispatch (dispatch.lua). A log is read in pieces, so a batch does not read
--- its keys ahead (`prefetch = false`).
-ALGORITHMS.sl = {
-  load = sl_load, decide = sl_decide, apply = sl_apply, refund = sl_refund, rebase = sl_rebase,
-  prefetch = false,
-}
+
+-- The sliding log for the dispatch (dispatch.lua): load, decide, apply, refund, rebase, check,
+-- fast, and whether a batch may read its keys ahead: not a log, which is read in pieces.
+local function sl_algorithm()
+  return sl_load, sl_decide, sl_apply, sl_refund, sl_rebase, false, false, false
+end

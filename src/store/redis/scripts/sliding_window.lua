@@ -151,7 +151,9 @@ local function sw_rebase(_, _, now, operiod, olimit, _, period, _, _, last, spre
   return t, 0, cur
 end
 
--- Registered for the dispatch (dispatch.lua).
-ALGORITHMS.sw = {
-  load = sw_load, decide = sw_decide, apply = sw_apply, refund = sw_refund, rebase = sw_rebase,
-}
+
+-- The sliding window counter for the dispatch (dispatch.lua): load, decide, apply, refund,
+-- rebase, check, fast, and whether a batch may read its keys ahead.
+local function sw_algorithm()
+  return sw_load, sw_decide, sw_apply, sw_refund, sw_rebase, false, false, true
+end

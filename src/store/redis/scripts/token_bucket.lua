@@ -222,14 +222,9 @@ local function tb_rebase(_, _, now, ounit, oper, ocap, unit, per, cap, deficit, 
   return deficit, last
 end
 
--- Registered for the dispatch (dispatch.lua): the token bucket, and the leaky-bucket meter, which
--- is the same arithmetic read as a queue's level (src/algorithm/leaky_bucket.rs wraps a
--- TokenBucket) under its own key names, without the fused batch path.
-ALGORITHMS.tb = {
-  load = tb_load, decide = tb_decide, apply = tb_apply, refund = tb_refund, check = tb_check,
-  rebase = tb_rebase, fast = tb_fast,
-}
-ALGORITHMS.lb = {
-  load = tb_load, decide = tb_decide, apply = tb_apply, refund = tb_refund, check = tb_check,
-  rebase = tb_rebase,
-}
+
+-- The token bucket for the dispatch (dispatch.lua): load, decide, apply, refund, rebase, check,
+-- fast, and whether a batch may read its keys ahead.
+local function tb_algorithm()
+  return tb_load, tb_decide, tb_apply, tb_refund, tb_rebase, tb_check, tb_fast, true
+end
