@@ -26,8 +26,11 @@ pub(crate) struct Job {
     pub(crate) deadline: Instant,
     /// The hash slot of the group's keys (Cluster; 0 on a single node).
     pub(crate) slot: u16,
-    pub(crate) reply: oneshot::Sender<(Group, Result<Ints, BatchError>)>,
+    pub(crate) reply: oneshot::Sender<Answer>,
 }
+
+/// A job's answer: its group, and its part of the reply or why there is none.
+pub(crate) type Answer = (Group, Result<Ints, BatchError>);
 
 /// Why a batched call failed.
 #[derive(Debug, Clone)]
@@ -331,7 +334,7 @@ mod tests {
         limits: usize,
         slot: u16,
         script: &Arc<LuaScript>,
-    ) -> (Job, oneshot::Receiver<(Group, Result<Ints, BatchError>)>) {
+    ) -> (Job, oneshot::Receiver<Answer>) {
         let (reply, rx) = oneshot::channel();
         let group = Group {
             keys: vec![key.to_owned(); limits],
@@ -397,7 +400,7 @@ mod tests {
         // The time once, then five integers per job.
         answer(jobs, Ok(vec![100, 1, 9, 10, 0, 0, 0, 0, 20, 30, 0]));
         let ints = |rx: &mut oneshot::Receiver<_>| {
-            let (_, result): (Group, Result<Ints, BatchError>) = rx.try_recv().unwrap();
+            let (_, result): Answer = rx.try_recv().unwrap();
             result.unwrap().to_vec()
         };
         assert_eq!(ints(&mut ra), [100, 1, 9, 10, 0, 0]);

@@ -24,7 +24,7 @@ use crate::store::{Decisions, MAX_LIMITS};
 /// A group as Redis answered it, with its check positions (empty: every check, in order).
 type Reply = (Group, Vec<usize>, Result<Ints, StoreError>);
 
-/// The replies of a plan's groups, in its order.
+/// The replies of a request's script calls, in their order.
 type Replies = std::iter::Chain<std::option::IntoIter<Reply>, std::vec::IntoIter<Reply>>;
 
 /// A group Redis charged for a request whose limits span several hash slots: refunded if

@@ -42,7 +42,7 @@ pub(super) fn positions_of<'p>(group: &Group, positions: &'p [usize]) -> &'p [us
 
 thread_local! {
     /// The buffer a request's keys are encoded in (see [`KeyEncoder::encode`]), kept per thread
-    /// so that planning a request allocates nothing for it.
+    /// so that routing a request allocates nothing for it.
     static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 

@@ -200,8 +200,8 @@ impl Store for RedisStore {
     /// settings (and the local fallback's counters, for `Local` limits of the same name), with
     /// its own script. Redis keys are named by the limit's name and algorithm, so every limit of
     /// the same name and algorithm keeps its counters; a limit whose quota changed keeps what
-    /// each key spent (as a plan change does: see [`PlanQuota`]), new limits start fresh, and
-    /// the keys of limits that are gone expire.
+    /// each key spent (as a plan change does: see [`PlanQuota`](crate::store::PlanQuota)), new
+    /// limits start fresh, and the keys of limits that are gone expire.
     ///
     /// ```no_run
     /// use tollgate::store::redis::RedisBackend;
