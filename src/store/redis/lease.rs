@@ -4,7 +4,6 @@
 //!
 //! The lease script is this store's script with `scripts/lease.lua` in place of the driver, so
 //! a lease runs the very functions (load, decide, apply, refund) a check runs, on the same keys.
-//! A child of `store` so that it uses the store's connection handling as it is.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -12,21 +11,19 @@ use std::time::Duration;
 
 use redis::{ErrorKind, ServerErrorKind, Value};
 
-use super::{kind_of, unix_micros, Fallback, Inner, LocalCheck, RedisStore};
+use super::call::{kind_of, unix_micros};
+use super::conn::Conn;
+use super::fallback::{Fallback, LocalCheck};
+use super::script::{LuaScript, LEASE_DRIVER};
+use super::store::{Inner, RedisStore};
 use crate::decision::Decision;
 use crate::error::{StoreError, StoreErrorKind};
 use crate::key::Key;
 use crate::store::{Decisions, FailurePolicy, LimitCheck, MAX_LIMITS};
 
-const DRIVER: &str = include_str!("scripts/driver.lua");
-const LEASE: &str = include_str!("scripts/lease.lua");
-
-/// A store's lease script: its source and SHA-1.
+/// A store's lease script: its script with `scripts/lease.lua` in place of the driver.
 #[derive(Debug, Clone)]
-pub(crate) struct LeaseScript {
-    code: String,
-    sha: String,
-}
+pub(crate) struct LeaseScript(LuaScript);
 
 /// One lease call.
 #[derive(Debug, Clone, Copy)]
@@ -46,7 +43,8 @@ pub(crate) struct LeaseRequest<'k, 'a> {
     /// Units admitted locally while Redis was unreachable, charged first.
     pub(crate) owed: u64,
     /// Units the caller knows the key had spent at Redis time `known_at` (µs), charged at that
-    /// time if the key's state is gone (see `scripts/lease.lua`); 0: nothing known.
+    /// time if the key's state is gone (see "The lease call" in `docs/internals/redis-script.md`);
+    /// 0: nothing known.
     pub(crate) known_spent: u64,
     /// Redis time (µs) of what `known_spent` says.
     pub(crate) known_at: u64,
@@ -68,17 +66,13 @@ pub(crate) struct LeaseReply {
 
 impl RedisStore {
     /// The lease script for this store's limits, loaded on the current runtime's connection in
-    /// the background. `None` if the store's script is not laid out as expected.
+    /// the background. Always `Some`.
     pub(crate) fn lease_script(&self) -> Option<LeaseScript> {
-        let base = self.inner.script.code();
-        let body = base.strip_suffix(DRIVER)?;
-        let code = format!("{body}{LEASE}");
-        let sha = redis::Script::new(&code).get_hash().to_owned();
-        let script = LeaseScript { code, sha };
+        let script = LeaseScript(self.inner.script.with_driver(LEASE_DRIVER));
         if !self.inner.cluster && tokio::runtime::Handle::try_current().is_ok() {
             if let Ok(handle) = self.inner.handle() {
                 let mut load = redis::cmd("SCRIPT");
-                load.arg("LOAD").arg(&script.code);
+                load.arg("LOAD").arg(script.0.code());
                 tokio::spawn(async move {
                     let _ = handle.conn.query(&load).await;
                 });
@@ -189,20 +183,15 @@ impl RedisStore {
         for (slot, c) in limits.iter_mut().zip(checks) {
             *slot = c.limit;
         }
-        let fallback = Fallback {
-            limits,
-            n: checks.len().min(MAX_LIMITS),
-            got: [None; MAX_LIMITS],
-            error: Some(error),
-            applied: Vec::new(),
-        };
+        let mut fallback = Fallback::new(limits, checks.len().min(MAX_LIMITS));
+        fallback.error = Some(error);
         let local: Vec<LocalCheck<'_>> = checks.iter().map(LocalCheck::from).collect();
         self.inner.degrade(fallback, &local)
     }
 }
 
 async fn send(
-    conn: &super::super::conn::Conn,
+    conn: &Conn,
     script: &LeaseScript,
     key: &str,
     req: &LeaseRequest<'_, '_>,
@@ -234,12 +223,12 @@ async fn send(
             .arg(req.known_until);
     };
     let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(&script.sha);
+    cmd.arg(script.0.sha());
     pack(&mut cmd);
     let value = match conn.query(&cmd).await {
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
             let mut cmd = redis::cmd("EVAL");
-            cmd.arg(&script.code);
+            cmd.arg(script.0.code());
             pack(&mut cmd);
             conn.query(&cmd).await
         }
@@ -315,6 +304,7 @@ fn parse(inner: &Arc<Inner>, limit: usize, r: &[i64]) -> Result<Option<LeaseRepl
 
 #[cfg(test)]
 mod tests {
+    use super::LEASE_DRIVER;
     use crate::algorithm::AlgorithmKind;
     use crate::store::redis::RedisBackend;
     use crate::store::{Backend, FailurePolicy, LimitSpec};
@@ -322,8 +312,8 @@ mod tests {
 
     #[test]
     fn every_store_script_has_a_lease_variant() {
-        // The lease script replaces the check driver at the end of the store's script; if the
-        // script's layout changes, the hybrid store would check everything plainly.
+        // The lease script is the store's script with the lease driver in place of the check
+        // driver, for every algorithm.
         let limits: Vec<LimitSpec> = AlgorithmKind::ALL
             .into_iter()
             .enumerate()
@@ -336,8 +326,9 @@ mod tests {
             .build(&limits)
             .unwrap();
         let script = store.lease_script().expect("a lease script");
-        assert!(script.code.ends_with(super::LEASE));
-        assert!(!script.code.contains("local refund = ARGV[1] == 'r'"));
-        assert_eq!(script.sha.len(), 40);
+        assert!(script.0.code().ends_with(LEASE_DRIVER));
+        assert!(!script.0.code().contains("local refund = ARGV[1] == 'r'"));
+        assert!(script.0.code().contains("local function LIMIT(i)"));
+        assert_eq!(script.0.sha().len(), 40);
     }
 }

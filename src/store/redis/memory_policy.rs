@@ -3,12 +3,10 @@
 //! give an exhausted client a fresh budget, so it is logged loudly and exposed in
 //! [`RedisStats::maxmemory_policy`](super::RedisStats::maxmemory_policy).
 
-use std::sync::Weak;
-
 use redis::Value;
 
 use super::conn::Conn;
-use super::store::Inner;
+use super::stats::RedisStats;
 
 /// Whether `policy` may evict limiter keys.
 pub(crate) fn evicts_limiter_keys(policy: &str) -> bool {
@@ -16,9 +14,9 @@ pub(crate) fn evicts_limiter_keys(policy: &str) -> bool {
 }
 
 /// Reads `maxmemory-policy` (on one node; in a Cluster every master should be configured alike)
-/// and records it; warns when it can evict limiter keys. A server that refuses `CONFIG` (renamed
+/// and records it in `stats`; warns when it can evict limiter keys. A server that refuses `CONFIG` (renamed
 /// or ACL-restricted, as on some managed services) is logged at debug level and left unknown.
-pub(crate) async fn check(conn: &Conn, store: &Weak<Inner>) {
+pub(crate) async fn check(conn: &Conn, stats: &RedisStats) {
     let mut cmd = redis::cmd("CONFIG");
     cmd.arg("GET").arg("maxmemory-policy");
     let policy = match conn.query(&cmd).await {
@@ -37,9 +35,7 @@ pub(crate) async fn check(conn: &Conn, store: &Weak<Inner>) {
             "redis may evict rate-limit keys under memory pressure, and an evicted key is a fresh budget; set maxmemory-policy noeviction (or give the limiter its own Redis)"
         );
     }
-    if let Some(inner) = store.upgrade() {
-        inner.stats.set_maxmemory_policy(policy);
-    }
+    stats.set_maxmemory_policy(policy);
 }
 
 /// The value of a `CONFIG GET` reply (`[name, value]`, or a map in RESP3).

@@ -1,8 +1,10 @@
 //! The Lua side: per-limit parameters, script assembly, packing a call and parsing its reply.
 //!
-//! Each algorithm has one script in `scripts/` mirroring its Rust transition; a store's script is
-//! the prelude, the scripts of the algorithms it uses, and the driver (which decides a group of
-//! limits all-or-nothing). See `scripts/driver.lua` for the argument layout.
+//! A store's script is the concatenation of files in `scripts/` and one generated chunk, in this
+//! order: `prelude.lua`, the file of each algorithm its limits use (each once), `CONFIG` (this
+//! store's limits as data, written by [`LuaScript::assemble`]), `dispatch.lua` and `driver.lua`
+//! (or `lease.lua`, for the hybrid store's leases). The call protocol, the order of the files and
+//! what adding an algorithm takes are described in `docs/internals/redis-script.md`.
 
 use std::time::Duration;
 
@@ -16,48 +18,44 @@ use crate::store::plan_quota::CompiledAlgorithm;
 use crate::store::{LimitSpec, PlanQuota, MAX_LIMITS};
 
 const PRELUDE: &str = include_str!("scripts/prelude.lua");
+const DISPATCH: &str = include_str!("scripts/dispatch.lua");
 const DRIVER: &str = include_str!("scripts/driver.lua");
+/// The hybrid store's lease driver, run in place of `driver.lua` (see `super::lease`).
+pub(crate) const LEASE_DRIVER: &str = include_str!("scripts/lease.lua");
 const TOKEN_BUCKET: &str = include_str!("scripts/token_bucket.lua");
 const GCRA: &str = include_str!("scripts/gcra.lua");
 const FIXED_WINDOW: &str = include_str!("scripts/fixed_window.lua");
 const SLIDING_WINDOW: &str = include_str!("scripts/sliding_window.lua");
 const SLIDING_LOG: &str = include_str!("scripts/sliding_log.lua");
+const LEAKY_BUCKET: &str = include_str!("scripts/leaky_bucket.lua");
 
-/// How one algorithm maps onto its script.
+/// How one algorithm maps onto the script.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct AlgorithmScript {
-    /// Index in the script's dispatch tables.
-    pub(crate) code: u8,
-    /// Short name used in key names.
+    /// Its name: in key names, and in `<name>_algorithm`, the function of its Lua file that
+    /// gives the dispatch its functions.
     pub(crate) short: &'static str,
-    /// Prefix of the Lua functions that implement it (`{functions}_decide`, ...).
-    functions: &'static str,
-    source: &'static str,
+    /// The Lua files that define it, in order.
+    sources: &'static [&'static str],
 }
 
 pub(crate) fn script_of(kind: AlgorithmKind) -> AlgorithmScript {
-    let (code, short, functions, source) = match kind {
-        AlgorithmKind::TokenBucket => (1, "tb", "tb", TOKEN_BUCKET),
-        AlgorithmKind::Gcra => (2, "gcra", "gcra", GCRA),
-        AlgorithmKind::FixedWindow => (3, "fw", "fw", FIXED_WINDOW),
-        AlgorithmKind::SlidingWindow => (4, "sw", "sw", SLIDING_WINDOW),
-        AlgorithmKind::SlidingLog => (5, "sl", "sl", SLIDING_LOG),
+    let (short, sources): (_, &'static [&'static str]) = match kind {
+        AlgorithmKind::TokenBucket => ("tb", &[TOKEN_BUCKET]),
+        AlgorithmKind::Gcra => ("gcra", &[GCRA]),
+        AlgorithmKind::FixedWindow => ("fw", &[FIXED_WINDOW]),
+        AlgorithmKind::SlidingWindow => ("sw", &[SLIDING_WINDOW]),
+        AlgorithmKind::SlidingLog => ("sl", &[SLIDING_LOG]),
         // The leaky-bucket meter is the token bucket's arithmetic read as a queue's level
-        // (src/algorithm/leaky_bucket.rs wraps a TokenBucket): same functions, own key names.
-        AlgorithmKind::LeakyBucket => (6, "lb", "tb", TOKEN_BUCKET),
+        // (src/algorithm/leaky_bucket.rs wraps a TokenBucket).
+        AlgorithmKind::LeakyBucket => ("lb", &[TOKEN_BUCKET, LEAKY_BUCKET]),
     };
-    AlgorithmScript {
-        code,
-        short,
-        functions,
-        source,
-    }
+    AlgorithmScript { short, sources }
 }
 
 /// A limit as the script sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ScriptParams {
-    pub(crate) code: u8,
     pub(crate) ttl_ms: u64,
     pub(crate) p: [u64; 3],
 }
@@ -97,7 +95,6 @@ impl QuotaArg {
         };
         Self {
             params: ScriptParams {
-                code: script_of(quota.algorithm()).code,
                 ttl_ms: idle.div_ceil(1000).max(1),
                 p,
             },
@@ -156,6 +153,8 @@ pub(crate) fn limit_info(spec: &LimitSpec, name_enc: String) -> Result<LimitInfo
 pub(crate) struct LuaScript {
     code: String,
     sha: String,
+    /// Where the driver starts in `code`.
+    driver_at: usize,
 }
 
 /// How far past `ttl_ms` the TTL-keeping writes of `tb_fast` may be: (the cell, the longest
@@ -173,81 +172,88 @@ pub(crate) fn keep_ttl_window(ttl_ms: u64) -> (u64, i64) {
     )
 }
 
+/// Writes `CONFIG`, the script's one generated piece: a Lua function of a limit's configuration
+/// index returning its algorithm (the `<name>_algorithm` function of its file), `ttl_ms`, `p1`,
+/// `p2`, `p3`, and the `cell` and `keep` of a token bucket's TTL-keeping writes
+/// ([`keep_ttl_window`]); nothing past the last limit. `ttl_ms` is a string: it only goes to
+/// `PX`, and a number would be formatted with `sprintf` on every write. A function of constants
+/// rather than a table, so that a call builds nothing it does not use.
+fn write_config(code: &mut String, limits: &[(AlgorithmKind, ScriptParams)]) {
+    use std::fmt::Write;
+    code.push_str(
+        "-- This store's limits, generated from its configuration: CONFIG(i) returns limit i's\n\
+         -- algorithm, ttl_ms, p1, p2, p3, and the cell and refill bound (µs) of a token bucket's\n\
+         -- TTL-keeping writes; nothing past the last limit.\n\
+         local function CONFIG(i)\n",
+    );
+    for (i, (kind, p)) in limits.iter().enumerate() {
+        let (cell, keep) = keep_ttl_window(p.ttl_ms);
+        let [p1, p2, p3] = p.p;
+        let _ = writeln!(
+            code,
+            "  if i == {i} then return {}_algorithm, '{}', {p1}, {p2}, {p3}, {cell}, {keep} end",
+            script_of(*kind).short,
+            p.ttl_ms,
+        );
+    }
+    code.push_str("end\n");
+}
+
 impl LuaScript {
-    /// The prelude, the scripts of the algorithms `limits` use, `LIMIT` (each limit's
-    /// parameters, as constants) and the driver. The SHA therefore names one configuration.
+    /// The script of a store deciding `limits`.
+    pub(crate) fn for_limits(limits: &[LimitInfo]) -> Self {
+        Self::assemble(
+            &limits
+                .iter()
+                .map(|info| (info.algorithm, info.params))
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    /// The prelude, the files of the algorithms `limits` use (each once, in the order of first
+    /// use), `CONFIG` (each limit's algorithm and parameters, as constants), the dispatch and the
+    /// driver. The SHA therefore names one configuration.
     pub(crate) fn assemble(limits: &[(AlgorithmKind, ScriptParams)]) -> Self {
-        use std::fmt::Write;
-        let mut used: Vec<AlgorithmScript> = limits.iter().map(|(k, _)| script_of(*k)).collect();
-        used.sort_by_key(|s| s.functions);
-        used.dedup_by_key(|s| s.functions);
         let mut code = String::with_capacity(8 * 1024);
         code.push_str(PRELUDE);
-        for s in &used {
-            code.push('\n');
-            code.push_str(s.source);
-        }
-        code.push_str(
-            "\n-- This store's limits by configuration index: the algorithm's load, decide, apply,\n\
-             -- refund and check (or false), then ttl_ms (a string: it only goes to PX, and a\n\
-             -- number would be formatted with sprintf on every write), p1, p2, p3.\n\
-             local function LIMIT(i)\n",
-        );
-        for (i, (k, p)) in limits.iter().enumerate() {
-            let a = script_of(*k).functions;
-            let check = if matches!(
-                k,
-                AlgorithmKind::TokenBucket | AlgorithmKind::Gcra | AlgorithmKind::LeakyBucket
-            ) {
-                format!("{a}_check")
-            } else {
-                "false".to_owned()
-            };
-            let _ = writeln!(
-                code,
-                "  if i == {i} then return {a}_load, {a}_decide, {a}_apply, {a}_refund, {check}, '{}', {}, {}, {} end",
-                p.ttl_ms, p.p[0], p.p[1], p.p[2]
-            );
-        }
-        code.push_str("  error('tollgate: unknown limit ' .. tostring(i))\nend\n\n");
-        code.push_str("-- Each limit's plan change (see `Algorithm::rebase`), by configuration index.\nlocal function REBASE(i)\n");
-        for (i, (k, _)) in limits.iter().enumerate() {
-            let _ = writeln!(
-                code,
-                "  if i == {i} then return {}_rebase end",
-                script_of(*k).functions
-            );
-        }
-        code.push_str("  error('tollgate: unknown limit ' .. tostring(i))\nend\n\n");
-        // A batch reads every key with one MGET unless a limit is a sliding log (driver.lua).
-        let prefetch = !limits
-            .iter()
-            .any(|(k, _)| matches!(k, AlgorithmKind::SlidingLog));
-        let _ = writeln!(
-            code,
-            "-- Whether a batch reads its keys ahead with one MGET.\nlocal PREFETCH = {prefetch}\n"
-        );
-        // A batch's checks of limit 0 at its own parameters take the fused path of a token
-        // bucket (driver.lua), which reads only what the batch read ahead.
-        let fast = match limits.first() {
-            Some((AlgorithmKind::TokenBucket, p)) if prefetch => {
-                let (cell, keep) = keep_ttl_window(p.ttl_ms);
-                format!(
-                    "tb_fast, '{}', {}, {}, {}, {cell}, {keep}",
-                    p.ttl_ms, p.p[0], p.p[1], p.p[2]
-                )
+        let mut used: Vec<&'static str> = Vec::with_capacity(limits.len());
+        for (kind, _) in limits {
+            for &source in script_of(*kind).sources {
+                if !used.iter().any(|u| std::ptr::eq(*u, source)) {
+                    used.push(source);
+                    code.push('\n');
+                    code.push_str(source);
+                }
             }
-            _ => "false".to_owned(),
-        };
-        let _ = writeln!(
-            code,
-            "-- Limit 0's fused batch check (or false), with its ttl_ms, parameters, and when its writes\n\
-             -- keep the key's TTL (\"Expiry\" in token_bucket.lua).\n\
-             local FAST, FAST_TTL, FAST_P1, FAST_P2, FAST_P3, FAST_CELL, FAST_KEEP = {fast}\n"
-        );
+        }
+        code.push('\n');
+        write_config(&mut code, limits);
+        code.push('\n');
+        code.push_str(DISPATCH);
+        let driver_at = code.len();
+        code.push('\n');
         code.push_str(DRIVER);
         let sha = redis::Script::new(&code).get_hash().to_owned();
-        Self { code, sha }
+        Self {
+            code,
+            sha,
+            driver_at,
+        }
+    }
+
+    /// This script with `driver` in place of `driver.lua`: what the same limits run for another
+    /// call (the hybrid store's leases).
+    pub(crate) fn with_driver(&self, driver: &str) -> Self {
+        let mut code = String::with_capacity(self.driver_at + 1 + driver.len());
+        code.push_str(&self.code[..self.driver_at]);
+        code.push('\n');
+        code.push_str(driver);
+        let sha = redis::Script::new(&code).get_hash().to_owned();
+        Self {
+            code,
+            sha,
+            driver_at: self.driver_at,
+        }
     }
 
     /// The script source.
@@ -263,10 +269,11 @@ impl LuaScript {
 
 /// Check (decide and charge), refund, or a batch of single-limit checks at server time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
+pub(crate) enum CallKind {
     Check,
     Refund,
-    /// Every group is one limit at the server's time: a compact call, see `driver.lua`.
+    /// Every group is one limit at the server's time: a compact call (`'b'` in
+    /// `docs/internals/redis-script.md`).
     Batch,
 }
 
@@ -311,7 +318,7 @@ impl Group {
         1 + 5 * self.limits.len()
     }
 
-    /// Whether the group can go in a [`Mode::Batch`] call.
+    /// Whether the group can go in a [`CallKind::Batch`] call.
     pub(crate) fn is_single_at_server_time(&self) -> bool {
         self.limits.len() == 1 && self.now.is_none() && self.reserved_at.is_none()
     }
@@ -319,10 +326,11 @@ impl Group {
 
 /// Writes `numkeys`, the keys and the arguments of a call on `groups` after `EVALSHA sha`.
 /// With `node` (a Cluster master's batch, whose keys may be of several slots) no key is declared:
-/// `0 n {numkeys} {keys}` come first, then the same arguments (see `driver.lua`).
+/// `0 n {numkeys} {keys}` come first, then the same arguments. The layout is described in
+/// `docs/internals/redis-script.md`, "The check call".
 pub(crate) fn pack_args<'g>(
     cmd: &mut Cmd,
-    mode: Mode,
+    kind: CallKind,
     groups: impl Iterator<Item = &'g Group> + Clone,
     node: bool,
 ) {
@@ -336,7 +344,7 @@ pub(crate) fn pack_args<'g>(
             cmd.arg(k.as_str());
         }
     }
-    if mode == Mode::Batch {
+    if kind == CallKind::Batch {
         cmd.arg("b");
         for l in groups.flat_map(|g| &g.limits) {
             match (l.limit, l.quota) {
@@ -350,13 +358,13 @@ pub(crate) fn pack_args<'g>(
         }
         return;
     }
-    cmd.arg(match mode {
-        Mode::Refund => "r",
+    cmd.arg(match kind {
+        CallKind::Refund => "r",
         _ => "c",
     });
     cmd.arg(groups.clone().count());
     for g in groups.clone() {
-        // See driver.lua: '' is one limit at the server's time.
+        // '' is one limit at the server's time.
         match (g.len(), g.now, g.reserved_at) {
             (1, None, None) => cmd.arg(""),
             (n, None, None) => cmd.arg(n),
@@ -483,20 +491,62 @@ mod tests {
         assert!(Ints::from_slice(&[0; 2 + 5 * MAX_LIMITS]).is_none());
     }
 
+    fn params(kind: AlgorithmKind) -> ScriptParams {
+        QuotaArg::of(&PlanQuota::new(kind, Quota::per_minute(10)).unwrap()).params
+    }
+
     #[test]
-    fn assembles_only_the_algorithms_used() {
+    fn the_script_is_its_files_in_the_documented_order() {
         let p = ScriptParams {
-            code: 1,
             ttl_ms: 2000,
             p: [100_000, 1, 2_000_000],
         };
+        let fw = params(AlgorithmKind::FixedWindow);
+        let limits = [
+            (AlgorithmKind::LeakyBucket, p),
+            (AlgorithmKind::FixedWindow, fw),
+            (AlgorithmKind::TokenBucket, p),
+        ];
+        let script = LuaScript::assemble(&limits);
+        let [a, b, c] = fw.p;
+        let (cell, keep) = keep_ttl_window(fw.ttl_ms);
+        let config = format!(
+            "-- This store's limits, generated from its configuration: CONFIG(i) returns limit i's\n\
+             -- algorithm, ttl_ms, p1, p2, p3, and the cell and refill bound (µs) of a token bucket's\n\
+             -- TTL-keeping writes; nothing past the last limit.\n\
+             local function CONFIG(i)\n  \
+             if i == 0 then return lb_algorithm, '2000', 100000, 1, 2000000, 250000, 1748000 end\n  \
+             if i == 1 then return fw_algorithm, '{}', {a}, {b}, {c}, {cell}, {keep} end\n  \
+             if i == 2 then return tb_algorithm, '2000', 100000, 1, 2000000, 250000, 1748000 end\n\
+             end\n",
+            fw.ttl_ms,
+        );
+        // Each file once, in the order of first use; the leaky bucket's after the token bucket's.
+        let files = [
+            PRELUDE,
+            TOKEN_BUCKET,
+            LEAKY_BUCKET,
+            FIXED_WINDOW,
+            &config,
+            DISPATCH,
+        ];
+        assert_eq!(script.code(), [&files[..], &[DRIVER]].concat().join("\n"));
+        assert_eq!(script.sha().len(), 40);
+        let lease = script.with_driver(LEASE_DRIVER);
+        assert_eq!(
+            lease.code(),
+            [&files[..], &[LEASE_DRIVER]].concat().join("\n")
+        );
+        assert_ne!(lease.sha(), script.sha());
+    }
+
+    #[test]
+    fn the_sha_names_one_configuration() {
+        let p = params(AlgorithmKind::TokenBucket);
         let tb = LuaScript::assemble(&[(AlgorithmKind::TokenBucket, p)]);
         assert!(tb.code().contains("local function tb_decide("));
         assert!(!tb.code().contains("local function gcra_decide("));
-        assert!(tb
-            .code()
-            .contains("if i == 0 then return tb_load, tb_decide, tb_apply, tb_refund, tb_check, '2000', 100000, 1, 2000000 end"));
-        assert_eq!(tb.sha().len(), 40);
+        assert!(!tb.code().contains("local function lb_algorithm("));
         let again = LuaScript::assemble(&[(AlgorithmKind::TokenBucket, p)]);
         assert_eq!(again.sha(), tb.sha(), "same configuration, same script");
         let other =
@@ -504,30 +554,74 @@ mod tests {
         assert_ne!(other.sha(), tb.sha());
     }
 
+    /// What `<short>_algorithm()` returns for `kind`, from its file: load, decide, apply, refund,
+    /// rebase, check, fast, and whether a batch may read its keys ahead.
+    fn registration(kind: AlgorithmKind) -> Vec<String> {
+        let AlgorithmScript { short, sources } = script_of(kind);
+        let source = sources.last().expect("a file");
+        let head = format!("\nlocal function {short}_algorithm()\n  return ");
+        let at = source
+            .find(&head)
+            .unwrap_or_else(|| panic!("{kind} defines {short}_algorithm"));
+        let body = &source[at + head.len()..];
+        let body = &body[..body.find('\n').expect("one line")];
+        body.split(',').map(|v| v.trim().to_owned()).collect()
+    }
+
     #[test]
-    fn batches_read_ahead_unless_a_limit_is_a_sliding_log() {
-        let p = |k| QuotaArg::of(&PlanQuota::new(k, Quota::per_minute(10)).unwrap()).params;
-        let code = |kinds: &[AlgorithmKind]| {
-            let limits: Vec<_> = kinds.iter().map(|&k| (k, p(k))).collect();
-            LuaScript::assemble(&limits).code().to_owned()
-        };
-        let buckets = code(&[AlgorithmKind::TokenBucket, AlgorithmKind::FixedWindow]);
-        assert!(buckets.contains("local PREFETCH = true\n"));
-        let with_log = code(&[AlgorithmKind::TokenBucket, AlgorithmKind::SlidingLog]);
-        assert!(with_log.contains("local PREFETCH = false\n"));
-        // Limit 0's fused path: a token bucket's, only where the batch reads ahead.
-        assert!(buckets.contains(
-            "local FAST, FAST_TTL, FAST_P1, FAST_P2, FAST_P3, FAST_CELL, FAST_KEEP = tb_fast, '"
-        ));
-        assert!(with_log.contains(
-            "local FAST, FAST_TTL, FAST_P1, FAST_P2, FAST_P3, FAST_CELL, FAST_KEEP = false\n"
-        ));
-        let window_first = code(&[AlgorithmKind::FixedWindow, AlgorithmKind::TokenBucket]);
-        assert!(window_first.contains("= false\n"));
-        // Defined before the driver reads it.
-        let at = |c: &str, s: &str| c.find(s).unwrap();
-        assert!(at(&buckets, "local PREFETCH =") < at(&buckets, "if PREFETCH and"));
-        assert!(at(&buckets, "local FAST,") < at(&buckets, "local packed = FAST"));
+    fn every_algorithm_gives_the_dispatch_what_it_calls() {
+        for kind in AlgorithmKind::ALL {
+            let code: String = script_of(kind).sources.concat();
+            let returned = registration(kind);
+            let [load, decide, apply, refund, rebase, check, fast, ahead] = &returned[..] else {
+                panic!("{kind}: eight values, got {returned:?}");
+            };
+            let defined = |f: &str| {
+                let def = |c: &str| {
+                    c.contains(&format!("local function {f}("))
+                        || c.contains(&format!("local {f} = "))
+                };
+                def(&code) || def(PRELUDE)
+            };
+            for f in [load, decide, apply, refund, rebase] {
+                assert!(defined(f), "{kind}: {f}");
+            }
+            // Only the buckets decide and apply in one call; only the token bucket has the
+            // fused batch path; a batch reads ahead unless a sliding log is configured.
+            let buckets = matches!(
+                kind,
+                AlgorithmKind::TokenBucket | AlgorithmKind::Gcra | AlgorithmKind::LeakyBucket
+            );
+            assert_eq!(check != "false", buckets, "{kind}: {check}");
+            assert!(check == "false" || defined(check), "{kind}: {check}");
+            assert_eq!(
+                fast != "false",
+                kind == AlgorithmKind::TokenBucket,
+                "{kind}"
+            );
+            assert!(fast == "false" || defined(fast), "{kind}: {fast}");
+            let expected = if kind == AlgorithmKind::SlidingLog {
+                "false"
+            } else {
+                "true"
+            };
+            assert_eq!(ahead, expected, "{kind}");
+        }
+        // Defined before they are read.
+        let all: Vec<_> = AlgorithmKind::ALL
+            .into_iter()
+            .map(|k| (k, params(k)))
+            .collect();
+        let code = LuaScript::assemble(&all).code().to_owned();
+        let at = |s: &str| code.find(s).unwrap_or_else(|| panic!("{s}"));
+        for kind in AlgorithmKind::ALL {
+            let short = script_of(kind).short;
+            let defined = at(&format!("local function {short}_algorithm()"));
+            assert!(defined < at("local function CONFIG(i)"), "{kind}");
+        }
+        assert!(at("local function CONFIG(i)") < at("local function LIMIT(i)"));
+        assert!(at("local function batch_paths()") < at("= batch_paths()"));
+        assert!(at("local PREFETCH, FAST,") < at("local packed = FAST"));
     }
 
     #[test]
@@ -551,7 +645,7 @@ mod tests {
 
     #[test]
     fn refund_headers_carry_the_reservation_time() {
-        let args = |mode, now, reserved_at| {
+        let args = |kind, now, reserved_at| {
             let group = Group {
                 keys: vec!["k".into()],
                 limits: vec![LimitArg {
@@ -563,7 +657,7 @@ mod tests {
                 reserved_at,
             };
             let mut cmd = redis::cmd("EVALSHA");
-            pack_args(&mut cmd, mode, std::iter::once(&group), false);
+            pack_args(&mut cmd, kind, std::iter::once(&group), false);
             cmd.args_iter()
                 .map(|a| match a {
                     redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
@@ -571,15 +665,15 @@ mod tests {
                 })
                 .collect::<Vec<_>>()
         };
-        fn call(header: &str, mode: &str) -> Vec<String> {
-            ["EVALSHA", "1", "k", mode, "1", header, "0", "3"]
+        fn call(header: &str, kind: &str) -> Vec<String> {
+            ["EVALSHA", "1", "k", kind, "1", header, "0", "3"]
                 .map(String::from)
                 .to_vec()
         }
-        assert_eq!(args(Mode::Check, None, None), call("", "c"));
-        assert_eq!(args(Mode::Check, Some(5), None), call("1@5", "c"));
-        assert_eq!(args(Mode::Refund, None, Some(7)), call("1r7", "r"));
-        assert_eq!(args(Mode::Refund, Some(9), Some(7)), call("1@9r7", "r"));
+        assert_eq!(args(CallKind::Check, None, None), call("", "c"));
+        assert_eq!(args(CallKind::Check, Some(5), None), call("1@5", "c"));
+        assert_eq!(args(CallKind::Refund, None, Some(7)), call("1r7", "r"));
+        assert_eq!(args(CallKind::Refund, Some(9), Some(7)), call("1@9r7", "r"));
     }
 
     #[test]
@@ -597,7 +691,7 @@ mod tests {
         let groups = [group("a", 1), group("b", 2)];
         let args = |node| {
             let mut cmd = redis::cmd("EVALSHA");
-            pack_args(&mut cmd, Mode::Batch, groups.iter(), node);
+            pack_args(&mut cmd, CallKind::Batch, groups.iter(), node);
             arg_strings(&cmd, 1)
         };
         assert_eq!(args(false), ["2", "a", "b", "b", "1", "2"]);
@@ -632,22 +726,25 @@ mod tests {
             now: None,
             reserved_at: None,
         };
-        let args = |mode, g: &Group| {
+        let args = |kind, g: &Group| {
             let mut cmd = redis::cmd("EVALSHA");
-            pack_args(&mut cmd, mode, std::iter::once(g), false);
+            pack_args(&mut cmd, kind, std::iter::once(g), false);
             arg_strings(&cmd, 3)
         };
-        // Without a plan, nothing more than before.
-        assert_eq!(args(Mode::Batch, &group(0, None)), ["b", "3"]);
-        assert_eq!(args(Mode::Batch, &group(2, None)), ["b", "2:3"]);
-        assert_eq!(args(Mode::Check, &group(2, None)), ["c", "1", "", "2", "3"]);
+        // Without a plan, only the limit and the cost.
+        assert_eq!(args(CallKind::Batch, &group(0, None)), ["b", "3"]);
+        assert_eq!(args(CallKind::Batch, &group(2, None)), ["b", "2:3"]);
+        assert_eq!(
+            args(CallKind::Check, &group(2, None)),
+            ["c", "1", "", "2", "3"]
+        );
         // With one, its ttl and parameters.
         assert_eq!(
-            args(Mode::Batch, &group(0, Some(arg))),
+            args(CallKind::Batch, &group(0, Some(arg))),
             ["b", "0:3:2000:100000:1:2000000"]
         );
         assert_eq!(
-            args(Mode::Check, &group(1, Some(arg))),
+            args(CallKind::Check, &group(1, Some(arg))),
             ["c", "1", "", "1:2000:100000:1:2000000", "3"]
         );
     }
@@ -671,21 +768,6 @@ mod tests {
             "inherited through every reload"
         );
         assert_eq!(again.own.unwrap().limit, 3);
-    }
-
-    #[test]
-    fn every_limit_has_a_rebase() {
-        let p = |k| QuotaArg::of(&PlanQuota::new(k, Quota::per_minute(10)).unwrap()).params;
-        let all: Vec<_> = AlgorithmKind::ALL.into_iter().map(|k| (k, p(k))).collect();
-        let code = LuaScript::assemble(&all).code().to_owned();
-        for (i, k) in AlgorithmKind::ALL.into_iter().enumerate() {
-            let f = script_of(k).functions;
-            assert!(
-                code.contains(&format!("if i == {i} then return {f}_rebase end")),
-                "{k}"
-            );
-            assert!(code.contains(&format!("local function {f}_rebase(")), "{k}");
-        }
     }
 
     #[test]

@@ -1,4 +1,7 @@
-//! [`RedisStore`]: the [`Store`] implementation.
+//! [`RedisStore`]: the [`Store`] implementation, and the store's shared state ([`Inner`]) with
+//! its connection of the current runtime. A check is routed into script calls
+//! ([`routing`](super::routing)), sent ([`call`](super::call)), and decided by the failure
+//! policies where Redis cannot decide ([`fallback`](super::fallback)).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -7,29 +10,19 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
-
-use super::breaker::{Breaker, Breakers};
-use super::conn::{
-    slot_of_tag, BatchError, Handle, Job, LinkConfig, Links, NodeProbe, SlotCache, Target,
-};
+use super::backend::{build_local, compile_limits, LocalBuilder};
+use super::breaker::Breakers;
+use super::call::unix_micros;
+use super::conn::{Handle, LinkConfig, Links, Target};
+use super::fallback::{Fallback, LocalCheck, LocalStore};
 use super::keys::KeyEncoder;
-use super::script::{
-    decision, reply_ints, Group, Ints, LimitArg, LimitInfo, LuaScript, Mode, QuotaArg,
-};
+use super::script::{LimitInfo, LuaScript};
+use super::slots::SlotCache;
 use super::stats::RedisStats;
 use crate::clock::Clock;
-use crate::decision::Decision;
 use crate::error::{StoreError, StoreErrorKind};
 use crate::key::Key;
-use crate::store::memory::MemoryStore;
-use crate::store::{
-    Checked, Decisions, FailurePolicy, LimitCheck, LimitSpec, PlanQuota, Store, MAX_LIMITS,
-};
-
-// Leases for the hybrid store: a child module, so it uses the connection handling below as is.
-#[path = "lease.rs"]
-pub(crate) mod lease;
+use crate::store::{Checked, Decisions, FailurePolicy, LimitCheck, LimitSpec, Store, MAX_LIMITS};
 
 type BoxFuture = Pin<Box<dyn Future<Output = Result<Decisions, StoreError>> + Send + 'static>>;
 
@@ -39,7 +32,7 @@ type BoxFuture = Pin<Box<dyn Future<Output = Result<Decisions, StoreError>> + Se
 /// Cloning is cheap and clones share the connection, counters and circuit breaker.
 #[derive(Clone)]
 pub struct RedisStore {
-    inner: Arc<Inner>,
+    pub(super) inner: Arc<Inner>,
 }
 
 pub(crate) struct Inner {
@@ -58,7 +51,7 @@ pub(crate) struct Inner {
     pub(crate) local: Option<Box<dyn LocalStore>>,
     /// The backend's local fallback builder, until a store needs it (shared with the stores
     /// reconfigured from this one).
-    pub(crate) local_builder: Arc<Mutex<Option<super::LocalBuilder>>>,
+    pub(crate) local_builder: Arc<Mutex<Option<LocalBuilder>>>,
     // Everything below is shared (Arc) with the stores reconfigured from this one.
     pub(crate) stats: RedisStats,
     /// The connection (and batcher) of each tokio runtime the store is used from.
@@ -166,14 +159,14 @@ impl Store for RedisStore {
             let local: Vec<LocalCheck<'_>> = checks.iter().map(LocalCheck::from).collect();
             return Checked::Ready(inner.degrade(Fallback::new(limits, n), &local));
         }
-        let plan = inner.plan(checks, now, None);
+        let calls = inner.route(checks, now, None);
         let local: Vec<LocalCheck<'static>> = checks
             .iter()
             .filter(|c| matches!(inner.policies[c.limit], FailurePolicy::Local { .. }))
             .map(|c| LocalCheck::from(c).into_owned())
             .collect();
         Checked::Pending(RedisFuture {
-            inner: Box::pin(inner.clone().run(plan, (limits, n), local)),
+            inner: Box::pin(inner.clone().run(calls, (limits, n), local)),
         })
     }
 
@@ -197,9 +190,9 @@ impl Store for RedisStore {
             return Checked::Ready(Err(e));
         }
         let now = inner.clock.as_ref().map(|c| unix_micros(&**c));
-        let plan = inner.plan(checks, now, Some(reserved_at));
+        let calls = inner.route(checks, now, Some(reserved_at));
         Checked::Pending(RedisFuture {
-            inner: Box::pin(inner.clone().give_back(plan, checks.len())),
+            inner: Box::pin(inner.clone().give_back(calls, checks.len())),
         })
     }
 
@@ -207,8 +200,8 @@ impl Store for RedisStore {
     /// settings (and the local fallback's counters, for `Local` limits of the same name), with
     /// its own script. Redis keys are named by the limit's name and algorithm, so every limit of
     /// the same name and algorithm keeps its counters; a limit whose quota changed keeps what
-    /// each key spent (as a plan change does: see [`PlanQuota`]), new limits start fresh, and
-    /// the keys of limits that are gone expire.
+    /// each key spent (as a plan change does: see [`PlanQuota`](crate::store::PlanQuota)), new
+    /// limits start fresh, and the keys of limits that are gone expire.
     ///
     /// ```no_run
     /// use tollgate::store::redis::RedisBackend;
@@ -232,7 +225,7 @@ impl Store for RedisStore {
     /// was reconfigured from wrote them; a store built afresh reads them at its own quota.
     fn reconfigure(&self, limits: &[LimitSpec]) -> Result<Self, crate::ConfigError> {
         let old = &self.inner;
-        let mut compiled = super::compile_limits(limits)?;
+        let mut compiled = compile_limits(limits)?;
         for info in &mut compiled.infos {
             if let Some(earlier) = old
                 .limits
@@ -251,19 +244,13 @@ impl Store for RedisStore {
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .take();
-                    super::build_local(builder, &compiled.local_specs)?
+                    build_local(builder, &compiled.local_specs)?
                 }
             })
         } else {
             None
         };
-        let script = Arc::new(LuaScript::assemble(
-            &compiled
-                .infos
-                .iter()
-                .map(|info| (info.algorithm, info.params))
-                .collect::<Vec<_>>(),
-        ));
+        let script = Arc::new(LuaScript::for_limits(&compiled.infos));
         let store = Self {
             inner: Arc::new(Inner {
                 limits: compiled.infos,
@@ -292,142 +279,8 @@ impl Store for RedisStore {
     }
 }
 
-/// A check as the local fallback limiter takes it: its quota, if any, is scaled by the limit's
-/// share when the fallback decides.
-#[derive(Debug, Clone)]
-struct LocalCheck<'a> {
-    check: LimitCheck<'a>,
-    quota: Option<PlanQuota>,
-}
-
-impl<'a> From<&LimitCheck<'a>> for LocalCheck<'a> {
-    fn from(c: &LimitCheck<'a>) -> Self {
-        Self {
-            check: LimitCheck::new(c.limit, c.key.clone(), c.cost),
-            quota: c.quota.copied(),
-        }
-    }
-}
-
-impl LocalCheck<'_> {
-    fn into_owned(self) -> LocalCheck<'static> {
-        LocalCheck {
-            check: LimitCheck::new(
-                self.check.limit,
-                self.check.key.into_owned(),
-                self.check.cost,
-            ),
-            quota: self.quota,
-        }
-    }
-}
-
-/// The local fallback limiter, whatever its clock.
-pub(crate) trait LocalStore: Send + Sync + 'static {
-    fn check_all(&self, checks: &[LimitCheck<'_>]) -> Result<Decisions, StoreError>;
-
-    /// The fallback for a reconfigured store's limits, keeping the counters of those that stay.
-    fn reconfigure(&self, specs: &[LimitSpec]) -> Result<Box<dyn LocalStore>, crate::ConfigError>;
-}
-
-impl<C: Clock> LocalStore for MemoryStore<C> {
-    fn check_all(&self, checks: &[LimitCheck<'_>]) -> Result<Decisions, StoreError> {
-        MemoryStore::check_all(self, checks)
-    }
-
-    fn reconfigure(&self, specs: &[LimitSpec]) -> Result<Box<dyn LocalStore>, crate::ConfigError> {
-        Ok(Box::new(Store::reconfigure(self, specs)?))
-    }
-}
-
-/// One script call of a request: a group of its checks and the node that decides them.
-struct Planned {
-    group: Group,
-    /// The breaker of its node and the node's address (`None`: the single node, or a Cluster
-    /// node not known yet).
-    node: (Arc<Breaker>, Option<String>),
-    /// The hash slot of its keys (Cluster; 0 on a single node).
-    slot: u16,
-    /// The check index of each of its limits; empty when the group holds every check in order
-    /// (a single node's one group, or a Cluster request whose keys share a slot).
-    positions: Vec<usize>,
-}
-
-/// Which groups a request's checks fall in: one group (a single node, or one hash slot), which
-/// takes no allocation beyond the group's own, or several (a Cluster request over several slots).
-enum Plan {
-    One(Planned),
-    Several(Vec<Planned>),
-}
-
-/// A group as Redis answered it, with its check positions (empty: every check, in order).
-type Reply = (Group, Vec<usize>, Result<Ints, StoreError>);
-
-/// The replies of a plan's groups, in its order.
-type Replies = std::iter::Chain<std::option::IntoIter<Reply>, std::vec::IntoIter<Reply>>;
-
-/// The check index of each limit of `group`, from its `positions` (empty: every check in order).
-fn positions_of<'p>(group: &Group, positions: &'p [usize]) -> &'p [usize] {
-    if positions.is_empty() {
-        &IDENTITY[..group.len()]
-    } else {
-        positions
-    }
-}
-
-thread_local! {
-    /// The buffer a request's keys are encoded in (see [`KeyEncoder::encode`]), kept per thread
-    /// so that planning a request allocates nothing for it.
-    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// The largest [`SCRATCH`] kept between requests, in bytes.
-const SCRATCH_KEEP: usize = 4096;
-
-/// Check positions of a single node's one group.
-const IDENTITY: [usize; MAX_LIMITS] = {
-    let mut a = [0; MAX_LIMITS];
-    let mut i = 0;
-    while i < MAX_LIMITS {
-        a[i] = i;
-        i += 1;
-    }
-    a
-};
-
-/// A group Redis charged.
-struct Applied {
-    group: Group,
-    now: u64,
-    positions: Vec<usize>,
-}
-
-/// What is known when Redis could not decide some (or all) limits.
-struct Fallback {
-    limits: [usize; MAX_LIMITS],
-    n: usize,
-    got: [Option<Decision>; MAX_LIMITS],
-    error: Option<StoreError>,
-    /// Groups Redis charged, with the time it used and their check positions: refunded if the
-    /// request ends up rejected.
-    applied: Vec<Applied>,
-}
-
-impl Fallback {
-    /// Nothing decided yet for checks of `limits` (the first `n`).
-    fn new(limits: [usize; MAX_LIMITS], n: usize) -> Self {
-        Self {
-            limits,
-            n,
-            got: [None; MAX_LIMITS],
-            error: None,
-            applied: Vec::new(),
-        }
-    }
-}
-
 impl Inner {
-    fn link_config(&self) -> LinkConfig<'_> {
+    pub(super) fn link_config(&self) -> LinkConfig<'_> {
         LinkConfig {
             target: &self.target,
             connect_timeout: self.connect_timeout,
@@ -492,11 +345,12 @@ impl Inner {
 
     /// The connection of the current runtime. A new one is warmed up in the background: the
     /// script is loaded, `maxmemory-policy` checked and (Cluster) the slot map read.
-    fn handle(self: &Arc<Self>) -> Result<Handle, StoreError> {
+    pub(super) fn handle(self: &Arc<Self>) -> Result<Handle, StoreError> {
         let (handle, fresh) = self.links.get(&self.link_config())?;
         if fresh {
             self.connected.store(false, Ordering::Relaxed);
             let weak = Arc::downgrade(self);
+            let stats = self.stats.clone();
             let conn = handle.conn.clone();
             tokio::spawn(async move {
                 let mut load = redis::cmd("SCRIPT");
@@ -523,723 +377,9 @@ impl Inner {
                         return;
                     }
                 }
-                super::memory_policy::check(&conn, &weak).await;
+                super::memory_policy::check(&conn, &stats).await;
             });
         }
         Ok(handle)
     }
-
-    /// Replaces the current runtime's connection `generation` (a Cluster connection that stopped
-    /// answering while its nodes answer a probe; see [`Links::rebuild`]) and reads the slot map
-    /// on the new one. Returns the new connection's handle, or `None` if that connection was
-    /// already replaced or a new one could not be opened.
-    async fn rebuild(self: &Arc<Self>, generation: u64) -> Option<Handle> {
-        match self.links.rebuild(&self.link_config(), generation) {
-            Ok(Some(handle)) => {
-                tracing::warn!(
-                    "the redis cluster connection stopped answering while its nodes answer; replaced it with a new one"
-                );
-                self.refresh_slots(&handle.conn).await;
-                Some(handle)
-            }
-            Ok(None) => None,
-            Err(e) => {
-                tracing::warn!(error = %e, "could not replace the redis cluster connection");
-                None
-            }
-        }
-    }
-
-    /// Whether `conn` answers within the connect timeout, for `slot` (see
-    /// [`Conn::responsive`](super::conn::Conn::responsive)).
-    async fn answers(&self, conn: &super::conn::Conn, slot: Option<u16>) -> bool {
-        matches!(
-            tokio::time::timeout(self.connect_timeout, conn.responsive(slot)).await,
-            Ok(true)
-        )
-    }
-
-    /// Reads the Cluster's slot map again (at most once per probe interval).
-    async fn refresh_slots(&self, conn: &super::conn::Conn) {
-        self.slots.refresh(conn).await;
-    }
-
-    /// The breaker (and address) of the node serving `tag`'s slot.
-    fn node_of(&self, tag: &[u8]) -> (Arc<Breaker>, Option<String>) {
-        match self.slots.map().node(slot_of_tag(tag)) {
-            Some(addr) => (self.breakers.node(addr), Some(addr.to_owned())),
-            None => (self.breakers.default_breaker().clone(), None),
-        }
-    }
-
-    /// The script call(s) for `checks`: a check (`reserved_at` `None`) or a refund of a check
-    /// charged at `reserved_at`.
-    fn plan(&self, checks: &[LimitCheck<'_>], now: Option<u64>, reserved_at: Option<u64>) -> Plan {
-        SCRATCH.with_borrow_mut(|scratch| {
-            let plan = self.plan_in(checks, now, reserved_at, scratch);
-            // A huge key may have grown the buffer: keep it small for the next request.
-            if scratch.capacity() > SCRATCH_KEEP {
-                *scratch = Vec::new();
-            }
-            plan
-        })
-    }
-
-    fn plan_in(
-        &self,
-        checks: &[LimitCheck<'_>],
-        now: Option<u64>,
-        reserved_at: Option<u64>,
-        scratch: &mut Vec<u8>,
-    ) -> Plan {
-        let arg = |c: &LimitCheck<'_>| LimitArg {
-            limit: c.limit,
-            cost: c.cost,
-            quota: quota_arg(c, &self.limits[c.limit]),
-        };
-        if !self.cluster || checks.len() == 1 {
-            // On a single node every limit goes in one script call, whatever its slot; so does
-            // a Cluster request of one limit.
-            let mut group = Group {
-                keys: Vec::with_capacity(checks.len()),
-                limits: Vec::with_capacity(checks.len()),
-                now,
-                reserved_at,
-            };
-            let mut tag = [0u8; 16];
-            for c in checks {
-                let info = &self.limits[c.limit];
-                let enc = self
-                    .keys
-                    .encode(info.short, &info.name_enc, &c.key, scratch);
-                tag = enc.tag;
-                group.keys.push(enc.key);
-                group.limits.push(arg(c));
-            }
-            let (node, slot) = if self.cluster {
-                (self.node_of(&tag), slot_of_tag(&tag))
-            } else {
-                ((self.breakers.default_breaker().clone(), None), 0)
-            };
-            return Plan::One(Planned {
-                group,
-                node,
-                slot,
-                positions: Vec::new(),
-            });
-        }
-        let mut planned: Vec<Planned> = Vec::with_capacity(1);
-        let mut tags: Vec<[u8; 16]> = Vec::with_capacity(1);
-        for (i, c) in checks.iter().enumerate() {
-            let info = &self.limits[c.limit];
-            let enc = self
-                .keys
-                .encode(info.short, &info.name_enc, &c.key, scratch);
-            let g = match tags.iter().position(|t| *t == enc.tag) {
-                Some(g) => g,
-                None => {
-                    tags.push(enc.tag);
-                    planned.push(Planned {
-                        group: Group {
-                            now,
-                            reserved_at,
-                            ..Group::default()
-                        },
-                        node: self.node_of(&enc.tag),
-                        slot: slot_of_tag(&enc.tag),
-                        positions: Vec::with_capacity(checks.len()),
-                    });
-                    planned.len() - 1
-                }
-            };
-            let p = &mut planned[g];
-            p.group.keys.push(enc.key);
-            p.group.limits.push(arg(c));
-            p.positions.push(i);
-        }
-        if planned.len() == 1 {
-            let mut one = planned.pop().expect("one group");
-            one.positions.clear(); // every check, in order
-            return Plan::One(one);
-        }
-        Plan::Several(planned)
-    }
-
-    /// Decides `plan`, whose checks are of `limits` (the first `n`): by Redis, and by their
-    /// failure policies those Redis could not decide (`local`: those of a local fallback).
-    async fn run(
-        self: Arc<Self>,
-        plan: Plan,
-        (limits, n): ([usize; MAX_LIMITS], usize),
-        local: Vec<LocalCheck<'static>>,
-    ) -> Result<Decisions, StoreError> {
-        let several = matches!(plan, Plan::Several(_));
-        let replies = self.call_groups(plan, Mode::Check).await;
-        // Built after the call, so the future does not carry it while it waits.
-        let mut fb = Fallback::new(limits, n);
-        // The earliest time Redis decided a group at (each master of a Cluster reads its own).
-        let mut decided_at: Option<u64> = None;
-        for (group, positions, result) in replies {
-            let positions = positions_of(&group, &positions);
-            let parsed =
-                result.and_then(|ints| self.parse_group(&group, positions, &ints, &mut fb.got));
-            if let Ok((now, _)) = parsed {
-                decided_at = Some(decided_at.map_or(now, |at| at.min(now)));
-            }
-            match parsed {
-                // Only a request split over several slots can need a refund.
-                Ok((now, true)) if several => fb.applied.push(Applied {
-                    group,
-                    now,
-                    positions: positions.to_vec(),
-                }),
-                Ok(_) => {}
-                Err(e) => {
-                    for &p in positions {
-                        fb.got[p] = None;
-                    }
-                    fb.error.get_or_insert(e);
-                }
-            }
-        }
-        let applied = std::mem::take(&mut fb.applied);
-        let mut result = if fb.error.is_none() {
-            let mut decisions = collect(&fb);
-            // Only when Redis decided every limit: a limit decided by its failure policy was
-            // not charged in Redis, and a refund must not give back what was never taken.
-            if let Some(at) = decided_at {
-                decisions.set_decided_at(at);
-            }
-            Ok(decisions)
-        } else {
-            self.degrade(fb, &local)
-        };
-        let rejected = result.as_ref().map_or(true, |d| !d.allowed());
-        if rejected && !applied.is_empty() {
-            // Boxed, as rare and large (see `call_one`).
-            Box::pin(self.refund(applied, &mut result)).await;
-        }
-        result
-    }
-
-    /// [`Store::refund`]: sends each group's refund (concurrently on a Cluster) and reports every
-    /// limit as it stands after it. Fails with the first error; the groups that answered were
-    /// refunded all the same.
-    async fn give_back(self: Arc<Self>, plan: Plan, n: usize) -> Result<Decisions, StoreError> {
-        let replies = self.call_groups(plan, Mode::Refund).await;
-        let mut got = [None; MAX_LIMITS];
-        let mut error = None;
-        let mut at: Option<u64> = None;
-        for (group, positions, result) in replies {
-            let positions = positions_of(&group, &positions);
-            let parsed =
-                result.and_then(|ints| self.parse_group(&group, positions, &ints, &mut got));
-            self.stats.add_refund(parsed.is_ok());
-            match parsed {
-                Ok((now, _)) => at = Some(at.map_or(now, |a| a.min(now))),
-                Err(e) => {
-                    tracing::warn!(keys = ?group.keys, error = %e, "could not refund a reservation; it stays spent until it refills");
-                    error.get_or_insert(e);
-                }
-            }
-        }
-        if let Some(e) = error {
-            return Err(e);
-        }
-        let mut decisions = Decisions::new();
-        for d in &got[..n] {
-            decisions.push(d.ok_or_else(|| {
-                StoreError::new(
-                    StoreErrorKind::InvalidResponse,
-                    "a refund left a limit unreported",
-                )
-            })?);
-        }
-        if let Some(at) = at {
-            decisions.set_decided_at(at);
-        }
-        Ok(decisions)
-    }
-
-    /// Gives back what Redis charged for a request that is, as a whole, not allowed (Cluster,
-    /// limits in several slots), and reports the refunded limits as they now stand.
-    async fn refund(
-        self: &Arc<Self>,
-        applied: Vec<Applied>,
-        result: &mut Result<Decisions, StoreError>,
-    ) {
-        // Applied now (the store's clock, or the server's TIME in the script), as of the
-        // reservation's time: the buckets give back only what has not refilled since.
-        let now = self.clock.as_ref().map(|c| unix_micros(&**c));
-        let calls = applied.iter().map(|a| {
-            let mut group = a.group.clone();
-            group.now = now;
-            group.reserved_at = Some(a.now);
-            async move {
-                let conn = self.handle().ok()?.conn;
-                let value = tokio::time::timeout(
-                    self.timeout,
-                    conn.eval(&self.script, Mode::Refund, std::iter::once(&group)),
-                )
-                .await
-                .ok()?
-                .ok()?;
-                reply_ints(value).ok()
-            }
-        });
-        let replies = futures_util::future::join_all(calls).await;
-        for (a, reply) in applied.iter().zip(replies) {
-            self.stats.add_refund(reply.is_some());
-            let Some(ints) = reply else {
-                tracing::warn!(
-                    keys = ?a.group.keys,
-                    "could not refund a reservation; it stays spent until it refills"
-                );
-                continue;
-            };
-            if let Ok(decisions) = result {
-                let mut got = [None; MAX_LIMITS];
-                if self
-                    .parse_group(&a.group, &a.positions, &ints, &mut got)
-                    .is_ok()
-                {
-                    for &p in &a.positions {
-                        if let Some(d) = got[p] {
-                            decisions.as_mut_slice()[p] = d;
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Parses one group's reply into `got`; returns the time it used and whether it charged.
-    fn parse_group(
-        &self,
-        group: &Group,
-        positions: &[usize],
-        ints: &[i64],
-        got: &mut [Option<Decision>; MAX_LIMITS],
-    ) -> Result<(u64, bool), StoreError> {
-        if ints.len() != group.reply_len() {
-            return Err(StoreError::new(
-                StoreErrorKind::InvalidResponse,
-                format!(
-                    "expected {} integers, got {}",
-                    group.reply_len(),
-                    ints.len()
-                ),
-            ));
-        }
-        let now = u64::try_from(ints[0]).unwrap_or(0);
-        let mut all = true;
-        for (j, (&p, l)) in positions.iter().zip(&group.limits).enumerate() {
-            let info = &self.limits[l.limit];
-            let (d, corrupt) = decision(info, l.reported_limit(info), &ints[1 + 5 * j..6 + 5 * j])?;
-            if corrupt {
-                self.stats.add_corrupt_reset();
-                tracing::warn!(
-                    policy = %info.name,
-                    key = %group.keys[j],
-                    "rate-limit key held unreadable state; it was reset to a fresh key"
-                );
-            }
-            all &= d.allowed();
-            got[p] = Some(d);
-        }
-        Ok((now, all))
-    }
-
-    /// Sends every group within the timeout: a check joins its node's batcher (each master's on
-    /// a Cluster), a refund goes on its own. A group whose node's breaker is open is not sent: it
-    /// fails at once.
-    async fn call_groups(self: &Arc<Self>, plan: Plan, mode: Mode) -> Replies {
-        match plan {
-            Plan::One(p) => {
-                let (group, result) = self.call_one(p.group, p.node, p.slot, mode).await;
-                Some((group, p.positions, result))
-                    .into_iter()
-                    .chain(Vec::new())
-            }
-            Plan::Several(planned) => {
-                let replies =
-                    futures_util::future::join_all(planned.into_iter().map(|p| async move {
-                        let (group, result) = self.call_one(p.group, p.node, p.slot, mode).await;
-                        (group, p.positions, result)
-                    }))
-                    .await;
-                None.into_iter().chain(replies)
-            }
-        }
-    }
-
-    async fn call_one(
-        self: &Arc<Self>,
-        group: Group,
-        (breaker, addr): (Arc<Breaker>, Option<String>),
-        slot: u16,
-        mode: Mode,
-    ) -> (Group, Result<Ints, StoreError>) {
-        if breaker.is_open() {
-            self.stats.add_short_circuited();
-            self.spawn_probe(&breaker, addr);
-            let err = StoreError::new(
-                StoreErrorKind::Unavailable,
-                "circuit breaker open for this redis node",
-            );
-            crate::metrics::record_store_error(err.kind());
-            return (group, Err(err));
-        }
-        // Until Redis has answered once, a call may also wait for the connection to be set up.
-        let timeout = if self.connected.load(Ordering::Relaxed) {
-            self.timeout
-        } else {
-            self.timeout.max(self.connect_timeout)
-        };
-        let timer = crate::metrics::RedisTimer::start(); // metrics: the round trip
-        let (group, result) = match self.handle() {
-            Err(e) => (group, Err(CallError::Store(e))),
-            Ok(handle) => match &handle.batchers {
-                // The batcher coalesces checks; a refund goes on its own, and so does a check
-                // for a Cluster node not known yet (the slot map is read in the background).
-                Some(batchers) if mode == Mode::Check && (!self.cluster || addr.is_some()) => {
-                    let batcher = batchers.get(addr.as_deref().unwrap_or(""));
-                    self.send_batched(&batcher, group, slot, timeout).await
-                }
-                // Boxed: its future (a timer and the connection's) is large, and would make
-                // every batched call's future as large, which is moved as it is polled.
-                _ => {
-                    Box::pin(async {
-                        let result = match tokio::time::timeout(
-                            timeout,
-                            self.send(&handle.conn, &group, mode),
-                        )
-                        .await
-                        {
-                            Ok(r) => r,
-                            Err(_) => Err(CallError::Timeout),
-                        };
-                        (group, result)
-                    })
-                    .await
-                }
-            },
-        };
-        timer.finish();
-        let result = match result {
-            Ok(ints) => {
-                breaker.on_success();
-                self.connected.store(true, Ordering::Relaxed);
-                Ok(ints)
-            }
-            Err(e) => {
-                let timed_out = matches!(e, CallError::Timeout);
-                let err = e.into_store_error(timeout);
-                crate::metrics::record_store_error(err.kind());
-                tracing::warn!(error = %err, node = addr.as_deref().unwrap_or(""), "redis rate-limit call failed");
-                self.stats.on_failure(timed_out);
-                if breaker.on_failure(self.breaker_threshold, &self.stats) {
-                    tracing::warn!(
-                        threshold = self.breaker_threshold,
-                        node = addr.as_deref().unwrap_or(""),
-                        "redis circuit breaker opened; deciding by failure policy until a probe succeeds"
-                    );
-                    self.spawn_probe(&breaker, addr);
-                }
-                Err(err)
-            }
-        };
-        (group, result)
-    }
-
-    /// One script call for one group, on the shared connection.
-    async fn send(
-        &self,
-        conn: &super::conn::Conn,
-        group: &Group,
-        mode: Mode,
-    ) -> Result<Ints, CallError> {
-        let value = conn
-            .eval(&self.script, mode, std::iter::once(group))
-            .await
-            .map_err(|e| CallError::Redis(e.to_string(), kind_of(&e)))?;
-        let ints = reply_ints(value).map_err(CallError::Store)?;
-        Ints::from_slice(&ints).ok_or_else(|| {
-            CallError::Store(StoreError::new(
-                StoreErrorKind::InvalidResponse,
-                format!("{} integers in a reply", ints.len()),
-            ))
-        })
-    }
-
-    /// The group joins the batcher's next script call. If the caller gives up (timeout), the
-    /// batcher skips the group unless it was already sent.
-    async fn send_batched(
-        &self,
-        batcher: &mpsc::UnboundedSender<Job>,
-        group: Group,
-        slot: u16,
-        timeout: Duration,
-    ) -> (Group, Result<Ints, CallError>) {
-        let (tx, rx) = oneshot::channel();
-        let job = Job {
-            group,
-            script: self.script.clone(),
-            // The timeout is at most MAX_TIMEOUT (checked at build time); checked anyway.
-            deadline: deadline_after(timeout),
-            slot,
-            reply: tx,
-        };
-        if let Err(mpsc::error::SendError(job)) = batcher.send(job) {
-            let err = StoreError::new(StoreErrorKind::Unavailable, "the redis batcher stopped");
-            return (job.group, Err(CallError::Store(err)));
-        }
-        // No timer here: the batcher answers every job by its deadline.
-        match rx.await {
-            Ok((group, Ok(ints))) => (group, Ok(ints)),
-            Ok((group, Err(BatchError::Timeout))) => (group, Err(CallError::Timeout)),
-            Ok((group, Err(BatchError::Redis(e)))) => {
-                (group, Err(CallError::Redis(e.to_string(), kind_of(&e))))
-            }
-            Ok((group, Err(BatchError::Invalid(msg)))) => (
-                group,
-                Err(CallError::Store(StoreError::new(
-                    StoreErrorKind::InvalidResponse,
-                    msg,
-                ))),
-            ),
-            // The group went with the job; the caller only needs it to refund a group Redis
-            // charged, which this one was not.
-            Err(_) => (
-                Group::default(),
-                Err(CallError::Store(StoreError::new(
-                    StoreErrorKind::Unavailable,
-                    "the redis batcher dropped the call",
-                ))),
-            ),
-        }
-    }
-
-    /// Decides the limits Redis could not decide by their failure policies.
-    fn degrade(
-        self: &Arc<Self>,
-        mut fb: Fallback,
-        checks: &[LocalCheck<'_>],
-    ) -> Result<Decisions, StoreError> {
-        let error = fb.error.take();
-        let reason = error
-            .as_ref()
-            .map_or_else(|| "circuit breaker open".to_owned(), ToString::to_string);
-        let mut closed: Option<Duration> = None;
-        let mut local_positions: Vec<usize> = Vec::new();
-        let mut opened = 0;
-        for i in 0..fb.n {
-            if fb.got[i].is_some() {
-                continue;
-            }
-            let info = &self.limits[fb.limits[i]];
-            match self.policies[fb.limits[i]] {
-                FailurePolicy::Closed { retry_after } => {
-                    closed = Some(closed.map_or(retry_after, |c| c.max(retry_after)));
-                }
-                FailurePolicy::Local { .. } => local_positions.push(i),
-                // Open (and any future policy) lets the request through, uncounted (the layer
-                // writes no rate-limit headers for it).
-                _ => {
-                    opened += 1;
-                    fb.got[i] = Some(Decision::uncounted(info.limit).with_policy(info.name));
-                }
-            }
-        }
-        if let Some(retry_after) = closed {
-            self.stats.add_fail_closed();
-            tracing::warn!(reason = %reason, "redis could not decide; failing closed");
-            let kind = error
-                .as_ref()
-                .map_or(StoreErrorKind::Unavailable, StoreError::kind);
-            let err = StoreError::new(kind, format!("the rate limiter is unavailable: {reason}"))
-                .with_retry_after(retry_after);
-            return Err(err);
-        }
-        if opened > 0 {
-            self.stats.add_fail_open(opened);
-            if error.is_some() {
-                tracing::warn!(reason = %reason, limits = opened, "redis could not decide; failing open");
-            }
-        }
-        if local_positions.is_empty() {
-            return Ok(collect(&fb));
-        }
-        self.stats.add_local_fallback(local_positions.len() as u64);
-        let Some(local) = &self.local else {
-            return Err(StoreError::new(
-                StoreErrorKind::Other,
-                "no local fallback store was built",
-            ));
-        };
-        let subset: Vec<&LocalCheck<'_>> = local_positions
-            .iter()
-            .filter_map(|&i| checks.iter().find(|c| c.check.limit == fb.limits[i]))
-            .collect();
-        // A check at a plan's quota falls back to the limit's share of that quota.
-        let mut shares: Vec<Option<PlanQuota>> = Vec::with_capacity(subset.len());
-        for c in &subset {
-            let share = match (c.quota, self.policies[c.check.limit]) {
-                (Some(q), FailurePolicy::Local { share }) => {
-                    let quota = super::local_share(q.quota(), share);
-                    Some(PlanQuota::new(q.algorithm(), quota).map_err(|e| {
-                        StoreError::new(
-                            StoreErrorKind::Other,
-                            format!("the local share of a plan's quota is invalid: {e}"),
-                        )
-                    })?)
-                }
-                _ => None,
-            };
-            shares.push(share);
-        }
-        let subset: Vec<LimitCheck<'_>> = subset
-            .iter()
-            .zip(&shares)
-            .map(|(c, share)| match share {
-                Some(q) => c.check.clone().with_quota(q),
-                None => c.check.clone(),
-            })
-            .collect();
-        let local = local.check_all(&subset)?;
-        for (&p, d) in local_positions.iter().zip(local.as_slice()) {
-            fb.got[p] = Some(*d);
-        }
-        Ok(collect(&fb))
-    }
-
-    /// Starts the probe of `breaker`'s node, unless one is running.
-    fn spawn_probe(self: &Arc<Self>, breaker: &Arc<Breaker>, addr: Option<String>) {
-        // Outside a runtime (a check made from plain code) the next check in one starts it.
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let Some(token) = breaker.claim_probe() else {
-            return;
-        };
-        let weak = Arc::downgrade(self);
-        let breaker = breaker.clone();
-        let interval = self.probe_interval;
-        // A Cluster master is pinged on a connection of the probe's own (see `NodeProbe`).
-        let mut node_probe = addr
-            .as_deref()
-            .and_then(|a| NodeProbe::new(&self.target, a, self.connect_timeout));
-        runtime.spawn(async move {
-            let _token = token;
-            loop {
-                tokio::time::sleep(interval).await;
-                let Some(inner) = weak.upgrade() else {
-                    return;
-                };
-                let Ok(handle) = inner.handle() else {
-                    continue;
-                };
-                let mut slot = None;
-                if let Some(addr) = &addr {
-                    // A Cluster master: if it no longer serves any slot (failed over), nothing
-                    // is sent to it any more and its breaker can close.
-                    inner.refresh_slots(&handle.conn).await;
-                    let map = inner.slots.map();
-                    slot = map.slot_of(addr);
-                    if slot.is_none() {
-                        breaker.close(&inner.stats);
-                        tracing::info!(node = %addr, "redis node no longer serves slots; its circuit breaker closed");
-                        return;
-                    }
-                }
-                let ok = match &mut node_probe {
-                    // The node answers on the probe's own connection: the breaker closes once
-                    // the Cluster connection answers too. One that does not is stuck (see
-                    // `Links::rebuild`), and is replaced.
-                    Some(probe) => {
-                        probe.ping(inner.timeout).await
-                            && (inner.answers(&handle.conn, slot).await
-                                || match inner.rebuild(handle.generation).await {
-                                    Some(new) => inner.answers(&new.conn, slot).await,
-                                    None => false,
-                                })
-                    }
-                    None => matches!(
-                        tokio::time::timeout(inner.timeout, handle.conn.responsive(None)).await,
-                        Ok(true)
-                    ),
-                };
-                if ok {
-                    breaker.close(&inner.stats);
-                    tracing::info!(
-                        node = addr.as_deref().unwrap_or(""),
-                        "redis answered a probe; circuit breaker closed"
-                    );
-                    return;
-                }
-            }
-        });
-    }
-}
-
-/// The quota a check is sent with: its plan's, else the limit's own when the script holds
-/// another (after a reconfiguration changed it), else none (the script's constants).
-#[inline]
-fn quota_arg(c: &LimitCheck<'_>, info: &LimitInfo) -> Option<QuotaArg> {
-    match c.quota {
-        None => info.own,
-        Some(q) => Some(QuotaArg::of(q)),
-    }
-}
-
-/// `now + timeout`, saturating far in the future instead of overflowing.
-fn deadline_after(timeout: Duration) -> tokio::time::Instant {
-    let now = tokio::time::Instant::now();
-    now.checked_add(timeout)
-        .unwrap_or_else(|| now + super::MAX_TIMEOUT)
-}
-
-fn collect(fb: &Fallback) -> Decisions {
-    let mut out = Decisions::new();
-    for d in &fb.got[..fb.n] {
-        out.push(d.expect("every limit decided"));
-    }
-    out
-}
-
-enum CallError {
-    Timeout,
-    Redis(String, StoreErrorKind),
-    Store(StoreError),
-}
-
-impl CallError {
-    fn into_store_error(self, timeout: Duration) -> StoreError {
-        match self {
-            CallError::Timeout => StoreError::new(
-                StoreErrorKind::Timeout,
-                format!("redis did not answer within {timeout:?}"),
-            ),
-            CallError::Redis(msg, kind) => StoreError::new(kind, format!("redis: {msg}")),
-            CallError::Store(e) => e,
-        }
-    }
-}
-
-fn kind_of(e: &redis::RedisError) -> StoreErrorKind {
-    if e.is_timeout() {
-        StoreErrorKind::Timeout
-    } else if e.is_io_error() || e.is_connection_refusal() || e.is_connection_dropped() {
-        StoreErrorKind::Unavailable
-    } else {
-        StoreErrorKind::Other
-    }
-}
-
-/// A configured clock's time in the domain of Redis `TIME`: Unix µs (its reading plus its
-/// [`unix_offset_micros`](Clock::unix_offset_micros), 0 for a `ManualClock` left alone).
-fn unix_micros(clock: &dyn Clock) -> u64 {
-    clock
-        .now_micros()
-        .saturating_add(clock.unix_offset_micros())
 }

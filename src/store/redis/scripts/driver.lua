@@ -1,48 +1,10 @@
--- tollgate: the driver. Runs groups of limits; each group is decided all-or-nothing.
---
--- KEYS[i]  the state key of limit i (all groups' limits, in order).
--- ARGV[1]  'b' for a batch of single-limit checks at the server's time (the batcher's common
---          call): then ARGV[1 + i] is limit i's cost, or "index:cost" for a limit other than
---          the store's first, and nothing else follows. Otherwise 'c' to check: decide every
---          limit of a group, then charge all of them only if all allow (a rejected group writes
---          nothing); or 'r' to refund what a check charged. For 'c' and 'r':
--- ARGV[2]  G, the number of groups. Then one header per group: '' for the common group of one
---          limit at the server's time, else "n" (n limits) or "n@t" (at time t in µs). TIME is
---          read once, shared by every group at the server's time. A refund's header adds "rA",
---          the time A (µs) its reservation was charged at ("nrA" or "n@trA"); the refund itself
---          is applied at t (or the server's time), so the buckets can tell what refilled since.
--- Then 2 arguments per limit, in KEYS order: the limit's index in this store's configuration
--- and the cost. LIMIT (generated from the configuration) maps an index to the algorithm's
--- functions (load, decide, apply, refund, and check, decide-then-apply in one call where the
--- algorithm has it, else false) and the limit's ttl_ms and parameters p1..p3. FAST (also
--- generated) is limit 0's fused check for a 'b' call's common case, with its ttl_ms,
--- parameters, and the cell and refill bound (µs) of its TTL-keeping writes ("Expiry" in
--- token_bucket.lua), or false: a token bucket's `tb_fast`.
---
--- A check at a quota other than the limit's own (a plan) names that quota's parameters: its
--- index argument is "index:ttl:p1:p2:p3" (for 'b': "index:cost:ttl:p1:p2:p3"). Its key's state
--- is rebased first when it was written at other parameters (see `replan`), and its writes are
--- marked with the parameters (see MARK in the prelude). A check without a plan takes none of this
--- unless its key is marked.
---
--- Returns one string of little-endian 64-bit integers (cheaper to build and to parse than an
--- array reply): per group (for 'b': once) the time, then 5 integers per limit: allowed (1/0), remaining,
--- reset (µs), retry (µs; -1 when the cost exceeds the capacity) and corrupt (1 when the key held
--- something unreadable, which was deleted and treated as a fresh key). When a group is
--- rejected, its limits that would have allowed are reported as they stand, at cost 0 (as the
--- memory store does); a refund reports each limit after the refund, at cost 0, at the refund's
--- time.
---
--- 'n' first (a Redis Cluster master's batch, whose keys may be of several hash slots): no key is
--- declared, as Redis refuses declared keys of several slots whatever the script's flags. ARGV[2]
--- is then the number of keys, the keys follow, and then the arguments of a 'b' or 'c' call.
--- Every key is read before anything is written: if one is not served by this node (its slot
--- moved or is migrating: Redis fails the access), the call answers TOLLGATE_UNSERVED with nothing
--- applied, and the store sends the batch again slot by slot. Slot ownership cannot change while
--- the script runs, so no later access can fail that way.
+-- tollgate: the driver, the script's entry point for checks and refunds. Runs groups of limits;
+-- each group is decided all-or-nothing. Its arguments ('b', 'c', 'r', 'n' first), headers
+-- ("n@trA") and reply are described in docs/internals/redis-script.md, "The check call".
 local KEYS, ARGV = KEYS, ARGV
 local node = ARGV[1] == 'n'
 if node then
+  PREFETCH, FAST, FAST_TTL, FAST_P1, FAST_P2, FAST_P3, FAST_CELL, FAST_KEEP = batch_paths()
   local nkeys = tonumber(ARGV[2])
   local keys, argv = {}, {}
   for i = 1, nkeys do
@@ -175,6 +137,9 @@ local function single(key, lim, cost, now, at, plan)
 end
 
 if ARGV[1] == 'b' then
+  if not node then
+    PREFETCH, FAST, FAST_TTL, FAST_P1, FAST_P2, FAST_P3, FAST_CELL, FAST_KEEP = batch_paths()
+  end
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   out[1] = struct.pack('<i8', now)

@@ -171,3 +171,10 @@ local function fw_rebase(_, _, now, operiod, _, ocal, period, _, cal, window, co
   end
   return w, count
 end
+
+
+-- The fixed window for the dispatch (dispatch.lua): load, decide, apply, refund, rebase, check,
+-- fast, and whether a batch may read its keys ahead.
+local function fw_algorithm()
+  return fw_load, fw_decide, fw_apply, fw_refund, fw_rebase, false, false, true
+end

@@ -1,42 +1,9 @@
--- tollgate: the lease driver of the hybrid store (src/store/hybrid). Replaces driver.lua after
--- the prelude, the algorithms and LIMIT, so a lease runs exactly the functions a check runs.
---
--- KEYS[1]  the limit's state key (the same key a plain check of this store uses).
--- KEYS[2]  its birth record (the same hash tag, so the same slot), alive for the key's ttl:
---          when (µs) a lease last found the state key missing or unreadable and started it over,
---          and the most a caller knew of its spending since (units, at µs), the key's `base`:
---          three little-endian 64-bit integers.
--- ARGV[1]  the limit's index in the store's configuration.
--- ARGV[2]  want: the most units to lease.
--- ARGV[3]  min: the fewest units worth leasing (the cost of the request that asks), and how
---          many a refusal waits for: "min" or "min:wait". When fewer than `min` are available
---          nothing is granted and the reply says when `wait` (at least `min`) will fit, so a hot
---          key refused on many instances does not poll Redis unit by unit.
--- ARGV[4]  give: units of an earlier lease given back (not used), charged at ARGV[5] (µs); they
---          are refunded by the algorithm's refund (never leaving the key fuller than a key that
---          never saw the lease) before anything is leased.
--- ARGV[6]  owed: units admitted locally while Redis could not be reached; charged first (as far
---          as they fit), so a recovering instance does not find a refilled budget.
--- ARGV[7]  '' for the server's TIME, else the time in µs (a store with an explicit clock).
--- ARGV[8]  known: units the caller knows the key had spent at ARGV[9] (µs; its last reply for
---          the key), usable while now < ARGV[10] (0: no end). If the key's state is gone
---          (missing: FLUSHALL, a restart without persistence, eviction; or unreadable) they are
---          charged at ARGV[9] first and the algorithm refills them to now, so the key is rebuilt
---          no fuller than the caller knew it (a sliding window counter weighs them, when `now` is
---          in the next window, as it weighs any previous window's count). If the key was started over after ARGV[9] (its
---          birth record is later: another instance, knowing less, got there first), what the
---          caller knew beyond the key's base (both refilled to now) is charged on top of what
---          was spent since, and becomes the base. A key only expires once it is full again,
---          which the caller's knowledge then says as well, so an expired key is charged nothing.
---          Such a caller (one whose knowledge predates the key's start) leases only its cost
---          (`min`) this time.
---
--- Leasing `n` units is a check of cost `n` at one instant: `decide(now, 0)` says how many fit,
--- `apply` charges them. Returns one string of little-endian 64-bit integers: now, granted,
--- remaining (after the grant), reset (µs), retry (µs until `wait` fits; -1 when `min` exceeds the
--- capacity; 0 when granted), corrupt (1 when the key held something unreadable and was reset).
--- A key written at a plan's quota (marked) is not leased: granted = -2, and the caller checks
--- it plainly.
+-- tollgate: the lease driver of the hybrid store (src/store/hybrid), run in place of driver.lua
+-- after the prelude, the algorithms, CONFIG and the dispatch, so a lease runs exactly the
+-- functions a check runs. Leasing `n` units is a check of cost `n` at one instant:
+-- `decide(now, 0)` says how many fit, `apply` charges them. Its arguments (the state key and its
+-- birth record; limit, want, min[:wait], give, given_at, owed, now, known, known_at, known_until)
+-- and its reply are described in docs/internals/redis-script.md, "The lease call".
 local lim = tonumber(ARGV[1])
 local want = tonumber(ARGV[2])
 local min, wait = string.match(ARGV[3], '^(%d+):?(%d*)$')

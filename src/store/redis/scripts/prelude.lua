@@ -46,6 +46,12 @@ end
 local MARK = ''
 local MARK_LEN = 24
 
+-- Each algorithm's file ends with `<name>_algorithm()` (its name as in script.rs's `script_of`
+-- and in its keys), returning its functions for the dispatch (dispatch.lua): load, decide, apply,
+-- refund, rebase, then check (decide-then-apply in one call) and fast (a batch's fused check) or
+-- false, and whether a batch may read its keys ahead. docs/internals/redis-script.md says what
+-- each takes and returns.
+
 -- Values the driver read ahead with one MGET for a batch (key -> string; missing keys and keys
 -- of another type are left out and read below). Each is taken once: a key that appears again in
 -- the batch is read with GET, after the write the first decision made.

@@ -239,3 +239,10 @@ end
 local function sl_rebase(_, _, _, _, _, _, _, _, _, st)
   return st
 end
+
+
+-- The sliding log for the dispatch (dispatch.lua): load, decide, apply, refund, rebase, check,
+-- fast, and whether a batch may read its keys ahead: not a log, which is read in pieces.
+local function sl_algorithm()
+  return sl_load, sl_decide, sl_apply, sl_refund, sl_rebase, false, false, false
+end

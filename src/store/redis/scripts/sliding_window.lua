@@ -150,3 +150,10 @@ local function sw_rebase(_, _, now, operiod, olimit, _, period, _, _, last, spre
   end
   return t, 0, cur
 end
+
+
+-- The sliding window counter for the dispatch (dispatch.lua): load, decide, apply, refund,
+-- rebase, check, fast, and whether a batch may read its keys ahead.
+local function sw_algorithm()
+  return sw_load, sw_decide, sw_apply, sw_refund, sw_rebase, false, false, true
+end

@@ -32,8 +32,9 @@ local tb_load = load2
 -- write with) is then in L's cell, so before L + cell, and its bucket is full before
 -- L + cell + keep = L + ttl - 2 ms: the key expires no earlier than that. Keeping the TTL never
 -- makes a key live longer than the write that set it allowed; it may expire up to a cell sooner
--- after its last write than before, and only ever once its bucket is full. A key written at least
--- once a cell keeps most of its writes cheap; a sparser one sets the TTL on every write.
+-- after its last write than a key whose every write sets the TTL, and only ever once its bucket
+-- is full. A key written at least once a cell keeps most of its writes cheap; a sparser one sets
+-- the TTL on every write.
 -- Writes by other code (plans, refunds, groups of several limits) all go through tb_store.
 
 -- Writes the state (deficit, last), alive for ttl (ms) past `last`, or, for a deficit above cap
@@ -219,4 +220,11 @@ local function tb_rebase(_, _, now, ounit, oper, ocap, unit, per, cap, deficit, 
     last = MAX_EXACT - 1
   end
   return deficit, last
+end
+
+
+-- The token bucket for the dispatch (dispatch.lua): load, decide, apply, refund, rebase, check,
+-- fast, and whether a batch may read its keys ahead.
+local function tb_algorithm()
+  return tb_load, tb_decide, tb_apply, tb_refund, tb_rebase, tb_check, tb_fast, true
 end

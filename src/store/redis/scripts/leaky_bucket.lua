@@ -1,0 +1,10 @@
+-- tollgate: leaky-bucket meter, the mirror of src/algorithm/leaky_bucket.rs, which wraps a token
+-- bucket: the token bucket's functions (token_bucket.lua, always included before this file) read
+-- as a queue's level, under keys of its own.
+
+-- The leaky-bucket meter for the dispatch (dispatch.lua): load, decide, apply, refund, rebase,
+-- check, fast (none: the token bucket's fused batch path is the token bucket's alone), and
+-- whether a batch may read its keys ahead.
+local function lb_algorithm()
+  return tb_load, tb_decide, tb_apply, tb_refund, tb_rebase, tb_check, false, true
+end

@@ -1,0 +1,187 @@
+//! The Cluster's slot map: which master serves a hash slot, read with `CLUSTER SLOTS` and read
+//! again at most once per probe interval; and the hash slot of a key's tag.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use redis::Value;
+
+use super::conn::Conn;
+use crate::error::{StoreError, StoreErrorKind};
+
+/// The Cluster's slot map as last read, shared by a store, the stores reconfigured from it and
+/// their batchers.
+pub(crate) struct SlotCache {
+    map: RwLock<Arc<SlotMap>>,
+    /// When the map was last asked for (ms since `born`), to ask at most once per `every`.
+    asked: AtomicU64,
+    born: std::time::Instant,
+    every: Duration,
+    timeout: Duration,
+}
+
+impl SlotCache {
+    /// An empty map, read again at most once per `every`, each read within `timeout`.
+    pub(crate) fn new(every: Duration, timeout: Duration) -> Self {
+        Self {
+            map: RwLock::default(),
+            asked: AtomicU64::new(0),
+            born: std::time::Instant::now(),
+            every,
+            timeout,
+        }
+    }
+
+    /// The map as last read (empty until then).
+    pub(crate) fn map(&self) -> Arc<SlotMap> {
+        self.map.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Reads the Cluster's slot map again (at most once per interval).
+    pub(crate) async fn refresh(&self, conn: &Conn) {
+        let now = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let last = self.asked.load(Ordering::Relaxed);
+        let every = u64::try_from(self.every.as_millis()).unwrap_or(u64::MAX);
+        if last != 0 && now.saturating_sub(last) < every {
+            return;
+        }
+        self.asked.store(now.max(1), Ordering::Relaxed);
+        match tokio::time::timeout(self.timeout, SlotMap::fetch(conn)).await {
+            Ok(Ok(map)) => {
+                *self.map.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(map);
+            }
+            Ok(Err(e)) => tracing::debug!(error = %e, "could not read the cluster slot map"),
+            Err(_) => tracing::debug!("reading the cluster slot map timed out"),
+        }
+    }
+}
+
+/// The Cluster's slot map as `CLUSTER SLOTS` reports it: (first slot, last slot, master
+/// `host:port`), sorted by first slot.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct SlotMap {
+    ranges: Vec<(u16, u16, String)>,
+}
+
+impl SlotMap {
+    /// Reads the map from the Cluster.
+    pub(crate) async fn fetch(conn: &Conn) -> Result<Self, StoreError> {
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SLOTS");
+        let value = conn.query(&cmd).await.map_err(|e| {
+            StoreError::new(StoreErrorKind::Unavailable, format!("CLUSTER SLOTS: {e}"))
+        })?;
+        Self::parse(&value).ok_or_else(|| {
+            StoreError::new(
+                StoreErrorKind::InvalidResponse,
+                "CLUSTER SLOTS: unexpected reply",
+            )
+        })
+    }
+
+    fn parse(value: &Value) -> Option<Self> {
+        let Value::Array(entries) = value else {
+            return None;
+        };
+        let mut ranges = Vec::with_capacity(entries.len());
+        for e in entries {
+            let Value::Array(e) = e else { return None };
+            let (Some(Value::Int(a)), Some(Value::Int(b)), Some(Value::Array(master))) =
+                (e.first(), e.get(1), e.get(2))
+            else {
+                return None;
+            };
+            let host = match master.first()? {
+                Value::BulkString(h) => String::from_utf8_lossy(h).into_owned(),
+                Value::SimpleString(h) => h.clone(),
+                _ => return None,
+            };
+            let Some(Value::Int(port)) = master.get(1) else {
+                return None;
+            };
+            ranges.push((
+                u16::try_from(*a).ok()?,
+                u16::try_from(*b).ok()?,
+                format!("{host}:{port}"),
+            ));
+        }
+        ranges.sort_unstable();
+        Some(Self { ranges })
+    }
+
+    /// A slot the master at `addr` serves (its first), or `None` if it serves none.
+    pub(crate) fn slot_of(&self, addr: &str) -> Option<u16> {
+        self.ranges.iter().find(|r| r.2 == addr).map(|r| r.0)
+    }
+
+    /// The master serving `slot`, if known.
+    pub(crate) fn node(&self, slot: u16) -> Option<&str> {
+        let i = self
+            .ranges
+            .partition_point(|r| r.0 <= slot)
+            .checked_sub(1)?;
+        let (a, b, addr) = &self.ranges[i];
+        (*a <= slot && slot <= *b).then_some(addr.as_str())
+    }
+}
+
+/// The Cluster hash slot of a key whose hash tag is `tag` (CRC16-XMODEM mod 16384, as Redis).
+pub(crate) fn slot_of_tag(tag: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in tag {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc & 16383
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_match_redis() {
+        // Values from `CLUSTER KEYSLOT`.
+        assert_eq!(slot_of_tag(b"foo"), 12182);
+        assert_eq!(slot_of_tag(b"123456789"), 12739);
+        assert_eq!(slot_of_tag(b""), 0);
+    }
+
+    #[test]
+    fn slot_map_lookup() {
+        let m = SlotMap::parse(&Value::Array(vec![
+            Value::Array(vec![
+                Value::Int(5461),
+                Value::Int(10922),
+                Value::Array(vec![
+                    Value::BulkString(b"10.0.0.2".to_vec()),
+                    Value::Int(7001),
+                ]),
+            ]),
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(5460),
+                Value::Array(vec![
+                    Value::BulkString(b"10.0.0.1".to_vec()),
+                    Value::Int(7000),
+                ]),
+            ]),
+        ]))
+        .unwrap();
+        assert_eq!(m.node(0), Some("10.0.0.1:7000"));
+        assert_eq!(m.node(5460), Some("10.0.0.1:7000"));
+        assert_eq!(m.node(5461), Some("10.0.0.2:7001"));
+        assert_eq!(m.node(10923), None);
+        assert_eq!(m.slot_of("10.0.0.2:7001"), Some(5461));
+        assert_eq!(m.slot_of("10.0.0.1:7000"), Some(0));
+        assert_eq!(m.slot_of("10.0.0.3:7002"), None);
+        assert!(SlotMap::parse(&Value::Okay).is_none());
+    }
+}
