@@ -684,7 +684,7 @@ async fn a_nested_layer_of_shadow_limits_only_keeps_its_tighter_headers() {
         builder(&clock, Mode::Ready).limit(
             Limit::new("trial", Quota::per_second(2))
                 .key(client())
-                .mode(crate::plan::Mode::Shadow { headers: true }),
+                .mode(crate::rate_limit::Mode::Shadow { headers: true }),
         ),
     );
     for remaining in ["1", "0", "0"] {
@@ -701,7 +701,7 @@ async fn a_nested_layer_of_shadow_limits_only_keeps_its_tighter_headers() {
 #[tokio::test]
 async fn the_short_path_decides_as_the_general_one() {
     use crate::key::Key;
-    use crate::plan::Override;
+    use crate::rate_limit::Override;
     let cost = |req: &RequestView<'_>| -> u64 {
         req.headers()
             .get("x-cost")
@@ -932,7 +932,7 @@ async fn a_request_dropped_before_its_enforcing_answer_leaves_no_shadow_charge()
             .limit(
                 Limit::new("tried", Quota::per_hour(5))
                     .key(GlobalKey)
-                    .mode(crate::plan::Mode::Shadow { headers: true }),
+                    .mode(crate::rate_limit::Mode::Shadow { headers: true }),
             ),
     );
     // Both checks reach the store in `call`; the enforcing answer is still to come.
