@@ -145,13 +145,13 @@ mod error;
 pub mod fuzzing;
 pub mod headers;
 pub mod key;
-pub mod rate_limit;
 pub mod metrics;
 pub mod outbound;
 pub mod plan;
 #[cfg(feature = "serde")]
 pub mod policy;
 pub mod quota;
+pub mod rate_limit;
 mod request;
 pub mod response;
 pub mod store;
@@ -159,8 +159,8 @@ pub mod store;
 pub use algorithm::AlgorithmKind;
 pub use decision::{Decision, PolicyName};
 pub use error::{ConfigError, StoreError, StoreErrorKind};
-pub use rate_limit::{Limit, MissingKey, RateLimit, RateLimitLayer, RateLimitLayerBuilder};
 pub use quota::Quota;
+pub use rate_limit::{Limit, MissingKey, RateLimit, RateLimitLayer, RateLimitLayerBuilder};
 pub use request::RequestView;
 
 /// Compiles and runs every Rust code block of `README.md` as a doctest (`cargo test

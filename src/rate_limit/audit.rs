@@ -3,9 +3,9 @@
 use std::fmt;
 use std::time::SystemTime;
 
+use super::limit::{Mode, Override};
 use crate::algorithm::AlgorithmKind;
 use crate::decision::PolicyName;
-use super::limit::{Mode, Override};
 use crate::quota::Quota;
 
 pub(crate) type AuditFn = dyn Fn(&AuditEvent) + Send + Sync;

@@ -7,10 +7,10 @@ use arc_swap::ArcSwap;
 
 use super::audit::{AuditEvent, AuditFn};
 use super::layer::RateLimitLayer;
+use super::limit::overrides::OverrideTable;
+use super::limit::{CompiledLimit, Limit};
 use super::shared::Shared;
 use super::snapshot::Snapshot;
-use super::limit::{CompiledLimit, Limit};
-use super::limit::overrides::OverrideTable;
 use crate::error::ConfigError;
 use crate::headers::{policy_field, RateLimitHeaders, ResetFormat};
 use crate::metrics::NearLimit;

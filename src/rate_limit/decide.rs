@@ -478,8 +478,7 @@ fn take_turn<ReqBody, St: Store>(
         .enumerate()
         .filter_map(|(k, (d, (limit, _)))| {
             let shape = snapshot.limits[limit].shape.as_ref()?;
-            (applied.quota[k] == QuotaChoice::Own && d.is_counted())
-                .then(|| (limit, shape.wait(d)))
+            (applied.quota[k] == QuotaChoice::Own && d.is_counted()).then(|| (limit, shape.wait(d)))
         })
         .collect();
     let checks = (mem::take(&mut f.shaped), mem::take(&mut f.unshaped));

@@ -17,8 +17,8 @@ use super::shared::Shared;
 use super::snapshot::Snapshot;
 use crate::decision::{Decision, PolicyName};
 use crate::error::StoreError;
-use crate::metrics::{self, NearLimit};
 use crate::headers::RateLimitHeaders;
+use crate::metrics::{self, NearLimit};
 use crate::store::{Checked, Decisions, LimitCheck, Store};
 
 /// Work after the enforcing check: shadow limits, and charges decided by the response. Boxed
@@ -373,7 +373,10 @@ pub(super) enum ShadowStatus<F> {
 impl<St: Store> Followup<St> {
     /// Checks the shadow limits of a request the enforcing limits allowed, or takes the answer
     /// of the check started together with theirs; records what is decided in `outcome`.
-    pub(super) fn check_shadow(&mut self, outcome: &mut Option<Outcome>) -> ShadowStatus<St::Future> {
+    pub(super) fn check_shadow(
+        &mut self,
+        outcome: &mut Option<Outcome>,
+    ) -> ShadowStatus<St::Future> {
         // The shadow limits of a request decide together, all-or-nothing among themselves (as
         // they would if they enforced), and never with the enforcing limits.
         self.enforced = true;

@@ -170,6 +170,4 @@ pub use service::RateLimit;
 pub use shaping::{Shape, ShapedDelay, DEFAULT_MAX_WAITING};
 
 #[cfg(test)]
-mod test_store;
-#[cfg(test)]
 mod tests;

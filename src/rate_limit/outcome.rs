@@ -9,7 +9,9 @@ use super::shaping::ShapedDelay;
 use super::shared::Shared;
 use super::snapshot::Snapshot;
 use crate::decision::Decision;
-use crate::headers::{policy_field, ratelimit_field, RateLimitHeaders, RATELIMIT, RATELIMIT_POLICY};
+use crate::headers::{
+    policy_field, ratelimit_field, RateLimitHeaders, RATELIMIT, RATELIMIT_POLICY,
+};
 use crate::store::{Decisions, MAX_LIMITS};
 
 /// What to write on a response: the reported decision and, when enabled, the IETF fields

@@ -230,7 +230,12 @@ impl Schedules {
     /// shaped check takes over an earlier free place of its schedule of the same cost due no
     /// sooner than `now`, if there is one (and its own place is given back when it is the
     /// last); otherwise every place is its own.
-    pub(super) fn enter(&self, mut deciding: Deciding, now: u64, entries: Vec<Entry>) -> (u64, u64) {
+    pub(super) fn enter(
+        &self,
+        mut deciding: Deciding,
+        now: u64,
+        entries: Vec<Entry>,
+    ) -> (u64, u64) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut pending = mem::take(&mut deciding.keys);
         let take_over = entries.len() == 1;
@@ -370,6 +375,8 @@ impl Held {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::AtomicUsize;
+
     use super::*;
 
     /// A schedule, and a refund for place `turn` that records it in `given`.

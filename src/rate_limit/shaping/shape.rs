@@ -42,7 +42,7 @@ pub const DEFAULT_MAX_WAITING: usize = 10_000;
 ///   layer tracks places per schedule as the store keeps them (one per limit and key, whatever
 ///   the requests' costs and other limits). The next request of that schedule with the same
 ///   cost and no other shaped limit, arriving before the freed place is due, takes it over, and
-///   its own place, the last of the schedule, goes back to the store with [`Store::refund`]; a
+///   its own place, the last of the schedule, goes back to the store with [`Store::refund`](crate::store::Store::refund); a
 ///   freed place that is (or becomes) the last of the schedule goes back to the store at once
 ///   (one already due gives back only what has not refilled since its turn). So whatever is
 ///   cancelled, no two requests are given the same turn (over any window, at most
