@@ -88,8 +88,7 @@ pub(super) fn begin<ReqBody, St: Store>(
 /// What an allowed request does is kept here; what it rarely needs (a missing key, an
 /// override, a plan, work after the response) is in functions of their own, out of line, so
 /// the code every request runs stays compact.
-#[inline]
-pub(super) fn begin_with<const N: usize, const PLAIN: bool, ReqBody, St: Store>(
+fn begin_with<const N: usize, const PLAIN: bool, ReqBody, St: Store>(
     shared: &Arc<Shared<St>>,
     snapshot: &Arc<Snapshot<St>>,
     req: &mut Request<ReqBody>,

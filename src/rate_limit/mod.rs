@@ -165,9 +165,9 @@ pub use body::ResponseBody;
 pub use builder::RateLimitLayerBuilder;
 pub use future::ResponseFuture;
 pub use layer::{RateLimitLayer, StoreRef};
-pub use limit::{Charge, Limit, MissingKey, Mode, Override};
+pub use limit::{Charge, Limit, MissingKey, Mode, Override, Shape};
 pub use service::RateLimit;
-pub use shaping::{Shape, ShapedDelay, DEFAULT_MAX_WAITING};
+pub use shaping::{ShapedDelay, DEFAULT_MAX_WAITING};
 
 #[cfg(test)]
 mod tests;

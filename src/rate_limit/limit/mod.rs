@@ -4,6 +4,7 @@
 mod missing_key;
 mod options;
 pub(super) mod overrides;
+mod shape;
 
 use std::fmt;
 use std::sync::Arc;
@@ -11,8 +12,9 @@ use std::sync::Arc;
 pub use missing_key::MissingKey;
 pub use options::{Charge, Mode};
 pub use overrides::Override;
+pub(crate) use shape::CompiledShape;
+pub use shape::Shape;
 
-use super::shaping::{self, CompiledShape, Shape};
 use crate::algorithm::AlgorithmKind;
 use crate::cost::Cost;
 use crate::decision::PolicyName;
@@ -280,7 +282,7 @@ impl Limit {
         let quota = self
             .shape
             .as_ref()
-            .and_then(|s| shaping::compile(s, &self.quota, self.algorithm).ok())
+            .and_then(|s| shape::compile(s, &self.quota, self.algorithm).ok())
             .map_or(self.quota, |s| s.widen(&self.quota));
         let spec = LimitSpec::new(self.name, quota, self.algorithm);
         match self.on_store_error {
@@ -358,7 +360,7 @@ impl Limit {
                 ))
             }
             Some(s) => Some(
-                shaping::compile(s, &self.quota, self.algorithm)
+                shape::compile(s, &self.quota, self.algorithm)
                     .map_err(|e| bad(e.field(), e.message().to_owned()))?,
             ),
         };

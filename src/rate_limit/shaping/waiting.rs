@@ -10,7 +10,7 @@ use std::time::Duration;
 use http::{Request, Response};
 
 use super::schedules::{Deciding, Entry, Held, PendingRefund, ScheduleKey, Schedules};
-use super::shape::ShapedDelay;
+use super::ShapedDelay;
 use crate::decision::Decision;
 use crate::quota::Quota;
 use crate::rate_limit::applied::OwnedCheck;

@@ -1,5 +1,5 @@
-//! [`Shape`] (how a limit shapes), [`ShapedDelay`] (how long a request waited), and a limit's
-//! shaping compiled against its quota.
+//! [`Shape`]: how a limit shapes (a request that does not fit now waits for its turn), and a
+//! limit's shaping compiled against its quota.
 
 use std::time::Duration;
 
@@ -7,10 +7,6 @@ use crate::algorithm::AlgorithmKind;
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::quota::Quota;
-
-/// The default bound on requests waiting in one layer, across keys
-/// ([`RateLimitLayerBuilder::max_waiting`](crate::RateLimitLayerBuilder::max_waiting)).
-pub const DEFAULT_MAX_WAITING: usize = 10_000;
 
 /// How a [`Limit`](crate::Limit) shapes: how long a request may wait for its turn, and how
 /// many units may wait per key. `Duration` converts into it.
@@ -184,31 +180,6 @@ impl Shape {
 impl From<Duration> for Shape {
     fn from(max_wait: Duration) -> Self {
         Self::new(max_wait)
-    }
-}
-
-/// How long a shaped request waited for its turn: in the request's extensions (for the handler)
-/// and in the response's (for outer middleware). Absent when the request did not wait.
-///
-/// ```
-/// use std::time::Duration;
-/// use tollgate::rate_limit::ShapedDelay;
-///
-/// let waited = ShapedDelay::new(Duration::from_millis(100));
-/// assert_eq!(waited.get(), Duration::from_millis(100));
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ShapedDelay(Duration);
-
-impl ShapedDelay {
-    /// A delay of `delay`.
-    pub const fn new(delay: Duration) -> Self {
-        Self(delay)
-    }
-
-    /// The delay.
-    pub const fn get(&self) -> Duration {
-        self.0
     }
 }
 
