@@ -21,13 +21,13 @@ use crate::store::Store;
 /// Rate-limits requests to the inner service `S`. Created by [`RateLimitLayer`]; see the
 /// [module docs](crate::rate_limit).
 ///
-/// Allowed requests reach `S` with the reported [`Decision`] in their extensions, and all
-/// [`Decisions`] too when the layer holds more than one limit or layers are nested (with a
-/// single limit, the `Decision` is the only one); responses get rate-limit headers, and the
-/// reported [`Decision`] in their extensions when
-/// [`response_extensions`](crate::rate_limit::RateLimitLayerBuilder::response_extensions) is on (for
-/// logging or metrics middleware further out) or the layer is nested in another. Refused requests never reach `S`: they are
-/// answered by the layer's [`Rejection`](crate::response::Rejection).
+/// Allowed requests reach `S` with the reported [`Decision`](crate::Decision) in their
+/// extensions, and all [`Decisions`](crate::store::Decisions) too when the layer holds more than
+/// one limit or layers are nested (with a single limit, the `Decision` is the only one);
+/// responses get rate-limit headers, and the reported `Decision` in their extensions when
+/// [`response_extensions`](super::RateLimitLayerBuilder::response_extensions) is on (for logging
+/// or metrics middleware further out) or the layer is nested in another. Refused requests never
+/// reach `S`: they are answered by the layer's [`Rejection`](crate::response::Rejection).
 pub struct RateLimit<S, St = MemoryStore> {
     inner: S,
     shared: Arc<Shared<St>>,
