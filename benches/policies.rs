@@ -21,7 +21,10 @@ use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use tollgate::key::{GlobalKey, HeaderKey, Key, KeyValue};
-use tollgate::plan::{CachedLookup, Charge, Mode, Override, Plan, PlanMap, Resolution};
+use tollgate::plan::{CachedLookup, Plan, PlanMap, Resolution};
+use tollgate::rate_limit::Charge;
+use tollgate::rate_limit::Mode;
+use tollgate::rate_limit::Override;
 use tollgate::{Limit, PolicyName, Quota, RateLimitLayer, RequestView};
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 
@@ -75,7 +78,7 @@ fn block_on<F: Future>(fut: F) -> F::Output {
 
 type Svc = tower::util::BoxCloneSyncService<
     Request<()>,
-    Response<tollgate::layer::ResponseBody<String>>,
+    Response<tollgate::rate_limit::ResponseBody<String>>,
     Infallible,
 >;
 

@@ -57,7 +57,7 @@ use axum::extract::ConnectInfo;
 use http::{Request, Response, StatusCode};
 use report::{Plot, Section, Table};
 use tollgate::key::PeerIp;
-use tollgate::layer::{Limit, RateLimitLayer};
+use tollgate::rate_limit::{Limit, RateLimitLayer};
 use tollgate::Quota;
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_governor::governor::GovernorConfigBuilder;

@@ -1,7 +1,7 @@
 //! Rate-limit response headers: `X-RateLimit-*`, the IETF `RateLimit` / `RateLimit-Policy` fields
 //! and `Retry-After`, written from [`Decision`]s.
 //!
-//! [`RateLimitLayer`](crate::layer::RateLimitLayer) writes these on **every** response it
+//! [`RateLimitLayer`](crate::rate_limit::RateLimitLayer) writes these on **every** response it
 //! decided, allowed or rejected, according to a [`RateLimitHeaders`] configuration:
 //!
 //! | header | when | value |

@@ -83,7 +83,7 @@
 //!
 //! | module | what it holds |
 //! |---|---|
-//! | [`layer`] | [`RateLimitLayer`] and its builder, [`Limit`], [`RateLimit`], the response future and body |
+//! | [`rate_limit`] | [`RateLimitLayer`] and its builder, [`Limit`], [`RateLimit`], the response future and body |
 //! | [`quota`] | [`Quota`]: `Quota::per_second(10).burst(50)`, parsing of `"100/min"` |
 //! | [`algorithm`] | token bucket, GCRA, fixed window, sliding window, sliding log, leaky bucket, and how to choose |
 //! | [`key`] | key extractors: who a request is counted against |
@@ -111,7 +111,7 @@
 //! the canonical one used throughout these docs, the README and the examples:
 //! [`RateLimitLayer`], [`RateLimitLayerBuilder`], [`Limit`], [`MissingKey`], [`RateLimit`],
 //! [`Quota`], [`AlgorithmKind`], [`Decision`], [`PolicyName`], [`ConfigError`], [`StoreError`],
-//! [`StoreErrorKind`] and [`RequestView`]. Their module paths (`tollgate::layer::Limit`,
+//! [`StoreErrorKind`] and [`RequestView`]. Their module paths (`tollgate::rate_limit::Limit`,
 //! `tollgate::quota::Quota`, ...) keep working and name the same items. Everything else (key
 //! extractors, costs, stores, clocks, headers, rejections) is used through its module:
 //! `tollgate::key::PeerIp`, `tollgate::store::MemoryBackend`, `tollgate::clock::ManualClock`.
@@ -145,13 +145,13 @@ mod error;
 pub mod fuzzing;
 pub mod headers;
 pub mod key;
-pub mod layer;
 pub mod metrics;
 pub mod outbound;
 pub mod plan;
 #[cfg(feature = "serde")]
 pub mod policy;
 pub mod quota;
+pub mod rate_limit;
 mod request;
 pub mod response;
 pub mod store;
@@ -159,8 +159,8 @@ pub mod store;
 pub use algorithm::AlgorithmKind;
 pub use decision::{Decision, PolicyName};
 pub use error::{ConfigError, StoreError, StoreErrorKind};
-pub use layer::{Limit, MissingKey, RateLimit, RateLimitLayer, RateLimitLayerBuilder};
 pub use quota::Quota;
+pub use rate_limit::{Limit, MissingKey, RateLimit, RateLimitLayer, RateLimitLayerBuilder};
 pub use request::RequestView;
 
 /// Compiles and runs every Rust code block of `README.md` as a doctest (`cargo test

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tollgate::clock::ManualClock;
 use tollgate::cost::CostTable;
 use tollgate::key::{ClientIp, GlobalKey, GrpcMethod, HeaderKey, PeerIp};
-use tollgate::layer::MissingKey;
+use tollgate::rate_limit::MissingKey;
 use tollgate::store::{MemoryBackend, Store};
 use tollgate::{Limit, Quota, RateLimitLayer};
 use tonic::metadata::MetadataMap;

@@ -9,8 +9,11 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use tollgate::clock::ManualClock;
 use tollgate::key::{GlobalKey, HeaderKey, Key, KeyValue};
-use tollgate::layer::{AuditEvent, Change};
-use tollgate::plan::{Charge, Mode, Override, Plan, Resolution, UnknownPlan};
+use tollgate::plan::{Plan, Resolution, UnknownPlan};
+use tollgate::rate_limit::Charge;
+use tollgate::rate_limit::Mode;
+use tollgate::rate_limit::Override;
+use tollgate::rate_limit::{AuditEvent, Change};
 use tollgate::store::MemoryBackend;
 use tollgate::{AlgorithmKind, Limit, PolicyName, Quota, RateLimitLayer, RequestView};
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
@@ -56,7 +59,7 @@ async fn status<S>(svc: &S, req: Request<String>) -> (StatusCode, Option<String>
 where
     S: Service<
             Request<String>,
-            Response = Response<tollgate::layer::ResponseBody<String>>,
+            Response = Response<tollgate::rate_limit::ResponseBody<String>>,
             Error = Infallible,
         > + Clone,
 {
@@ -102,7 +105,7 @@ fn app_generic<St: tollgate::store::Store>(
     layer: &RateLimitLayer<St>,
 ) -> impl Service<
     Request<String>,
-    Response = Response<tollgate::layer::ResponseBody<String>>,
+    Response = Response<tollgate::rate_limit::ResponseBody<String>>,
     Error = Infallible,
 > + Clone {
     ServiceBuilder::new()

@@ -26,7 +26,8 @@ fn request(method: &str, path: &str, headers: &[(&str, &str)]) -> Request<()> {
 
 /// The service of the example contract: `/login` answers 401 unless `x-password: letmein`.
 fn example_service(
-) -> BoxCloneService<Request<()>, Response<tollgate::layer::ResponseBody<String>>, Infallible> {
+) -> BoxCloneService<Request<()>, Response<tollgate::rate_limit::ResponseBody<String>>, Infallible>
+{
     let limits = Policy::from_toml_str(EXAMPLE, "examples/plans.toml")
         .unwrap()
         .limits()

@@ -12,8 +12,9 @@ use http_body_util::{BodyExt, Full};
 use tokio::time::Instant;
 use tollgate::clock::TokioClock;
 use tollgate::key::{GlobalKey, HeaderKey};
-use tollgate::layer::{Shape, ShapedDelay};
-use tollgate::plan::{Mode, Plan, PlanFromHeader};
+use tollgate::plan::{Plan, PlanFromHeader};
+use tollgate::rate_limit::Mode;
+use tollgate::rate_limit::{Shape, ShapedDelay};
 use tollgate::store::{MemoryBackend, MemoryStore};
 use tollgate::{AlgorithmKind, Limit, Quota, RateLimitLayer};
 use tower::{Service, ServiceBuilder, ServiceExt};
@@ -22,7 +23,7 @@ use tower::{Service, ServiceBuilder, ServiceExt};
 type Seen = Arc<Mutex<Vec<(String, Option<Duration>, Duration)>>>;
 
 type Layer = RateLimitLayer<MemoryStore<TokioClock>>;
-type Body = tollgate::layer::ResponseBody<Full<Bytes>>;
+type Body = tollgate::rate_limit::ResponseBody<Full<Bytes>>;
 
 fn layer(limit: Limit, max_waiting: usize) -> Layer {
     RateLimitLayer::builder()

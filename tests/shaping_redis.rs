@@ -16,13 +16,13 @@ use http_body_util::Full;
 use support::RedisServer;
 use tollgate::clock::ManualClock;
 use tollgate::key::GlobalKey;
-use tollgate::layer::ShapedDelay;
+use tollgate::rate_limit::ShapedDelay;
 use tollgate::store::redis::RedisBackend;
 use tollgate::store::FailurePolicy;
 use tollgate::{AlgorithmKind, Limit, Quota, RateLimitLayer};
 use tower::{Service, ServiceBuilder, ServiceExt};
 
-type Body = tollgate::layer::ResponseBody<Full<Bytes>>;
+type Body = tollgate::rate_limit::ResponseBody<Full<Bytes>>;
 
 /// One instance: its own Redis store (own connections) under the shared `prefix`.
 fn instance(

@@ -8,8 +8,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
-use tollgate::layer::AuditEvent;
 use tollgate::policy::{Policy, PolicyError};
+use tollgate::rate_limit::AuditEvent;
 use tollgate::{Limit, RateLimitLayer};
 
 /// Reads and compiles the policy file at `path`.

@@ -12,7 +12,7 @@ use super::table::MemorySlots;
 use crate::decision::PolicyName;
 use crate::error::ConfigError;
 use crate::key::{GlobalKey, KeyExtractor};
-use crate::layer::MissingKey;
+use crate::rate_limit::MissingKey;
 use crate::request::RequestView;
 use crate::response::{grpc_trailers_only, is_grpc, GrpcCode, ProblemDetails, RejectionBody};
 

@@ -1,4 +1,4 @@
-//! Plans, modes and charging: per-request quotas and how a limit counts.
+//! Plans: per-request quotas, and how a limit chooses one.
 //!
 //! A [`Limit`](crate::Limit) may hold several named [`Plan`]s, each its own quota, and a
 //! [`PlanResolver`] that picks one per request (from a request extension set by auth
@@ -45,13 +45,11 @@
 /// The most plans one limit may hold (one-off quotas are per-key overrides).
 pub const MAX_PLANS: usize = 250;
 
-mod mode;
 #[allow(clippy::module_inception)]
 mod plan;
 pub mod resolve;
 mod resolver;
 
-pub use mode::{Charge, Mode, Override};
 pub use plan::Plan;
 pub use resolve::{AssignedPlan, CachedLookup, PlanFromExtension, PlanFromHeader, PlanMap};
 pub use resolver::{PlanResolver, Resolution, UnknownPlan};

@@ -8,11 +8,9 @@ use crate::cost::CostTable;
 use crate::key::{
     ClientIp, ForwardedHeader, GlobalKey, HeaderKey, Key, KeyExtractor, PeerIp, Principal,
 };
-use crate::layer::{Limit, MissingKey};
-use crate::plan::{
-    Charge, Mode, Plan, PlanFromExtension, PlanFromHeader, PlanMap, PlanResolver, UnknownPlan,
-};
+use crate::plan::{Plan, PlanFromExtension, PlanFromHeader, PlanMap, PlanResolver, UnknownPlan};
 use crate::quota::Quota;
+use crate::rate_limit::{Charge, Limit, MissingKey, Mode};
 use crate::request::RequestView;
 use crate::store::PlanQuota;
 

@@ -93,7 +93,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use crate::layer::Limit;
+use crate::rate_limit::Limit;
 
 pub use error::PolicyError;
 pub use watch::{PolicyWatcher, WatchOutcome};

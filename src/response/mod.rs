@@ -6,7 +6,7 @@
 //! `application/problem+json` body (see its docs for the statuses and members), or a gRPC
 //! trailers-only response to gRPC requests. Whatever the rejection, the layer then adds the
 //! rate-limit headers, `Retry-After` when waiting helps and the response lacks one, and (with
-//! [`response_extensions`](crate::layer::RateLimitLayerBuilder::response_extensions)) the
+//! [`response_extensions`](crate::rate_limit::RateLimitLayerBuilder::response_extensions)) the
 //! decision in the response extensions.
 //!
 //! # Examples

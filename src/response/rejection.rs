@@ -24,12 +24,12 @@ use crate::store::Decisions;
 /// The layer calls it with a [`Rejected`] describing why, then adds the rate-limit headers
 /// (`X-RateLimit-*`, the IETF fields when enabled) and `Retry-After` when the response does not
 /// already carry one, and (with
-/// [`response_extensions`](crate::layer::RateLimitLayerBuilder::response_extensions)) puts the
+/// [`response_extensions`](crate::rate_limit::RateLimitLayerBuilder::response_extensions)) puts the
 /// [`Decision`] in the response extensions. So an implementation only chooses the status and the
 /// body.
 ///
 /// [`DefaultRejection`] is used unless another is set with
-/// [`RateLimitLayerBuilder::rejection`](crate::layer::RateLimitLayerBuilder::rejection). Closures
+/// [`RateLimitLayerBuilder::rejection`](crate::rate_limit::RateLimitLayerBuilder::rejection). Closures
 /// `Fn(&Rejected<'_>) -> Response<RejectionBody>` implement the trait:
 ///
 /// ```
@@ -103,7 +103,7 @@ pub enum RejectReason<'a> {
         /// The status the limit was configured to answer with.
         status: StatusCode,
     },
-    /// The key is blocked by a runtime [`Override::Block`](crate::plan::Override::Block).
+    /// The key is blocked by a runtime [`Override::Block`](crate::rate_limit::Override::Block).
     Blocked {
         /// The limit whose override blocks the key.
         policy: PolicyName,
@@ -266,7 +266,7 @@ impl<'a> Rejected<'a> {
 /// |---|---|---|---|
 /// | rate limited | `429`, `Retry-After` | `rate-limited` | `policy`, `quota`, `limit`, `window`, `remaining`, `retry_after`, `reset`, `reset_seconds`, and `plan`, `link` when known |
 /// | cost exceeds capacity | `413`, no `Retry-After` | `cost-exceeds-limit` | `policy`, `quota`, `limit`, `window`, `cost` |
-/// | missing key | `400`, `500` if misconfigured, or as configured ([`MissingKey`](crate::layer::MissingKey)) | `missing-key` | `policy` |
+/// | missing key | `400`, `500` if misconfigured, or as configured ([`MissingKey`](crate::rate_limit::MissingKey)) | `missing-key` | `policy` |
 /// | store unavailable | `503`, `Retry-After` if known | `limiter-unavailable` | `retry_after` if known |
 ///
 /// `window` is the seconds to refill the limit from empty (the `w` of `RateLimit-Policy`).

@@ -460,7 +460,7 @@ fn override_limit() -> Limit {
 #[tokio::test]
 async fn an_override_keeps_its_budget_across_quota_churn_and_reloads() {
     use tollgate::key::Key;
-    use tollgate::plan::Override;
+    use tollgate::rate_limit::Override;
     use tollgate::store::PlanQuota;
     use tollgate::AlgorithmKind;
 
@@ -529,7 +529,7 @@ async fn an_override_keeps_its_budget_across_quota_churn_and_reloads() {
 
 fn override_pins_child() {
     use tollgate::key::Key;
-    use tollgate::plan::Override;
+    use tollgate::rate_limit::Override;
     use tollgate::store::{kept_quotas, PlanQuota, KEPT_QUOTAS};
     use tollgate::AlgorithmKind;
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use http::{Request, StatusCode};
 use tollgate::key::HeaderKey;
-use tollgate::plan::Mode;
+use tollgate::rate_limit::Mode;
 use tollgate::store::redis::RedisBackend;
 use tollgate::store::{FailurePolicy, MemoryBackend};
 use tollgate::{Limit, Quota, RateLimitLayer};
@@ -271,7 +271,7 @@ async fn a_shaped_limit_redis_did_not_decide_claims_no_budget_and_does_not_wait(
         .filter(|(name, _)| name.as_str().contains("ratelimit"))
         .map(|(n, v)| format!("{n}: {}", v.to_str().unwrap()))
         .collect();
-    let waited = res.extensions().get::<tollgate::layer::ShapedDelay>();
+    let waited = res.extensions().get::<tollgate::rate_limit::ShapedDelay>();
     println!("Open, shaped limit, Redis down: rate-limit headers {shown:?}, waited {waited:?}");
     assert!(shown.is_empty(), "nothing was counted, yet: {shown:?}");
     assert_eq!(waited, None);

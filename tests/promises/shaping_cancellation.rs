@@ -31,7 +31,7 @@ const ALGORITHMS: [AlgorithmKind; 3] = [
 /// When each request reached the service, since the test's start.
 type Seen = Arc<Mutex<Vec<Duration>>>;
 
-type Body = tollgate::layer::ResponseBody<String>;
+type Body = tollgate::rate_limit::ResponseBody<String>;
 
 /// A rate-limited service, as `serve` returns it: cloned, and its calls spawned.
 pub(crate) trait Served:
@@ -220,7 +220,7 @@ async fn the_rate_bound_holds_whatever_is_cancelled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_redis_waiters_dropped_in_arrival_order_leave_no_phantom_places() {
     use tollgate::clock::ManualClock;
-    use tollgate::layer::{RateLimit, ShapedDelay};
+    use tollgate::rate_limit::{RateLimit, ShapedDelay};
     use tollgate::store::redis::RedisBackend;
     use tollgate::store::FailurePolicy;
     use tower::ServiceExt;

@@ -13,14 +13,15 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use super::applied::Applied;
 use super::body::ResponseBody;
-use super::layer::{Shared, Snapshot};
-use super::service::{
-    begin, finish, shadow_done, shadow_started_done, shadow_step, shaping_wait, Applied, Begin,
-    Finish, Followup, Outcome,
-};
+use super::decide::{answered, begin, Begin};
+use super::follow_up::{shaping_wait, Followup};
+use super::outcome::{respond, Outcome};
+use super::shared::Shared;
+use super::snapshot::Snapshot;
 use crate::response::RejectionBody;
-use crate::store::{Checked, Store};
+use crate::store::Store;
 
 /// What a pending step needs to finish the request.
 struct Waiting<S, ReqBody, St: Store> {
@@ -82,7 +83,7 @@ pin_project! {
             #[pin]
             future: F,
         },
-        // shaping hook: waits for the request's turn, then calls the inner service.
+        // Shaping: waits for the request's turn, then calls the inner service.
         Shaping {
             #[pin]
             sleep: tokio::time::Sleep,
@@ -105,7 +106,7 @@ where
     S: Service<Request<ReqBody>>,
     St: Store,
 {
-    pub(crate) fn inner(
+    pub(super) fn inner(
         future: S::Future,
         outcome: Option<Outcome>,
         followup: Option<Followup<St>>,
@@ -117,7 +118,7 @@ where
         }
     }
 
-    pub(crate) fn rejected(response: Response<RejectionBody>) -> Self {
+    pub(super) fn rejected(response: Response<RejectionBody>) -> Self {
         Self {
             state: State::Rejected {
                 response: Some(response),
@@ -128,7 +129,7 @@ where
     }
 
     /// A request that waits for its turn (shaping) before the inner service is called.
-    pub(crate) fn shaped(
+    pub(super) fn shaped(
         req: Request<ReqBody>,
         inner: S,
         shared: Arc<Shared<St>>,
@@ -143,7 +144,7 @@ where
     }
 
     /// A request waiting for a lookup or the store (`begin` is neither `Proceed` nor `Reject`).
-    pub(crate) fn waiting(
+    pub(super) fn waiting(
         begin: Begin<St>,
         req: Request<ReqBody>,
         inner: S,
@@ -281,9 +282,8 @@ where
                         shared,
                         step,
                     } = *waiting;
-                    let lookups = match step {
-                        Step::Lookup(n) => n,
-                        _ => u8::MAX,
+                    let Step::Lookup(lookups) = step else {
+                        unreachable!("only a plan lookup is waited for here")
                     };
                     next = begin(&shared, &mut req, lookups);
                     advance(&mut this, next, req, inner, shared);
@@ -307,31 +307,11 @@ where
                         step,
                     } = *waiting;
                     next = match step {
-                        Step::Check(applied, snapshot, mut followup) => {
-                            match finish(
-                                &shared,
-                                &snapshot,
-                                &mut req,
-                                &applied,
-                                result,
-                                followup.as_mut(),
-                            ) {
-                                Finish::Proceed(outcome) => match followup {
-                                    Some(f) if !f.shadow_is_empty() => {
-                                        shadow_step(&shared, Some(outcome), f)
-                                    }
-                                    f => Begin::Proceed(Some(outcome), f),
-                                },
-                                Finish::Reject(response) => {
-                                    if let Some(f) = followup {
-                                        f.abandon_shadow();
-                                    }
-                                    Begin::Reject(response)
-                                }
-                            }
+                        Step::Check(applied, snapshot, followup) => {
+                            answered(&shared, &snapshot, &mut req, &applied, result, followup)
                         }
                         Step::Shadow(mut outcome, mut followup) => {
-                            shadow_done(&mut followup, result, &mut outcome);
+                            followup.record_shadow(result, &mut outcome);
                             Begin::Proceed(outcome, Some(followup))
                         }
                         Step::Lookup(_) | Step::Shaped | Step::ShadowStarted(..) => {
@@ -357,7 +337,7 @@ where
                     } = *w.take().expect("ResponseFuture polled after completion");
                     let next = match step {
                         Step::ShadowStarted(mut outcome, mut followup) => {
-                            shadow_started_done(&mut followup, &mut outcome);
+                            followup.finish_started_shadow(&mut outcome);
                             Begin::Proceed(outcome, Some(followup))
                         }
                         _ => unreachable!("only a started shadow check is waited for here"),
@@ -368,7 +348,7 @@ where
                 StateProj::Inner { future } => {
                     let response = ready!(future.poll(cx))?;
                     let mut pending = match this.followup.as_ref() {
-                        Some(f) => refund(f, response.status()),
+                        Some(f) => f.start_refunds(response.status()),
                         None => Vec::new(),
                     };
                     if let Some(refund) = pending.pop() {
@@ -426,34 +406,6 @@ where
     }
 }
 
-/// Gives back the charges a response with `status` does not keep; the store calls still to
-/// wait for.
-#[inline(never)]
-fn refund<St: Store>(followup: &Followup<St>, status: http::StatusCode) -> Vec<St::Future> {
-    let mut pending = Vec::new();
-    for refund in followup.refunds(status) {
-        match refund {
-            Checked::Pending(f) => pending.push(f),
-            Checked::Ready(Err(error)) => {
-                tracing::warn!(error = %error, "rate-limit store could not give a charge back");
-            }
-            Checked::Ready(Ok(_)) => {}
-        }
-    }
-    pending
-}
-
-/// Writes the headers on the inner service's response.
-fn respond<B>(
-    outcome: &mut Option<Outcome>,
-    mut response: Response<B>,
-) -> Response<ResponseBody<B>> {
-    if let Some(outcome) = outcome.take() {
-        outcome.apply(&mut response);
-    }
-    response.map(ResponseBody::inner)
-}
-
 /// Moves the future to the state for `next`.
 fn advance<S, ReqBody, St>(
     this: &mut FutureProj<'_, S, ReqBody, St>,
@@ -466,7 +418,7 @@ fn advance<S, ReqBody, St>(
     St: Store,
 {
     match next {
-        // shaping hook: a request that must wait for its turn waits here.
+        // A shaped request that must wait for its turn waits here.
         Begin::Proceed(outcome, followup) if shaping_wait(&followup).is_some() => {
             let state = shaping_state(req, inner, shared, &followup);
             *this.outcome = outcome;

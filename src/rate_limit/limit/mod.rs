@@ -1,87 +1,32 @@
-//! [`Limit`]: one named limit of a layer, and [`MissingKey`].
+//! [`Limit`]: one named limit of a layer, and its options ([`MissingKey`], [`Mode`],
+//! [`Charge`], per-key [`Override`]s).
+
+mod missing_key;
+mod options;
+pub(super) mod overrides;
+mod shape;
 
 use std::fmt;
 use std::sync::Arc;
 
-use http::StatusCode;
+pub use missing_key::MissingKey;
+pub use options::{Charge, Mode};
+pub use overrides::Override;
+pub(crate) use shape::CompiledShape;
+pub use shape::Shape;
 
 use crate::algorithm::AlgorithmKind;
 use crate::cost::Cost;
 use crate::decision::PolicyName;
 use crate::error::ConfigError;
-use crate::key::{KeyError, KeyExtractor};
-use crate::plan::{Charge, Mode, Plan, PlanResolver, UnknownPlan, MAX_PLANS};
+use crate::key::KeyExtractor;
+use crate::plan::{Plan, PlanResolver, UnknownPlan, MAX_PLANS};
 use crate::quota::Quota;
 use crate::request::RequestView;
 use crate::store::{FailurePolicy, LimitSpec, PlanQuota};
 
 /// A predicate choosing the requests a limit applies to.
 pub(crate) type WhenFn = dyn Fn(&RequestView<'_>) -> bool + Send + Sync;
-
-/// What a limit does with a request for which its key extractor finds no key.
-///
-/// A [`KeyError`] says whose fault the missing key is, and the default answers accordingly:
-///
-/// | | request lacks what the key needs ([`KeyError::new`]) | server misconfigured ([`KeyError::misconfigured`]) |
-/// |---|---|---|
-/// | [`Reject`](MissingKey::Reject) (default) | `400 Bad Request`, body names the limit and the reason | `500 Internal Server Error`, reason logged, not sent |
-/// | [`RejectWith { status }`](MissingKey::RejectWith) | `status` (e.g. `401` for a missing API key) | `500` |
-/// | [`Skip`](MissingKey::Skip) | this limit does not apply; other limits still do | same, logged as a warning |
-///
-/// Refusing is the default because letting such requests through would silently switch rate
-/// limiting off for them (a client could drop its API key header to escape its limit), and a
-/// misconfiguration (a server run without connection info, a key read outside the router) must
-/// be loud: it fails the first request in testing. Choose [`Skip`](MissingKey::Skip) for limits
-/// that only apply to some requests (a per-user limit, with anonymous traffic limited by another
-/// limit of the same layer).
-///
-/// ```
-/// use tollgate::MissingKey;
-///
-/// assert_eq!(MissingKey::default(), MissingKey::Reject);
-/// ```
-///
-/// [`KeyError`]: crate::key::KeyError
-/// [`KeyError::new`]: crate::key::KeyError::new
-/// [`KeyError::misconfigured`]: crate::key::KeyError::misconfigured
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[non_exhaustive]
-pub enum MissingKey {
-    /// Refuse: `400` when the request lacks what the key needs, `500` when the server is
-    /// misconfigured. The default.
-    #[default]
-    Reject,
-    /// Refuse with `status` (a 4xx or 5xx) when the request lacks what the key needs; `500` when
-    /// the server is misconfigured.
-    RejectWith {
-        /// The status to answer a request without a key with.
-        status: StatusCode,
-    },
-    /// Do not apply this limit to the request; other limits of the layer still apply.
-    Skip,
-}
-
-impl MissingKey {
-    /// `RejectWith { status }`.
-    pub const fn reject_with(status: StatusCode) -> Self {
-        MissingKey::RejectWith { status }
-    }
-
-    /// The status to refuse with for `error`, or `None` to skip the limit.
-    pub fn status_for(&self, error: &KeyError) -> Option<StatusCode> {
-        if error.is_misconfiguration() {
-            return match self {
-                MissingKey::Skip => None,
-                _ => Some(StatusCode::INTERNAL_SERVER_ERROR),
-            };
-        }
-        match self {
-            MissingKey::Reject => Some(StatusCode::BAD_REQUEST),
-            MissingKey::RejectWith { status } => Some(*status),
-            MissingKey::Skip => None,
-        }
-    }
-}
 
 /// One named limit: a [`Quota`] enforced by an algorithm, per key, at a cost per request.
 ///
@@ -118,7 +63,7 @@ pub struct Limit {
     when: Option<Arc<WhenFn>>,
     mode: Mode,
     charge: Charge,
-    shape: Option<super::shaping::Shape>,
+    shape: Option<Shape>,
 }
 
 impl fmt::Debug for Limit {
@@ -230,10 +175,10 @@ impl Limit {
 
     /// Shapes instead of refusing: a request that does not fit now waits for its turn, up to
     /// `shape`'s `max_wait` (a [`Duration`](std::time::Duration) or a
-    /// [`Shape`](super::Shape)), first come first served per key, then proceeds; beyond
+    /// [`Shape`]), first come first served per key, then proceeds; beyond
     /// `max_wait` or the queue bounds it is refused as usual. The wait is in the request's and
-    /// the response's extensions as a [`ShapedDelay`](super::ShapedDelay). See the
-    /// [module docs](super::shaping) for how it works.
+    /// the response's extensions as a [`ShapedDelay`](super::ShapedDelay). See
+    /// [`Shape`] for how it works.
     ///
     /// The token bucket, GCRA and the leaky bucket shape; the window algorithms cannot (their
     /// units return all at once), and neither can a limit with plans or in shadow mode: building
@@ -253,7 +198,7 @@ impl Limit {
     /// # let _ = limit;
     /// ```
     #[must_use]
-    pub fn shape(mut self, shape: impl Into<super::shaping::Shape>) -> Self {
+    pub fn shape(mut self, shape: impl Into<Shape>) -> Self {
         self.shape = Some(shape.into());
         self
     }
@@ -315,8 +260,8 @@ impl Limit {
         &self.quota
     }
 
-    /// The limit's algorithm.
-    pub fn algorithm_kind(&self) -> AlgorithmKind {
+    /// The limit's algorithm (set with [`algorithm`](Self::algorithm)).
+    pub fn current_algorithm(&self) -> AlgorithmKind {
         self.algorithm
     }
 
@@ -337,7 +282,7 @@ impl Limit {
         let quota = self
             .shape
             .as_ref()
-            .and_then(|s| super::shaping::compile(s, &self.quota, self.algorithm).ok())
+            .and_then(|s| shape::compile(s, &self.quota, self.algorithm).ok())
             .map_or(self.quota, |s| s.widen(&self.quota));
         let spec = LimitSpec::new(self.name, quota, self.algorithm);
         match self.on_store_error {
@@ -415,7 +360,7 @@ impl Limit {
                 ))
             }
             Some(s) => Some(
-                super::shaping::compile(s, &self.quota, self.algorithm)
+                shape::compile(s, &self.quota, self.algorithm)
                     .map_err(|e| bad(e.field(), e.message().to_owned()))?,
             ),
         };
@@ -539,7 +484,7 @@ pub(crate) struct CompiledLimit {
     /// Would-be rejections of a shadow limit (sampled logging).
     pub(crate) shadow_rejections: std::sync::atomic::AtomicU64,
     /// How the limit shapes, if it does: its store decides at `base`, the widened quota.
-    pub(crate) shape: Option<super::shaping::CompiledShape>,
+    pub(crate) shape: Option<CompiledShape>,
 }
 
 impl CompiledLimit {

@@ -5,50 +5,14 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use arc_swap::ArcSwap;
-
-use super::audit::AuditFn;
 use super::builder::RateLimitLayerBuilder;
-use super::limit::{CompiledLimit, Limit};
-use super::overrides::OverrideTable;
+use super::limit::Limit;
 use super::service::RateLimit;
+use super::shared::Shared;
+use super::snapshot::Snapshot;
 use crate::error::ConfigError;
 use crate::headers::RateLimitHeaders;
-use crate::metrics::NearLimit;
-use crate::request::RequestView;
-use crate::response::Rejection;
 use crate::store::memory::{MemoryBackend, MemoryStore};
-
-pub(crate) type SkipFn = dyn Fn(&RequestView<'_>) -> bool + Send + Sync;
-
-/// The limits and the store deciding them: swapped as a whole by a reload.
-pub(crate) struct Snapshot<St> {
-    pub(crate) limits: Box<[CompiledLimit]>,
-    pub(crate) store: St,
-    /// `RateLimit-Policy` for a request checked against every limit (rendered once).
-    pub(crate) policy_header: Option<http::HeaderValue>,
-}
-
-/// Everything a [`RateLimit`] service needs, behind one `Arc`.
-pub(crate) struct Shared<St> {
-    /// The current limits and store; a reload swaps it (lock-free reads on the request path).
-    pub(crate) current: ArcSwap<Snapshot<St>>,
-    pub(crate) headers: RateLimitHeaders,
-    pub(crate) rejection: Box<dyn Rejection>,
-    pub(crate) skip: Option<Box<SkipFn>>,
-    /// Per-key overrides, kept across reloads.
-    pub(crate) overrides: OverrideTable,
-    /// Called with every reload's and override's audit event.
-    pub(crate) audit: Option<Box<AuditFn>>,
-    /// Which allowed decisions count as near the limit (metrics).
-    pub(crate) near_limit: NearLimit,
-    /// Serialises reloads (never taken on the request path).
-    pub(crate) reloading: std::sync::Mutex<u64>,
-    /// Shaping: the bound on requests waiting for their turn, across keys.
-    pub(crate) waiting: super::shaping::Waiting,
-    /// Whether allowed responses carry the reported decision in their extensions.
-    pub(crate) response_extensions: bool,
-}
 
 /// The store of a [`RateLimitLayer`], as of the call: it derefs to the store. After a
 /// [`reload`](RateLimitLayer::reload) the layer decides with a store that shares this one's
@@ -72,7 +36,7 @@ impl<St: fmt::Debug> fmt::Debug for StoreRef<St> {
 }
 
 /// Applies rate limits to every request of the services it wraps. See the
-/// [module docs](crate::layer) for examples.
+/// [module docs](crate::rate_limit) for examples.
 ///
 /// Built by [`RateLimitLayer::builder`], which validates every limit. Cloning is cheap (an
 /// `Arc`), and every clone shares the same store: one layer applied to several routes counts

@@ -1,4 +1,5 @@
-//! [`Mode`] (enforce or shadow) and [`Charge`] (count every request, or by outcome).
+//! A limit's options: [`Mode`] (enforce or shadow) and [`Charge`] (count every request, or by
+//! outcome).
 
 use std::fmt;
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use http::StatusCode;
 /// A reload moves it to [`Enforce`](Mode::Enforce) with its counters intact.
 ///
 /// ```
-/// use tollgate::plan::Mode;
+/// use tollgate::rate_limit::Mode;
 ///
 /// assert_eq!(Mode::default(), Mode::Enforce);
 /// assert!(Mode::shadow().is_shadow());
@@ -77,7 +78,7 @@ type StatusPredicate = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
 ///
 /// ```
 /// use http::StatusCode;
-/// use tollgate::plan::Charge;
+/// use tollgate::rate_limit::Charge;
 ///
 /// // Failed logins only: 401s are counted, everything else is given back.
 /// let failed_logins = Charge::only_when(|status| status == StatusCode::UNAUTHORIZED);
@@ -135,17 +136,4 @@ impl fmt::Debug for Charge {
             Charge::RefundWhen(_) => "RefundWhen(..)",
         })
     }
-}
-
-/// A runtime decision about one key of one limit, set with
-/// [`RateLimitLayer::set_override`](crate::RateLimitLayer::set_override): it outlives policy reloads.
-#[derive(Debug, Clone, Copy, PartialEq)]
-#[non_exhaustive]
-pub enum Override {
-    /// Decide this key at `quota` (a custom deal for one customer). The key keeps what it spent.
-    Quota(crate::quota::Quota),
-    /// Refuse every request of this key with `403 Forbidden` and a problem+json body.
-    Block,
-    /// This limit does not apply to this key.
-    Exempt,
 }

@@ -4,13 +4,14 @@ use std::sync::Arc;
 
 use super::audit::{AuditEvent, Change};
 use super::builder::compile_limits;
-use super::layer::{RateLimitLayer, Snapshot};
+use super::layer::RateLimitLayer;
+use super::limit::overrides::key_digest;
 use super::limit::{CompiledLimit, Limit};
-use super::overrides::key_digest;
+use super::snapshot::Snapshot;
 use crate::error::ConfigError;
 use crate::headers::policy_field;
 use crate::key::Key;
-use crate::plan::Override;
+use crate::rate_limit::Override;
 use crate::store::{PlanQuota, Store};
 
 impl<St: Store> RateLimitLayer<St> {
@@ -121,7 +122,7 @@ impl<St: Store> RateLimitLayer<St> {
     /// ```
     /// use http::Request;
     /// use tollgate::key::{HeaderKey, Key};
-    /// use tollgate::plan::Override;
+    /// use tollgate::rate_limit::Override;
     /// use tollgate::{Limit, Quota, RateLimitLayer};
     /// use tower::{service_fn, ServiceBuilder, ServiceExt};
     ///

@@ -6,9 +6,11 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 use super::audit::{AuditEvent, AuditFn};
-use super::layer::{RateLimitLayer, Shared, Snapshot};
+use super::layer::RateLimitLayer;
+use super::limit::overrides::OverrideTable;
 use super::limit::{CompiledLimit, Limit};
-use super::overrides::OverrideTable;
+use super::shared::Shared;
+use super::snapshot::Snapshot;
 use crate::error::ConfigError;
 use crate::headers::{policy_field, RateLimitHeaders, ResetFormat};
 use crate::metrics::NearLimit;
@@ -43,7 +45,7 @@ pub struct RateLimitLayerBuilder<B = MemoryBackend> {
     backend: B,
     headers: RateLimitHeaders,
     rejection: Option<Box<dyn Rejection>>,
-    skip: Option<Box<super::layer::SkipFn>>,
+    skip: Option<Box<super::shared::SkipFn>>,
     audit: Option<Box<AuditFn>>,
     near_limit: Result<NearLimit, ConfigError>,
     max_waiting: usize,

@@ -10,8 +10,20 @@ use arc_swap::ArcSwap;
 use crate::algorithm::AlgorithmKind;
 use crate::decision::PolicyName;
 use crate::key::Key;
-use crate::plan::Override;
 use crate::store::{PlanQuota, QuotaPin};
+
+/// A runtime decision about one key of one limit, set with
+/// [`RateLimitLayer::set_override`](crate::RateLimitLayer::set_override): it outlives policy reloads.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum Override {
+    /// Decide this key at `quota` (a custom deal for one customer). The key keeps what it spent.
+    Quota(crate::quota::Quota),
+    /// Refuse every request of this key with `403 Forbidden` and a problem+json body.
+    Block,
+    /// This limit does not apply to this key.
+    Exempt,
+}
 
 /// An override as the request path uses it.
 #[derive(Debug, Clone, Copy)]

@@ -142,28 +142,32 @@
 //! # }
 //! ```
 
+mod applied;
 mod audit;
 mod body;
 mod builder;
+mod decide;
+mod follow_up;
 mod future;
 #[allow(clippy::module_inception)]
 mod layer;
 mod limit;
-mod overrides;
+mod outcome;
+mod refuse;
 mod reload;
 mod service;
-pub mod shaping;
+mod shaping;
+mod shared;
+mod snapshot;
 
 pub use audit::{AuditEvent, Change};
 pub use body::ResponseBody;
 pub use builder::RateLimitLayerBuilder;
 pub use future::ResponseFuture;
 pub use layer::{RateLimitLayer, StoreRef};
-pub use limit::{Limit, MissingKey};
+pub use limit::{Charge, Limit, MissingKey, Mode, Override, Shape};
 pub use service::RateLimit;
-pub use shaping::{Shape, ShapedDelay, DEFAULT_MAX_WAITING};
+pub use shaping::{ShapedDelay, DEFAULT_MAX_WAITING};
 
-#[cfg(test)]
-mod test_store;
 #[cfg(test)]
 mod tests;

@@ -3,9 +3,9 @@
 use std::fmt;
 use std::time::SystemTime;
 
+use super::limit::{Mode, Override};
 use crate::algorithm::AlgorithmKind;
 use crate::decision::PolicyName;
-use crate::plan::{Mode, Override};
 use crate::quota::Quota;
 
 pub(crate) type AuditFn = dyn Fn(&AuditEvent) + Send + Sync;
@@ -146,7 +146,7 @@ impl fmt::Display for Change {
 /// [`RateLimitLayerBuilder::on_audit`](crate::RateLimitLayerBuilder::on_audit).
 ///
 /// ```
-/// use tollgate::layer::{AuditEvent, Change};
+/// use tollgate::rate_limit::{AuditEvent, Change};
 /// use tollgate::{PolicyName, Quota};
 ///
 /// let event = AuditEvent::new(
