@@ -151,3 +151,107 @@ fn the_floor_check_reads_grouped_and_root_paths() {
     assert_eq!(targets("Quota::per_second(1)", &root), ["quota"]);
     assert_eq!(targets("{Quota, key::Key};", &root), ["quota", "key"]);
 }
+
+/// Every file `src/` cites exists in the repository: a path (`docs/internals/redis-script.md`,
+/// or `store/redis/keys.rs` from `src/`: some file's path ends with it), a repository page
+/// (`BENCHMARKS.md`) or a script (`driver.lua`). Example names in docs (`policy.toml`) and
+/// absolute paths are not citations.
+#[test]
+fn every_file_the_code_cites_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut names = std::collections::HashSet::new();
+    let mut all = Vec::new();
+    for dir in ["src", "docs", "tests", "examples", "benches", "fuzz", ".ci"] {
+        if root.join(dir).is_dir() {
+            every_file(&root.join(dir), &mut all);
+        }
+    }
+    for entry in fs::read_dir(root).unwrap() {
+        all.push(entry.unwrap().path());
+    }
+    let mut paths = Vec::new();
+    for path in &all {
+        if let Some(name) = path.file_name() {
+            names.insert(name.to_string_lossy().into_owned());
+        }
+        paths.push(path.to_string_lossy().replace('\\', "/"));
+    }
+    let mut sources = Vec::new();
+    every_file(&root.join("src"), &mut sources);
+    let mut missing = Vec::new();
+    for file in sources {
+        if file.ends_with("layering_tests.rs") {
+            continue;
+        }
+        let Ok(text) = fs::read_to_string(&file) else {
+            continue;
+        };
+        for (n, line) in text.lines().enumerate() {
+            for cited in cited_files(line) {
+                let found = if cited.starts_with('/') {
+                    true
+                } else if cited.contains('/') {
+                    let suffix = format!("/{}", cited.trim_start_matches("./"));
+                    paths.iter().any(|p| p.ends_with(&suffix))
+                } else if cited.ends_with(".lua")
+                    || (cited.ends_with(".md")
+                        && cited[..cited.len() - 3]
+                            .chars()
+                            .all(|c| c.is_ascii_uppercase() || c == '_'))
+                {
+                    names.contains(cited)
+                } else {
+                    true
+                };
+                if !found {
+                    missing.push(format!(
+                        "{}:{}: cites `{cited}`, which does not exist",
+                        file.strip_prefix(root).unwrap().display(),
+                        n + 1
+                    ));
+                }
+            }
+        }
+    }
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+}
+
+fn every_file(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            if !path.ends_with("target") && !path.ends_with("corpus") {
+                every_file(&path, out);
+            }
+        } else {
+            out.push(path);
+        }
+    }
+}
+
+/// Words of `line` that name a file: `[\w./-]+\.(rs|md|lua|toml|sh)`, not part of a URL.
+fn cited_files(line: &str) -> Vec<&str> {
+    const EXTENSIONS: [&str; 5] = [".rs", ".md", ".lua", ".toml", ".sh"];
+    line.split(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '/' | '-' | ':')))
+        .filter(|word| !word.contains("://") && !word.contains("::"))
+        .map(|word| word.trim_end_matches(['.', ':']))
+        .filter(|word| {
+            EXTENSIONS.iter().any(|ext| {
+                word.len() > ext.len()
+                    && word.ends_with(ext)
+                    && !word.starts_with(['.', '-'])
+                    && !word.contains('*')
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn cited_file_names_are_read_from_prose_and_paths() {
+    assert_eq!(
+        cited_files("see `docs/internals/redis-script.md` and driver.lua."),
+        ["docs/internals/redis-script.md", "driver.lua"]
+    );
+    assert!(cited_files("https://example.com/a.md and crate::x.rs::y").is_empty());
+    assert_eq!(cited_files("(see REBASE.md)"), ["REBASE.md"]);
+}
