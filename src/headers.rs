@@ -59,7 +59,7 @@
 //! assert_eq!(headers[RATELIMIT], r#""burst";r=4;t=1, "daily";r=4999;t=18"#);
 //! ```
 //!
-//! [`Decisions::reported`]: crate::store::Decisions::reported
+//! [`Decisions::reported`]: crate::Decisions::reported
 
 use std::fmt::Write as _;
 use std::time::Duration;

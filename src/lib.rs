@@ -92,6 +92,9 @@
 //! | [`headers`] | `X-RateLimit-*`, IETF `RateLimit` / `RateLimit-Policy`, `Retry-After` |
 //! | [`response`] | rejections: problem+json, gRPC, and the [`Rejection`](response::Rejection) trait |
 //! | [`clock`] | time sources, including a manual clock for tests |
+//! | [`plan`] | plans: which quota applies to a request (per API key, per header, per principal) |
+//! | [`policy`] | limits as data (TOML or any serde format), compiled into [`Limit`]s, and reloads (feature `serde`) |
+//! | [`concurrency`] | a limit on requests in flight per key, released when the response body ends |
 //! | [`outbound`] | client side: keep a client to its upstreams' limits (shaping, `Retry-After`, retries, adaptive rate) |
 //! | [`metrics`] | the metrics recorded with the `metrics` feature: names, labels, `describe()` |
 //!
@@ -102,7 +105,8 @@
 //! | `axum` | [`PeerIp`](key::PeerIp) reads axum's `ConnectInfo`; route keys and cost tables read `MatchedPath` |
 //! | `redis` | the Redis store, single node or Cluster |
 //! | `tonic` | [`PeerIp`](key::PeerIp) and [`ClientIp`](key::ClientIp) read tonic's `TcpConnectInfo`; gRPC rejections carry `grpc-status-details-bin` (`RetryInfo`, `QuotaFailure`) |
-//! | `quanta` | `clock::QuantaClock`: a TSC clock, cheaper to read than `Instant` |
+//! | `serde` | [`policy`]: limits, plans and keys described as data in any serde format |
+//! | `toml` | `Policy::from_toml_str` / `from_toml_file` and the policy file watcher (implies `serde`) |
 //! | `metrics` | decisions, near-limit, store latency and errors, breaker state and keys held through the [`metrics`](https://docs.rs/metrics) facade ([`metrics`](mod@metrics)) |
 //!
 //! # Paths
@@ -111,7 +115,7 @@
 //! the canonical one used throughout these docs, the README and the examples:
 //! [`RateLimitLayer`], [`RateLimitLayerBuilder`], [`Limit`], [`MissingKey`], [`RateLimit`],
 //! [`Quota`], [`AlgorithmKind`], [`Decision`], [`PolicyName`], [`ConfigError`], [`StoreError`],
-//! [`StoreErrorKind`] and [`RequestView`]. Their module paths (`tollgate::rate_limit::Limit`,
+//! [`StoreErrorKind`], [`RequestView`] and [`Decisions`]. Their module paths (`tollgate::rate_limit::Limit`,
 //! `tollgate::quota::Quota`, ...) keep working and name the same items. Everything else (key
 //! extractors, costs, stores, clocks, headers, rejections) is used through its module:
 //! `tollgate::key::PeerIp`, `tollgate::store::MemoryBackend`, `tollgate::clock::ManualClock`.
@@ -157,7 +161,7 @@ pub mod response;
 pub mod store;
 
 pub use algorithm::AlgorithmKind;
-pub use decision::{Decision, PolicyName};
+pub use decision::{Decision, Decisions, PolicyName};
 pub use error::{ConfigError, StoreError, StoreErrorKind};
 pub use quota::Quota;
 pub use rate_limit::{Limit, MissingKey, RateLimit, RateLimitLayer, RateLimitLayerBuilder};
@@ -202,3 +206,6 @@ pub mod guide_doctests {
     #[doc = include_str!("../docs/guide/shaping.md")]
     pub struct Shaping;
 }
+
+#[cfg(test)]
+mod layering_tests;

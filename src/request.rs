@@ -79,4 +79,51 @@ impl<'a> RequestView<'a> {
     pub fn extensions(&self) -> &'a Extensions {
         self.extensions
     }
+
+    /// Whether this is a gRPC call (`content-type: application/grpc` or `application/grpc+...`,
+    /// not gRPC-Web).
+    ///
+    /// ```
+    /// use tollgate::RequestView;
+    ///
+    /// let req = http::Request::post("/pkg.Svc/Call").header("content-type", "application/grpc+proto").body(()).unwrap();
+    /// assert!(RequestView::new(&req).is_grpc());
+    /// let req = http::Request::post("/").header("content-type", "application/grpc-web").body(()).unwrap();
+    /// assert!(!RequestView::new(&req).is_grpc());
+    /// ```
+    pub fn is_grpc(&self) -> bool {
+        let Some(ct) = self.headers().get(http::header::CONTENT_TYPE) else {
+            return false;
+        };
+        let ct = ct.as_bytes();
+        let prefix = b"application/grpc";
+        ct.len() >= prefix.len()
+            && ct[..prefix.len()].eq_ignore_ascii_case(prefix)
+            && matches!(ct.get(prefix.len()), None | Some(b'+') | Some(b';'))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detects_grpc_content_types() {
+        for (ct, want) in [
+            ("application/grpc", true),
+            ("application/grpc+proto", true),
+            ("Application/GRPC;charset=x", true),
+            ("application/grpc-web+proto", false),
+            ("application/grpcx", false),
+            ("application/json", false),
+        ] {
+            let req = http::Request::post("/")
+                .header(http::header::CONTENT_TYPE, ct)
+                .body(())
+                .unwrap();
+            assert_eq!(RequestView::new(&req).is_grpc(), want, "{ct}");
+        }
+        let req = http::Request::post("/").body(()).unwrap();
+        assert!(!RequestView::new(&req).is_grpc());
+    }
 }

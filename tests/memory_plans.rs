@@ -7,10 +7,9 @@ use std::time::Duration;
 use tollgate::clock::{Clock, ManualClock};
 use tollgate::key::Key;
 use tollgate::store::{
-    Backend, Checked, Decisions, LimitCheck, LimitSpec, MemoryBackend, MemoryStore, PlanQuota,
-    Store,
+    Backend, Checked, LimitCheck, LimitSpec, MemoryBackend, MemoryStore, PlanQuota, Store,
 };
-use tollgate::{AlgorithmKind, PolicyName, Quota, StoreErrorKind};
+use tollgate::{AlgorithmKind, Decisions, PolicyName, Quota, StoreErrorKind};
 
 const MINUTE: Duration = Duration::from_secs(60);
 

@@ -14,7 +14,8 @@ use common::{cluster_store, decide, memory_store, node_store, spec, Rng};
 use tollgate::algorithm::AlgorithmKind;
 use tollgate::clock::ManualClock;
 use tollgate::key::Key;
-use tollgate::store::{Backend, Checked, Decisions, LimitCheck, LimitSpec, PlanQuota, Store};
+use tollgate::store::{Backend, Checked, LimitCheck, LimitSpec, PlanQuota, Store};
+use tollgate::Decisions;
 use tollgate::{Decision, Quota, StoreError};
 
 fn node() -> &'static support::RedisServer {

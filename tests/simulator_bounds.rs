@@ -141,7 +141,7 @@ fn burst_token_bucket_admits_its_capacity_then_the_rate() {
             .requests
             .iter()
             .zip(&decisions[0])
-            .filter(|(r, &a)| a && r.at == start)
+            .filter(|&(r, &a)| a && r.at == start)
             .count() as u64;
         assert_eq!(
             at_once,
@@ -155,7 +155,7 @@ fn burst_token_bucket_admits_its_capacity_then_the_rate() {
             .requests
             .iter()
             .zip(&decisions[0])
-            .filter(|(r, &a)| a && r.at > settled)
+            .filter(|&(r, &a)| a && r.at > settled)
             .map(|(r, _)| *r)
             .collect();
         let tail = Stream {

@@ -368,7 +368,7 @@ pub struct Worst {
 /// position (a two-pointer sweep per key; among equal counts, the tightest span wins).
 pub fn worst_window(stream: &Stream, admitted: &[bool], period: u64) -> Worst {
     let mut per_key: Vec<Vec<(u64, u64)>> = vec![Vec::new(); stream.keys.len()];
-    for (r, _) in stream.requests.iter().zip(admitted).filter(|(_, &a)| a) {
+    for (r, _) in stream.requests.iter().zip(admitted).filter(|&(_, &a)| a) {
         per_key[r.key].push((r.at, r.cost));
     }
     let mut best = Worst::default();
@@ -398,7 +398,7 @@ pub fn worst_window(stream: &Stream, admitted: &[bool], period: u64) -> Worst {
 /// period)`.
 pub fn worst_aligned(stream: &Stream, admitted: &[bool], period: u64) -> u64 {
     let mut counts = std::collections::HashMap::new();
-    for (r, _) in stream.requests.iter().zip(admitted).filter(|(_, &a)| a) {
+    for (r, _) in stream.requests.iter().zip(admitted).filter(|&(_, &a)| a) {
         *counts.entry((r.key, r.at / period)).or_insert(0u64) += r.cost;
     }
     counts.into_values().max().unwrap_or(0)

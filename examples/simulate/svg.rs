@@ -155,7 +155,7 @@ fn trailing_steps(stream: &Stream, admitted: &[bool], key: usize, period: u64) -
         .requests
         .iter()
         .zip(admitted)
-        .filter(|(r, &a)| a && r.key == key)
+        .filter(|&(r, &a)| a && r.key == key)
     {
         events.push((r.at, r.cost as i64));
         events.push((r.at + period, -(r.cost as i64)));

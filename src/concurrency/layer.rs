@@ -14,7 +14,7 @@ use crate::error::ConfigError;
 use crate::key::{GlobalKey, KeyExtractor};
 use crate::rate_limit::MissingKey;
 use crate::request::RequestView;
-use crate::response::{grpc_trailers_only, is_grpc, GrpcCode, ProblemDetails, RejectionBody};
+use crate::response::{grpc_trailers_only, GrpcCode, ProblemDetails, RejectionBody};
 
 /// The default bound on keys with a request in flight or waiting.
 pub const DEFAULT_MAX_KEYS: usize = 100_000;
@@ -101,7 +101,7 @@ impl Shared {
                 format!("Concurrency limit \"{name}\" found no key in the request."),
             ),
         };
-        if is_grpc(req) {
+        if req.is_grpc() {
             return grpc_trailers_only(GrpcCode::from_http(status), &detail);
         }
         let mut problem = ProblemDetails::new(status, ty, title)

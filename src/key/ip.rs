@@ -159,7 +159,7 @@ pub(crate) fn peer_ip(req: &RequestView<'_>) -> Result<IpAddr, KeyError> {
 /// request was served by tonic (or another gRPC server), a request with axum's `MatchedPath` by
 /// axum; otherwise every framework's fix is listed.
 fn no_peer_reason(req: &RequestView<'_>) -> &'static str {
-    if crate::response::is_grpc(req) {
+    if req.is_grpc() {
         return NO_PEER_GRPC;
     }
     #[cfg(feature = "axum")]

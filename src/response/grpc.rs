@@ -5,7 +5,6 @@ use http::header::CONTENT_TYPE;
 use http::{HeaderName, HeaderValue, Response, StatusCode};
 
 use super::RejectionBody;
-use crate::request::RequestView;
 
 /// `grpc-status`: the gRPC status code of a trailers-only response.
 pub const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
@@ -61,27 +60,6 @@ impl GrpcCode {
     }
 }
 
-/// Whether `req` is a gRPC call (`content-type: application/grpc` or `application/grpc+...`).
-///
-/// ```
-/// use tollgate::{response::is_grpc, RequestView};
-///
-/// let req = http::Request::post("/pkg.Svc/Call").header("content-type", "application/grpc+proto").body(()).unwrap();
-/// assert!(is_grpc(&RequestView::new(&req)));
-/// let req = http::Request::post("/").header("content-type", "application/grpc-web").body(()).unwrap();
-/// assert!(!is_grpc(&RequestView::new(&req)));
-/// ```
-pub fn is_grpc(req: &RequestView<'_>) -> bool {
-    let Some(ct) = req.headers().get(CONTENT_TYPE) else {
-        return false;
-    };
-    let ct = ct.as_bytes();
-    let prefix = b"application/grpc";
-    ct.len() >= prefix.len()
-        && ct[..prefix.len()].eq_ignore_ascii_case(prefix)
-        && matches!(ct.get(prefix.len()), None | Some(b'+') | Some(b';'))
-}
-
 /// A gRPC trailers-only response: HTTP 200, `content-type: application/grpc`, `grpc-status` and
 /// `grpc-message` (percent-encoded as the gRPC spec requires), and an empty body.
 ///
@@ -129,26 +107,6 @@ mod tests {
         assert_eq!(percent_encode("plain text ~!"), "plain text ~!");
         assert_eq!(percent_encode("50%"), "50%25");
         assert_eq!(percent_encode("é\n"), "%C3%A9%0A");
-    }
-
-    #[test]
-    fn detects_grpc_content_types() {
-        for (ct, want) in [
-            ("application/grpc", true),
-            ("application/grpc+proto", true),
-            ("Application/GRPC;charset=x", true),
-            ("application/grpc-web+proto", false),
-            ("application/grpcx", false),
-            ("application/json", false),
-        ] {
-            let req = http::Request::post("/")
-                .header(CONTENT_TYPE, ct)
-                .body(())
-                .unwrap();
-            assert_eq!(is_grpc(&RequestView::new(&req)), want, "{ct}");
-        }
-        let req = http::Request::post("/").body(()).unwrap();
-        assert!(!is_grpc(&RequestView::new(&req)));
     }
 
     #[test]

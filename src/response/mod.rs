@@ -100,7 +100,7 @@ pub(crate) mod rfc3339;
 
 pub use body::RejectionBody;
 pub use grpc::{
-    grpc_trailers_only, is_grpc, GrpcCode, GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS,
+    grpc_trailers_only, GrpcCode, GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS,
     GRPC_STATUS_DETAILS_BIN,
 };
 pub use problem::{ProblemDetails, APPLICATION_PROBLEM_JSON};

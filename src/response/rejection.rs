@@ -7,17 +7,17 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use http::header::RETRY_AFTER;
 use http::{HeaderValue, Response, StatusCode};
 
-use super::grpc::{grpc_trailers_only, is_grpc, GrpcCode, GRPC_RETRY_PUSHBACK_MS};
+use super::grpc::{grpc_trailers_only, GrpcCode, GRPC_RETRY_PUSHBACK_MS};
 use super::problem::{Part, ProblemDetails};
 use super::rfc3339;
 use super::RejectionBody;
+use crate::decision::Decisions;
 use crate::decision::{ceil_secs, Decision, PolicyName};
 use crate::error::StoreError;
 use crate::headers::policy_window_secs;
 use crate::key::KeyError;
 use crate::quota::Quota;
 use crate::request::RequestView;
-use crate::store::Decisions;
 
 /// Builds the response for a request the rate limiter refuses.
 ///
@@ -147,7 +147,7 @@ impl<'a> Rejected<'a> {
     /// use std::time::{Duration, UNIX_EPOCH};
     /// use http::Request;
     /// use tollgate::response::{DefaultRejection, RejectReason, Rejected, Rejection};
-    /// use tollgate::store::Decisions;
+    /// use tollgate::Decisions;
     /// use tollgate::{Decision, PolicyName, Quota, RequestView};
     ///
     /// let req = Request::get("/").body(()).unwrap();
@@ -510,7 +510,7 @@ impl DefaultRejection {
 impl Rejection for DefaultRejection {
     fn reject(&self, rejected: &Rejected<'_>) -> Response<RejectionBody> {
         let retry_after = rejected.retry_after_secs();
-        if self.grpc && is_grpc(rejected.request()) {
+        if self.grpc && rejected.request().is_grpc() {
             let code = GrpcCode::from_http(rejected.status());
             let message = Self::grpc_message(rejected);
             let mut response = grpc_trailers_only(code, &message);

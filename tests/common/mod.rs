@@ -8,10 +8,9 @@ use tollgate::clock::ManualClock;
 use tollgate::key::Key;
 use tollgate::store::redis::{RedisBackend, RedisStore};
 use tollgate::store::{
-    Backend, Checked, Decisions, FailurePolicy, LimitCheck, LimitSpec, MemoryBackend, MemoryStore,
-    Store,
+    Backend, Checked, FailurePolicy, LimitCheck, LimitSpec, MemoryBackend, MemoryStore, Store,
 };
-use tollgate::{Decision, PolicyName, Quota, StoreError};
+use tollgate::{Decision, Decisions, PolicyName, Quota, StoreError};
 
 /// Awaits a check, ready or pending.
 pub async fn decide<S: Store>(

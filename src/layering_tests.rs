@@ -1,0 +1,257 @@
+//! The crate's floors (ARCHITECTURE.md): a module imports only from the floors below it, so the
+//! code reads bottom-up and no change to a shared part can depend on a middleware.
+//!
+//! This test reads `src/` and fails on any `crate::` path, outside comments, that names a module
+//! not strictly below the importing file's top-level module in [`FLOORS`].
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// Top-level modules from the bottom floor up. A module may import only the ones before it.
+const FLOORS: &[&str] = &[
+    // Vocabulary: shared types with no behaviour of their own.
+    "error",
+    "request",
+    "clock",
+    "quota",
+    "decision",
+    "metrics",
+    // Parts: pure transitions, response writing, extractors and costs.
+    "algorithm",
+    "headers",
+    "key",
+    "cost",
+    "response",
+    // State: where counters live.
+    "store",
+    // Choice: which quota applies to a request.
+    "plan",
+    // Middlewares.
+    "layer",
+    "rate_limit",
+    "concurrency",
+    "outbound",
+    // Front-ends: limits as data.
+    "policy",
+    // Test and fuzzing entry points may reach anything.
+    "fuzzing",
+];
+
+fn rank(module: &str) -> Option<usize> {
+    FLOORS.iter().position(|m| *m == module)
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The module a `crate::` path reaches: its first segment, or for a crate-root re-export
+/// (`crate::Quota`, `crate::{Decision, Quota}`) the module the root re-exports it from.
+fn targets(rest: &str, root_exports: &HashMap<String, String>) -> Vec<String> {
+    let names: Vec<&str> = if let Some(group) = rest.strip_prefix('{') {
+        let group = group.split('}').next().unwrap_or("");
+        group.split(',').map(str::trim).collect()
+    } else {
+        vec![rest]
+    };
+    names
+        .into_iter()
+        .filter_map(|name| {
+            let first: String = name
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if first.is_empty() {
+                None
+            } else if let Some(module) = root_exports.get(&first) {
+                Some(module.clone())
+            } else if first.starts_with(|c: char| c.is_ascii_lowercase()) {
+                Some(first)
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn no_module_imports_from_a_floor_above_it() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let lib = fs::read_to_string(src.join("lib.rs")).unwrap();
+    // `pub use module::{A, B};` and `pub use module::A;` at the crate root.
+    let mut root_exports = HashMap::new();
+    for line in lib.lines().filter(|l| l.starts_with("pub use ")) {
+        let body = line.trim_start_matches("pub use ").trim_end_matches(';');
+        let Some((module, items)) = body.split_once("::") else {
+            continue;
+        };
+        for item in items.trim_matches(|c| c == '{' || c == '}').split(',') {
+            root_exports.insert(item.trim().to_string(), module.to_string());
+        }
+    }
+
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut violations = Vec::new();
+    for file in files {
+        let relative = file.strip_prefix(&src).unwrap();
+        let top = relative
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy()
+            .trim_end_matches(".rs")
+            .to_string();
+        if top == "lib" || top == "layering_tests" {
+            continue;
+        }
+        let Some(own) = rank(&top) else {
+            violations.push(format!(
+                "{}: top-level module `{top}` has no floor in FLOORS",
+                relative.display()
+            ));
+            continue;
+        };
+        let text = fs::read_to_string(&file).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            for (at, _) in code.match_indices("crate::") {
+                for target in targets(&code[at + "crate::".len()..], &root_exports) {
+                    if target == top {
+                        continue;
+                    }
+                    match rank(&target) {
+                        Some(r) if r < own => {}
+                        _ => violations.push(format!(
+                            "{}:{}: `{top}` imports `{target}`, which is not on a floor below it",
+                            relative.display(),
+                            n + 1
+                        )),
+                    }
+                }
+            }
+        }
+    }
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+}
+
+#[test]
+fn the_floor_check_reads_grouped_and_root_paths() {
+    let root: HashMap<String, String> = [("Quota".to_string(), "quota".to_string())].into();
+    assert_eq!(targets("store::Decisions;", &root), ["store"]);
+    assert_eq!(targets("Quota::per_second(1)", &root), ["quota"]);
+    assert_eq!(targets("{Quota, key::Key};", &root), ["quota", "key"]);
+}
+
+/// Every file `src/` cites exists in the repository: a path (`docs/internals/redis-script.md`,
+/// or `store/redis/keys.rs` from `src/`: some file's path ends with it), a repository page
+/// (`BENCHMARKS.md`) or a script (`driver.lua`). Example names in docs (`policy.toml`) and
+/// absolute paths are not citations.
+#[test]
+fn every_file_the_code_cites_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut names = std::collections::HashSet::new();
+    let mut all = Vec::new();
+    for dir in ["src", "docs", "tests", "examples", "benches", "fuzz", ".ci"] {
+        if root.join(dir).is_dir() {
+            every_file(&root.join(dir), &mut all);
+        }
+    }
+    for entry in fs::read_dir(root).unwrap() {
+        all.push(entry.unwrap().path());
+    }
+    let mut paths = Vec::new();
+    for path in &all {
+        if let Some(name) = path.file_name() {
+            names.insert(name.to_string_lossy().into_owned());
+        }
+        paths.push(path.to_string_lossy().replace('\\', "/"));
+    }
+    let mut sources = Vec::new();
+    every_file(&root.join("src"), &mut sources);
+    let mut missing = Vec::new();
+    for file in sources {
+        if file.ends_with("layering_tests.rs") {
+            continue;
+        }
+        let Ok(text) = fs::read_to_string(&file) else {
+            continue;
+        };
+        for (n, line) in text.lines().enumerate() {
+            for cited in cited_files(line) {
+                let found = if cited.starts_with('/') {
+                    true
+                } else if cited.contains('/') {
+                    let suffix = format!("/{}", cited.trim_start_matches("./"));
+                    paths.iter().any(|p| p.ends_with(&suffix))
+                } else if cited.ends_with(".lua")
+                    || (cited.ends_with(".md")
+                        && cited[..cited.len() - 3]
+                            .chars()
+                            .all(|c| c.is_ascii_uppercase() || c == '_'))
+                {
+                    names.contains(cited)
+                } else {
+                    true
+                };
+                if !found {
+                    missing.push(format!(
+                        "{}:{}: cites `{cited}`, which does not exist",
+                        file.strip_prefix(root).unwrap().display(),
+                        n + 1
+                    ));
+                }
+            }
+        }
+    }
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+}
+
+fn every_file(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            if !path.ends_with("target") && !path.ends_with("corpus") {
+                every_file(&path, out);
+            }
+        } else {
+            out.push(path);
+        }
+    }
+}
+
+/// Words of `line` that name a file: `[\w./-]+\.(rs|md|lua|toml|sh)`, not part of a URL.
+fn cited_files(line: &str) -> Vec<&str> {
+    const EXTENSIONS: [&str; 5] = [".rs", ".md", ".lua", ".toml", ".sh"];
+    line.split(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '/' | '-' | ':')))
+        .filter(|word| !word.contains("://") && !word.contains("::"))
+        .map(|word| word.trim_end_matches(['.', ':']))
+        .filter(|word| {
+            EXTENSIONS.iter().any(|ext| {
+                word.len() > ext.len()
+                    && word.ends_with(ext)
+                    && !word.starts_with(['.', '-'])
+                    && !word.contains('*')
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn cited_file_names_are_read_from_prose_and_paths() {
+    assert_eq!(
+        cited_files("see `docs/internals/redis-script.md` and driver.lua."),
+        ["docs/internals/redis-script.md", "driver.lua"]
+    );
+    assert!(cited_files("https://example.com/a.md and crate::x.rs::y").is_empty());
+    assert_eq!(cited_files("(see REBASE.md)"), ["REBASE.md"]);
+}
