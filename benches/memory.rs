@@ -55,7 +55,9 @@ use report::{Plot, Section, Table};
 use tollgate::algorithm::AlgorithmKind;
 use tollgate::clock::{Clock, CoarseClock, QuantaClock, SystemClock};
 use tollgate::key::Key;
-use tollgate::store::{Backend, Checked, LimitCheck, LimitSpec, MemoryBackend, MemoryStore, Store};
+use tollgate::store::{
+    memory::MemoryBackend, memory::MemoryStore, Backend, Checked, LimitCheck, LimitSpec, Store,
+};
 use tollgate::{PolicyName, Quota};
 
 // ---------------------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ use std::time::{Duration, Instant, SystemTime};
 /// use std::sync::atomic::{AtomicU64, Ordering};
 /// use std::sync::Arc;
 /// use tollgate::clock::Clock;
-/// use tollgate::store::MemoryBackend;
+/// use tollgate::store::memory::MemoryBackend;
 ///
 /// /// Time advanced by the application's own event loop, in microseconds.
 /// #[derive(Debug, Clone, Default)]
@@ -286,7 +286,7 @@ impl Clock for ManualClock {
     }
 }
 
-/// The memory store's default clock ([`MemoryBackend::new`](crate::store::MemoryBackend::new)):
+/// The memory store's default clock ([`MemoryBackend::new`](crate::store::memory::MemoryBackend::new)):
 /// [`QuantaClock`].
 ///
 /// Reading the time is a large share of an in-memory check, so the default is the cheapest

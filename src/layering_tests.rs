@@ -27,11 +27,10 @@ const FLOORS: &[&str] = &[
     "store",
     // Choice: which quota applies to a request.
     "plan",
-    // Middlewares.
-    "layer",
-    "rate_limit",
+    // Middlewares, none importing another.
     "concurrency",
     "outbound",
+    "rate_limit",
     // Front-ends: limits as data.
     "policy",
     // Test and fuzzing entry points may reach anything.
@@ -254,4 +253,40 @@ fn cited_file_names_are_read_from_prose_and_paths() {
     );
     assert!(cited_files("https://example.com/a.md and crate::x.rs::y").is_empty());
     assert_eq!(cited_files("(see REBASE.md)"), ["REBASE.md"]);
+}
+
+/// A public item has one public path inside its module tree: a module that is public is not
+/// also re-exported from by its parent (`pub mod shaping;` with `pub use shaping::Shape;`
+/// would give `Shape` two paths). The crate root is the exception: it re-exports the headline
+/// types (its docs list them).
+#[test]
+fn no_public_module_is_also_re_exported_by_its_parent() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut twice = Vec::new();
+    for file in files {
+        if file == src.join("lib.rs") {
+            continue;
+        }
+        let text = fs::read_to_string(&file).unwrap();
+        let public: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("pub mod "))
+            .map(|l| l.trim_end_matches(';'))
+            .collect();
+        for line in text.lines().map(str::trim) {
+            let Some(path) = line.strip_prefix("pub use ") else {
+                continue;
+            };
+            let path = path.trim_start_matches("self::");
+            if public.iter().any(|m| path.starts_with(&format!("{m}::"))) {
+                twice.push(format!(
+                    "{}: `{line}` re-exports from a public module",
+                    file.strip_prefix(&src).unwrap().display()
+                ));
+            }
+        }
+    }
+    assert!(twice.is_empty(), "{}", twice.join("\n"));
 }

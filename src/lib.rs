@@ -118,7 +118,7 @@
 //! [`StoreErrorKind`], [`RequestView`] and [`Decisions`]. Their module paths (`tollgate::rate_limit::Limit`,
 //! `tollgate::quota::Quota`, ...) keep working and name the same items. Everything else (key
 //! extractors, costs, stores, clocks, headers, rejections) is used through its module:
-//! `tollgate::key::PeerIp`, `tollgate::store::MemoryBackend`, `tollgate::clock::ManualClock`.
+//! `tollgate::key::PeerIp`, `tollgate::store::memory::MemoryBackend`, `tollgate::clock::ManualClock`.
 //!
 //! # Versioning
 //!
@@ -163,8 +163,9 @@ pub mod store;
 pub use algorithm::AlgorithmKind;
 pub use decision::{Decision, Decisions, PolicyName};
 pub use error::{ConfigError, StoreError, StoreErrorKind};
+pub use key::MissingKey;
 pub use quota::Quota;
-pub use rate_limit::{Limit, MissingKey, RateLimit, RateLimitLayer, RateLimitLayerBuilder};
+pub use rate_limit::{Limit, RateLimit, RateLimitLayer, RateLimitLayerBuilder};
 pub use request::RequestView;
 
 /// Compiles and runs every Rust code block of `README.md` as a doctest (`cargo test

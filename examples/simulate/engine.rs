@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 use tollgate::algorithm::AlgorithmKind;
 use tollgate::clock::ManualClock;
 use tollgate::key::Key;
-use tollgate::store::{Backend, LimitSpec, MemoryBackend};
+use tollgate::store::{memory::MemoryBackend, Backend, LimitSpec};
 use tollgate::{PolicyName, Quota};
 
 /// One second in microseconds.

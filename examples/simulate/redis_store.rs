@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tollgate::clock::ManualClock;
 use tollgate::key::Key;
-use tollgate::store::{Backend, Checked, FailurePolicy, LimitCheck, RedisBackend, Store};
+use tollgate::store::{redis::RedisBackend, Backend, Checked, FailurePolicy, LimitCheck, Store};
 use tollgate::Quota;
 
 use super::engine::{specs, Stream};

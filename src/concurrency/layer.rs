@@ -11,8 +11,8 @@ use super::service::ConcurrencyLimit;
 use super::table::MemorySlots;
 use crate::decision::PolicyName;
 use crate::error::ConfigError;
+use crate::key::MissingKey;
 use crate::key::{GlobalKey, KeyExtractor};
-use crate::rate_limit::MissingKey;
 use crate::request::RequestView;
 use crate::response::{grpc_trailers_only, GrpcCode, ProblemDetails, RejectionBody};
 

@@ -17,7 +17,7 @@ const MAX_PATH_LEN: usize = 256;
 ///
 /// A path that is not a gRPC method (not exactly `/service/method`, an empty part, or longer than
 /// 256 bytes) has no key: the [`KeyError`] is the request's fault, so the limit's
-/// [`MissingKey`](crate::rate_limit::MissingKey) policy decides. Clients still choose the path, so a
+/// [`MissingKey`](crate::key::MissingKey) policy decides. Clients still choose the path, so a
 /// client can invent method names, each with a fresh budget (tonic then answers them
 /// `UNIMPLEMENTED`). Pair a per-method limit with a per-client limit that covers every method
 /// (several limits on one layer are all-or-nothing) so that inventing methods gains nothing.

@@ -5,12 +5,13 @@ use std::sync::Arc;
 
 use crate::algorithm::AlgorithmKind;
 use crate::cost::CostTable;
+use crate::key::MissingKey;
 use crate::key::{
     ClientIp, ForwardedHeader, GlobalKey, HeaderKey, Key, KeyExtractor, PeerIp, Principal,
 };
 use crate::plan::{Plan, PlanFromExtension, PlanFromHeader, PlanMap, PlanResolver, UnknownPlan};
 use crate::quota::Quota;
-use crate::rate_limit::{Charge, Limit, MissingKey, Mode};
+use crate::rate_limit::{Charge, Limit, Mode};
 use crate::request::RequestView;
 use crate::store::PlanQuota;
 

@@ -165,7 +165,7 @@ pub use body::ResponseBody;
 pub use builder::RateLimitLayerBuilder;
 pub use future::ResponseFuture;
 pub use layer::{RateLimitLayer, StoreRef};
-pub use limit::{Charge, Limit, MissingKey, Mode, Override, Shape};
+pub use limit::{Charge, Limit, Mode, Override, Shape};
 pub use service::RateLimit;
 pub use shaping::{ShapedDelay, DEFAULT_MAX_WAITING};
 

@@ -266,7 +266,7 @@ impl<'a> Rejected<'a> {
 /// |---|---|---|---|
 /// | rate limited | `429`, `Retry-After` | `rate-limited` | `policy`, `quota`, `limit`, `window`, `remaining`, `retry_after`, `reset`, `reset_seconds`, and `plan`, `link` when known |
 /// | cost exceeds capacity | `413`, no `Retry-After` | `cost-exceeds-limit` | `policy`, `quota`, `limit`, `window`, `cost` |
-/// | missing key | `400`, `500` if misconfigured, or as configured ([`MissingKey`](crate::rate_limit::MissingKey)) | `missing-key` | `policy` |
+/// | missing key | `400`, `500` if misconfigured, or as configured ([`MissingKey`](crate::key::MissingKey)) | `missing-key` | `policy` |
 /// | store unavailable | `503`, `Retry-After` if known | `limiter-unavailable` | `retry_after` if known |
 ///
 /// `window` is the seconds to refill the limit from empty (the `w` of `RateLimit-Policy`).

@@ -30,7 +30,7 @@ pub trait Backend {
 
 /// Decides requests against limits, all-or-nothing.
 ///
-/// [`MemoryStore`](super::MemoryStore) and (feature `redis`) `RedisStore` implement it; so
+/// [`MemoryStore`](super::memory::MemoryStore) and (feature `redis`) `RedisStore` implement it; so
 /// can a store of your own, built by a [`Backend`] of your own. A store may keep state anywhere,
 /// deciding each limit with the [algorithm](crate::algorithm) its [`LimitSpec`] names, or wrap
 /// another store, as this one does to count the checks that reach it:
@@ -41,7 +41,7 @@ pub trait Backend {
 /// use std::sync::Arc;
 /// use http::{Request, Response, StatusCode};
 /// use tollgate::key::GlobalKey;
-/// use tollgate::store::{Backend, Checked, LimitCheck, LimitSpec, MemoryBackend, Store};
+/// use tollgate::store::{Backend, Checked, LimitCheck, LimitSpec, memory::MemoryBackend, Store};
 /// use tollgate::{ConfigError, Limit, Quota, RateLimitLayer};
 /// use tower::{service_fn, ServiceBuilder, ServiceExt};
 ///

@@ -17,9 +17,6 @@ pub mod redis;
 pub use backend::{Backend, Checked, Store};
 pub use limit::{FailurePolicy, LimitCheck, LimitSpec};
 
-#[cfg(feature = "redis")]
-pub use self::redis::{RedisBackend, RedisStore};
-pub use memory::{MemoryBackend, MemoryStore};
 pub(crate) use plan_quota::QuotaPin;
 #[doc(hidden)]
 pub use plan_quota::{kept_quotas, with_quota_registry_locked};

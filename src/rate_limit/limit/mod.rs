@@ -1,7 +1,6 @@
 //! [`Limit`]: one named limit of a layer, and its options ([`MissingKey`], [`Mode`],
 //! [`Charge`], per-key [`Override`]s).
 
-mod missing_key;
 mod options;
 pub(super) mod overrides;
 mod shape;
@@ -9,7 +8,6 @@ mod shape;
 use std::fmt;
 use std::sync::Arc;
 
-pub use missing_key::MissingKey;
 pub use options::{Charge, Mode};
 pub use overrides::Override;
 pub(crate) use shape::CompiledShape;
@@ -19,7 +17,7 @@ use crate::algorithm::AlgorithmKind;
 use crate::cost::Cost;
 use crate::decision::PolicyName;
 use crate::error::ConfigError;
-use crate::key::KeyExtractor;
+use crate::key::{KeyExtractor, MissingKey};
 use crate::plan::{Plan, PlanResolver, UnknownPlan, MAX_PLANS};
 use crate::quota::Quota;
 use crate::request::RequestView;

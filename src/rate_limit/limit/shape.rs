@@ -71,7 +71,7 @@ use crate::quota::Quota;
 /// use tollgate::clock::TokioClock;
 /// use tollgate::key::GlobalKey;
 /// use tollgate::rate_limit::ShapedDelay;
-/// use tollgate::store::MemoryBackend;
+/// use tollgate::store::memory::MemoryBackend;
 /// use tollgate::{AlgorithmKind, Limit, Quota, RateLimitLayer};
 /// use tower::{service_fn, ServiceBuilder, ServiceExt};
 ///

@@ -12,7 +12,7 @@ use super::*;
 use crate::clock::ManualClock;
 use crate::cost::Cost;
 use crate::headers::{ResetFormat, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET};
-use crate::key::GlobalKey;
+use crate::key::{GlobalKey, MissingKey};
 use crate::{Decision, Quota, RequestView};
 
 #[tokio::test]
@@ -125,7 +125,7 @@ fn layer_and_service_accessors() {
 #[tokio::test(start_paused = true)]
 async fn tokio_paused_time_drives_the_memory_store() {
     let layer = RateLimitLayer::builder()
-        .backend(crate::store::MemoryBackend::new().clock(crate::clock::TokioClock::new()))
+        .backend(crate::store::memory::MemoryBackend::new().clock(crate::clock::TokioClock::new()))
         .reset_format(ResetFormat::DeltaSeconds)
         .limit(Limit::new("per-client", Quota::per_second(2).burst(2)).key(client()))
         .build()

@@ -15,7 +15,7 @@ use crate::error::{StoreError, StoreErrorKind};
 use crate::headers::{
     RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };
-use crate::key::{GlobalKey, PeerIp};
+use crate::key::{GlobalKey, MissingKey, PeerIp};
 use crate::response::{RejectReason, Rejected, RejectionBody};
 use crate::{Decision, Quota, RequestView};
 

@@ -18,7 +18,7 @@ const MIN_KEYS_PER_SHARD: usize = 4_096;
 ///
 /// ```
 /// use tollgate::clock::ManualClock;
-/// use tollgate::store::{Backend, LimitSpec, MemoryBackend};
+/// use tollgate::store::{Backend, LimitSpec, memory::MemoryBackend};
 /// use tollgate::{AlgorithmKind, PolicyName, Quota};
 ///
 /// let spec = LimitSpec::new(PolicyName::new("api"), Quota::per_second(10), AlgorithmKind::TokenBucket);

@@ -7,7 +7,7 @@
 //!
 //! ```
 //! use tollgate::key::Key;
-//! use tollgate::store::{Backend, LimitSpec, MemoryBackend};
+//! use tollgate::store::{Backend, LimitSpec, memory::MemoryBackend};
 //! use tollgate::{AlgorithmKind, PolicyName, Quota};
 //!
 //! // Defaults: 100,000 keys per limit, shards from the CPU count, the default clock.
@@ -30,7 +30,7 @@
 //! use std::time::Duration;
 //! use tollgate::clock::ManualClock;
 //! use tollgate::key::Key;
-//! use tollgate::store::{Backend, Checked, LimitCheck, LimitSpec, MemoryBackend, Store};
+//! use tollgate::store::{Backend, Checked, LimitCheck, LimitSpec, memory::MemoryBackend, Store};
 //! use tollgate::{AlgorithmKind, PolicyName, Quota};
 //!
 //! let clock = ManualClock::new();
@@ -49,7 +49,7 @@
 //!     LimitCheck::new(0, user.clone(), 1),
 //!     LimitCheck::new(1, user.clone(), 1),
 //! ];
-//! let check = |store: &tollgate::store::MemoryStore<ManualClock>| match store.check(&checks) {
+//! let check = |store: &tollgate::store::memory::MemoryStore<ManualClock>| match store.check(&checks) {
 //!     Checked::Ready(decisions) => decisions.unwrap(),
 //!     Checked::Pending(never) => match never {},
 //! };

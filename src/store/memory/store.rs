@@ -90,7 +90,7 @@ impl<C: Clock> MemoryStore<C> {
     /// use std::time::Duration;
     /// use tollgate::clock::ManualClock;
     /// use tollgate::key::Key;
-    /// use tollgate::store::{Backend, LimitSpec, MemoryBackend};
+    /// use tollgate::store::{Backend, LimitSpec, memory::MemoryBackend};
     /// use tollgate::{AlgorithmKind, PolicyName, Quota};
     ///
     /// let clock = ManualClock::new();
@@ -151,7 +151,7 @@ impl<C: Clock> MemoryStore<C> {
     /// ```
     /// use tollgate::clock::ManualClock;
     /// use tollgate::key::Key;
-    /// use tollgate::store::{Backend, LimitCheck, LimitSpec, MemoryBackend, PlanQuota};
+    /// use tollgate::store::{Backend, LimitCheck, LimitSpec, memory::MemoryBackend, PlanQuota};
     /// use tollgate::{AlgorithmKind, PolicyName, Quota};
     ///
     /// let spec = LimitSpec::new(PolicyName::new("api"), Quota::per_hour(100), AlgorithmKind::Gcra);
@@ -212,7 +212,7 @@ impl<C: Clock> MemoryStore<C> {
     /// ```
     /// use tollgate::clock::ManualClock;
     /// use tollgate::key::Key;
-    /// use tollgate::store::{Backend, LimitCheck, LimitSpec, MemoryBackend};
+    /// use tollgate::store::{Backend, LimitCheck, LimitSpec, memory::MemoryBackend};
     /// use tollgate::{AlgorithmKind, PolicyName, Quota};
     ///
     /// let spec = LimitSpec::new(PolicyName::new("login"), Quota::per_minute(3), AlgorithmKind::FixedWindow);
@@ -538,7 +538,7 @@ mod tests {
     use crate::clock::ManualClock;
     use crate::decision::PolicyName;
     use crate::quota::Quota;
-    use crate::store::{Backend, LimitSpec, MemoryBackend};
+    use crate::store::{memory::MemoryBackend, Backend, LimitSpec};
 
     fn tb(name: &str, quota: Quota) -> LimitSpec {
         LimitSpec::new(PolicyName::new(name), quota, AlgorithmKind::TokenBucket)

@@ -2,7 +2,7 @@
 
 use http::StatusCode;
 
-use crate::key::KeyError;
+use super::KeyError;
 
 /// What a limit does with a request for which its key extractor finds no key.
 ///
