@@ -2,11 +2,6 @@
 //! monthly windows of 28 to 31 days (Feb 28/29, Dec -> Jan), `reset` / `retry_after` exact to
 //! the microsecond, on the memory store and a real `redis-server` deciding identically.
 
-#[cfg(feature = "redis")]
-mod common;
-#[cfg(feature = "redis")]
-mod support;
-
 use std::time::Duration;
 
 use tollgate::algorithm::{Algorithm, AlgorithmKind, FixedWindow};
@@ -283,7 +278,9 @@ fn several_limits_mix_calendar_and_clock_time() {
 #[cfg(feature = "redis")]
 mod redis {
     use super::*;
-    use common::{decide, memory_store, node_store, one};
+    use crate::harness::redis_server::RedisServer;
+    use crate::harness::rng::Rng;
+    use crate::harness::stores::{decide, memory_store, node_store, one};
 
     /// Every boundary of the cases, and times around them, in increasing order.
     fn times(cases: &[(u64, UtcOffset, u64)]) -> Vec<u64> {
@@ -329,7 +326,7 @@ mod redis {
     /// The memory store and a real `redis-server` decide calendar windows identically, on a
     /// clock reading Unix time (`offset` 0) or one whose zero is `offset`.
     async fn agree(offset: u64) {
-        let server = support::RedisServer::start();
+        let server = RedisServer::start();
         let limits = [
             spec("daily", Quota::per_day(3).aligned(UtcOffset::hours(2))),
             spec("monthly", Quota::per_month(4).aligned(UtcOffset::hours(-5))),
@@ -344,7 +341,7 @@ mod redis {
         let memory = memory_store(&clock, &limits);
         let redis = node_store(&server.url(), "calendar", &clock, &limits);
         let cases = month_cases();
-        let mut rng = common::Rng(0x9e37_79b9_7f4a_7c15);
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         let mut compared = 0;
         for t in times(&cases) {
             clock.set_micros(t - offset);

@@ -12,9 +12,6 @@
 //! The distinct-key flood against a victim's budget lives with the memory store's eviction
 //! tests. Every request here goes to loopback and each test sends at most a few hundred.
 
-mod serve;
-use serve::serve;
-
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
@@ -26,6 +23,8 @@ use tollgate::clock::ManualClock;
 use tollgate::key::{ClientIp, ForwardedHeader, HeaderKey, PeerIp};
 use tollgate::store::{MemoryBackend, MemoryStore};
 use tollgate::{Limit, Quota, RateLimitLayer};
+
+use crate::harness::http_server::serve;
 
 fn client() -> reqwest::Client {
     reqwest::Client::builder()

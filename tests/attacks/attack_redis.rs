@@ -12,22 +12,21 @@
 //! - the sliding log at its Redis cap: state bounded, cost per request measured.
 //!
 //! Figures are printed (`cargo test --all-features --test attack_redis -- --nocapture`).
-#![cfg(feature = "redis")]
-
-mod common;
-mod support;
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use common::{decide, one, prefix};
-use support::{RedisCluster, RedisServer};
 use tollgate::algorithm::AlgorithmKind;
 use tollgate::clock::ManualClock;
 use tollgate::key::Key;
 use tollgate::store::redis::{RedisBackend, RedisStore, MAX_SLIDING_LOG};
 use tollgate::store::{Backend, FailurePolicy, LimitCheck, LimitSpec};
 use tollgate::{PolicyName, Quota};
+
+use crate::harness::isolated::run_alone;
+use crate::harness::redis_cluster::RedisCluster;
+use crate::harness::redis_server::RedisServer;
+use crate::harness::stores::{decide, one, prefix};
 
 /// A generous bound for anything that must not hang.
 const HANG_GUARD: Duration = Duration::from_secs(20);
@@ -208,6 +207,14 @@ async fn an_evicting_maxmemory_policy_is_reported_and_logged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_redis_under_2000_concurrent_requests_hangs_nothing_and_admits_nothing_extra() {
+    // The resident set is the process's: measured alone, in a child process.
+    if run_alone(
+        "attack_redis::a_slow_redis_under_2000_concurrent_requests_hangs_nothing_and_admits_nothing_extra",
+    )
+    .is_some()
+    {
+        return;
+    }
     let server = RedisServer::start();
     let store = RedisBackend::new(server.url())
         .prefix(prefix("slow"))

@@ -3,30 +3,26 @@
 //! on), then a bounded number of random inputs. The checks and what they assert are documented
 //! in each module; `cargo +nightly fuzz run <target>` runs the same checks under libFuzzer.
 
-#[allow(dead_code)]
-#[path = "../fuzz/src/input.rs"]
-mod input;
-
-#[path = "../fuzz/src/forwarding.rs"]
+#[path = "../../fuzz/src/forwarding.rs"]
 mod forwarding;
 
-#[path = "../fuzz/src/quota_text.rs"]
+#[path = "../../fuzz/src/quota_text.rs"]
 mod quota_text;
 
 #[cfg(feature = "redis")]
-#[path = "../fuzz/src/redis_key.rs"]
+#[path = "../../fuzz/src/redis_key.rs"]
 mod redis_key;
 
 #[cfg(feature = "redis")]
-#[path = "../fuzz/src/redis_state.rs"]
+#[path = "../../fuzz/src/redis_state.rs"]
 mod redis_state;
-
-#[cfg(feature = "redis")]
-mod support;
 
 use std::path::PathBuf;
 
 use proptest::prelude::*;
+
+#[cfg(feature = "redis")]
+use crate::harness::redis_server::RedisServer;
 
 /// The seed inputs of one target, sorted by file name (at least one must exist).
 fn seeds(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
@@ -85,7 +81,7 @@ fn redis_key_seeds() {
 #[cfg(feature = "redis")]
 #[test]
 fn redis_state_seeds_and_random_inputs() {
-    let server = support::RedisServer::start();
+    let server = RedisServer::start();
     let mut harness = redis_state::Harness::new(&server.url(), "fuzz-seeds");
     replay("redis_state", |b| harness.check(b));
     let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
@@ -186,7 +182,7 @@ fn sliding_window_counts_above_the_limit_agree_on_redis() {
     use tollgate::algorithm::{Algorithm, AlgorithmKind, SlidingWindow, SlidingWindowState};
     use tollgate::Quota;
 
-    let server = support::RedisServer::start();
+    let server = RedisServer::start();
     let quota = Quota::per_minute(2);
     let window = 60_000_000u64;
     // Last charged at the start of a window with 6 units in the previous one (a larger quota).
@@ -225,7 +221,7 @@ fn gcra_far_ahead_state_agrees_on_redis() {
     use tollgate::quota::MAX_EXACT;
     use tollgate::Quota;
 
-    let server = support::RedisServer::start();
+    let server = RedisServer::start();
     let mut harness = redis_state::Harness::new(&server.url(), "known-gcra");
     let quotas = [
         Quota::per(Duration::from_millis(1500), 7).burst(3),

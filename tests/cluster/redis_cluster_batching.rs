@@ -2,22 +2,21 @@
 //! are coalesced into one script call to it whatever their slots, each still decided exactly;
 //! a slot moved under traffic (a stale slot map, `MOVED` and `ASK`) loses and double-charges
 //! nothing; a killed master is decided by the failure policy while the others keep batching.
-#![cfg(feature = "redis")]
-
-mod common;
-mod support;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{one, prefix, spec};
 use tollgate::algorithm::AlgorithmKind;
 use tollgate::clock::ManualClock;
 use tollgate::key::Key;
 use tollgate::store::redis::{RedisBackend, RedisStore};
 use tollgate::store::{Backend, LimitSpec};
 use tollgate::Quota;
+
+use crate::harness::redis_cluster::RedisCluster;
+use crate::harness::redis_server::RedisServer;
+use crate::harness::stores::{one, prefix, spec};
 
 const CAPACITY: u64 = 40;
 
@@ -29,14 +28,14 @@ fn limit() -> [LimitSpec; 1] {
     )]
 }
 
-fn backend(cluster: &support::RedisCluster, test: &str) -> RedisBackend {
+fn backend(cluster: &RedisCluster, test: &str) -> RedisBackend {
     RedisBackend::cluster(cluster.urls())
         .prefix(prefix(test))
         .timeout(Duration::from_secs(3))
 }
 
 /// The first of `c0`, `c1`, ... whose Redis key is on each master, in master order.
-fn key_per_master(cluster: &support::RedisCluster, store: &RedisStore) -> Vec<String> {
+fn key_per_master(cluster: &RedisCluster, store: &RedisStore) -> Vec<String> {
     let mut found: Vec<Option<String>> = vec![None; cluster.nodes.len()];
     for i in 0.. {
         let key = format!("c{i}");
@@ -50,7 +49,7 @@ fn key_per_master(cluster: &support::RedisCluster, store: &RedisStore) -> Vec<St
 }
 
 /// Script calls each of `nodes` has run so far (INFO commandstats, EVALSHA and EVAL).
-fn script_calls(nodes: &[support::RedisServer]) -> Vec<u64> {
+fn script_calls(nodes: &[RedisServer]) -> Vec<u64> {
     nodes
         .iter()
         .map(|n| calls_of(&n.cmd::<String>(&["INFO", "commandstats"])))
@@ -102,7 +101,7 @@ async fn remaining(store: &RedisStore, key: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_checks_are_coalesced_per_master_and_decided_exactly() {
-    let cluster = support::RedisCluster::start();
+    let cluster = RedisCluster::start();
     // At the server's time (the compact batch) and at an explicit clock (groups with a time).
     for clock in [None, Some(ManualClock::new())] {
         let mut b = backend(&cluster, "coalesce");
@@ -159,13 +158,13 @@ async fn concurrent_checks_are_coalesced_per_master_and_decided_exactly() {
 }
 
 /// A node's id (CLUSTER MYID).
-fn id(node: &support::RedisServer) -> String {
+fn id(node: &RedisServer) -> String {
     node.cmd(&["CLUSTER", "MYID"])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_moved_under_traffic_loses_and_double_charges_nothing() {
-    let cluster = support::RedisCluster::start();
+    let cluster = RedisCluster::start();
     // A long probe interval keeps the store's slot map stale; a high threshold keeps the
     // breaker shut through the ASK errors below.
     let b = backend(&cluster, "reshard")
@@ -220,7 +219,7 @@ async fn a_slot_moved_under_traffic_loses_and_double_charges_nothing() {
     }
     round(burst(&store, &work(10)).await);
     assert!(stats.split_batches() > asked, "refused again once moved");
-    let count = |n: &support::RedisServer| n.cmd::<i64>(&["CLUSTER", "COUNTKEYSINSLOT", &slot]);
+    let count = |n: &RedisServer| n.cmd::<i64>(&["CLUSTER", "COUNTKEYSINSLOT", &slot]);
     assert_eq!((count(from), count(to)), (0, 1), "the key moved");
 
     // Every admission was charged exactly once: what each key has left is its capacity less
@@ -242,7 +241,7 @@ async fn a_slot_moved_under_traffic_loses_and_double_charges_nothing() {
 async fn a_killed_master_is_decided_by_its_policy_while_the_others_keep_batching() {
     // Without full coverage the live masters keep serving their slots once the dead one is
     // marked failed.
-    let mut cluster = support::RedisCluster::start_with(&["--cluster-require-full-coverage", "no"]);
+    let mut cluster = RedisCluster::start_with(&["--cluster-require-full-coverage", "no"]);
     let b = backend(&cluster, "kill")
         .timeout(Duration::from_millis(300))
         .probe_interval(Duration::from_millis(100));
@@ -314,7 +313,7 @@ fn calls_of(info: &str) -> u64 {
 }
 
 /// The live master serving `key` (by asking the live masters only).
-fn cluster_index(cluster: &support::RedisCluster, key: &str) -> Option<usize> {
+fn cluster_index(cluster: &RedisCluster, key: &str) -> Option<usize> {
     let slot: i64 = cluster.nodes[0].cmd(&["CLUSTER", "KEYSLOT", key]);
     let slots: Vec<redis::Value> = cluster.nodes[0].cmd(&["CLUSTER", "SLOTS"]);
     for range in slots {

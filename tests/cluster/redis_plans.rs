@@ -3,28 +3,28 @@
 //! every backend agrees: a table of plan changes per algorithm, with the decisions the rule
 //! predicts, and random plan switches, run on the memory store, a Redis node and a 3-master
 //! Cluster. Also `Store::refund` and `Store::reconfigure` through the public API.
-#![cfg(feature = "redis")]
-
-mod common;
-mod support;
 
 use std::sync::OnceLock;
 
-use common::{cluster_store, decide, memory_store, node_store, spec, Rng};
 use tollgate::algorithm::AlgorithmKind;
 use tollgate::clock::ManualClock;
 use tollgate::key::Key;
 use tollgate::store::{Backend, Checked, Decisions, LimitCheck, LimitSpec, PlanQuota, Store};
 use tollgate::{Decision, Quota, StoreError};
 
-fn node() -> &'static support::RedisServer {
-    static NODE: OnceLock<support::RedisServer> = OnceLock::new();
-    NODE.get_or_init(support::RedisServer::start)
+use crate::harness::redis_cluster::RedisCluster;
+use crate::harness::redis_server::RedisServer;
+use crate::harness::rng::Rng;
+use crate::harness::stores::{self, cluster_store, decide, memory_store, node_store, spec};
+
+fn node() -> &'static RedisServer {
+    static NODE: OnceLock<RedisServer> = OnceLock::new();
+    NODE.get_or_init(RedisServer::start)
 }
 
-fn cluster() -> &'static support::RedisCluster {
-    static CLUSTER: OnceLock<support::RedisCluster> = OnceLock::new();
-    CLUSTER.get_or_init(support::RedisCluster::start)
+fn cluster() -> &'static RedisCluster {
+    static CLUSTER: OnceLock<RedisCluster> = OnceLock::new();
+    CLUSTER.get_or_init(RedisCluster::start)
 }
 
 const MS: u64 = 1_000;
@@ -522,7 +522,7 @@ async fn refunds_through_the_public_api_match_the_memory_store() {
 async fn an_immediate_refund_restores_the_key_at_server_time() {
     let limits = [spec("api", Quota::per_minute(5), AlgorithmKind::SlidingLog)];
     let store = tollgate::store::redis::RedisBackend::new(node().url())
-        .prefix(common::prefix("servertime"))
+        .prefix(stores::prefix("servertime"))
         .timeout(std::time::Duration::from_secs(3))
         .build(&limits)
         .unwrap();

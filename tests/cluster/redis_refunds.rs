@@ -14,16 +14,10 @@
 //! it, so their refund gives back nothing. With a burst of 2 and the admission 4 s after the
 //! reservation, 0.4 of the unit refilled: the refund gives back 0.6, and the key is exactly
 //! where it would be without the reservation, on Redis exactly as in Rust.
-#![cfg(feature = "redis")]
-
-mod common;
-mod support;
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use common::{cluster_store, decide, spec};
-use support::RedisCluster;
 use tollgate::algorithm::{
     Algorithm, AlgorithmKind, FixedWindow, Gcra, LeakyBucket, SlidingLog, SlidingWindow,
     TokenBucket,
@@ -32,6 +26,9 @@ use tollgate::clock::ManualClock;
 use tollgate::key::Key;
 use tollgate::store::{Backend, LimitCheck};
 use tollgate::{Decision, Quota};
+
+use crate::harness::redis_cluster::RedisCluster;
+use crate::harness::stores::{self, cluster_store, decide, spec};
 
 fn cluster() -> &'static RedisCluster {
     static C: OnceLock<RedisCluster> = OnceLock::new();
@@ -256,7 +253,7 @@ async fn refund_at_the_server_time_restores_a_bucket_nobody_else_used() {
         spec("tenant", Quota::per_hour(1), AlgorithmKind::FixedWindow),
     ];
     let store = tollgate::store::redis::RedisBackend::cluster(cluster.urls())
-        .prefix(common::prefix("refund-server-time"))
+        .prefix(stores::prefix("refund-server-time"))
         .timeout(Duration::from_secs(3))
         .build(&limits)
         .unwrap();

@@ -2,29 +2,29 @@
 //! against the memory store, a Redis node and a 3-master Redis Cluster, which must give identical
 //! decisions; randomised request streams compare the three decision by decision; several limits
 //! per request stay all-or-nothing on every backend.
-#![cfg(feature = "redis")]
-
-mod common;
-mod support;
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use common::{cluster_store, decide, memory_store, node_store, one, spec, Rng};
 use tollgate::algorithm::AlgorithmKind;
 use tollgate::clock::ManualClock;
 use tollgate::key::Key;
 use tollgate::store::{Backend, LimitCheck, LimitSpec, Store};
 use tollgate::{Decision, Quota};
 
-fn node() -> &'static support::RedisServer {
-    static NODE: OnceLock<support::RedisServer> = OnceLock::new();
-    NODE.get_or_init(support::RedisServer::start)
+use crate::harness::redis_cluster::RedisCluster;
+use crate::harness::redis_server::RedisServer;
+use crate::harness::rng::Rng;
+use crate::harness::stores::{cluster_store, decide, memory_store, node_store, one, spec};
+
+fn node() -> &'static RedisServer {
+    static NODE: OnceLock<RedisServer> = OnceLock::new();
+    NODE.get_or_init(RedisServer::start)
 }
 
-fn cluster() -> &'static support::RedisCluster {
-    static CLUSTER: OnceLock<support::RedisCluster> = OnceLock::new();
-    CLUSTER.get_or_init(support::RedisCluster::start)
+fn cluster() -> &'static RedisCluster {
+    static CLUSTER: OnceLock<RedisCluster> = OnceLock::new();
+    CLUSTER.get_or_init(RedisCluster::start)
 }
 
 const MS: u64 = 1_000;

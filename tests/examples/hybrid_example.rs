@@ -2,15 +2,14 @@
 //! built example on four free ports sharing one `redis-server`, 1 000 requests from one client
 //! spread over them and sent concurrently, through a real HTTP client. Counts what was admitted
 //! and what Redis ran (`INFO commandstats`).
-#![cfg(feature = "redis")]
-
-mod support;
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
+
+use crate::harness::redis_server::RedisServer;
 
 /// The example binary next to this test's (`target/<profile>/examples/hybrid`), built first
 /// when missing or older than its source.
@@ -75,7 +74,7 @@ fn start(bin: &PathBuf, port: u16, redis_url: &str) -> Instance {
     Instance(child)
 }
 
-fn script_calls(server: &support::RedisServer) -> u64 {
+fn script_calls(server: &RedisServer) -> u64 {
     let info: String = server.cmd(&["INFO", "commandstats"]);
     info.lines()
         .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
@@ -85,7 +84,7 @@ fn script_calls(server: &support::RedisServer) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_example_processes_share_one_limit_with_few_redis_calls() {
-    let server = support::RedisServer::start();
+    let server = RedisServer::start();
     let bin = example_binary();
     let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
     let _instances: Vec<Instance> = ports

@@ -4,7 +4,7 @@
 //!
 //! Real time (the example is about seconds of real traffic); the bounds are the issue's.
 
-#[path = "../examples/outbound.rs"]
+#[path = "../../examples/outbound.rs"]
 #[allow(dead_code)]
 mod example;
 

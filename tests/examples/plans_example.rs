@@ -3,7 +3,7 @@
 //! `/metrics` in Prometheus text (parsed line by line), a reload that keeps what a key spent, and
 //! a broken policy file refused while the old policy keeps serving.
 
-#[path = "../examples/plans/app.rs"]
+#[path = "../../examples/plans/app.rs"]
 #[allow(dead_code)]
 mod app;
 

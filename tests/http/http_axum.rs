@@ -1,9 +1,6 @@
 //! The layer in a real axum server on 127.0.0.1, exercised with a real HTTP client. Time is a
 //! manual clock, so nothing depends on how fast the test runs.
 
-mod serve;
-use serve::serve_url as serve;
-
 use std::time::Duration;
 
 use axum::routing::{get, post};
@@ -15,6 +12,8 @@ use tollgate::headers::ResetFormat;
 use tollgate::key::{GlobalKey, PeerIp};
 use tollgate::store::MemoryBackend;
 use tollgate::{Decision, Limit, Quota, RateLimitLayer};
+
+use crate::harness::http_server::serve_url as serve;
 
 fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()

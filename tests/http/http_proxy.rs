@@ -1,13 +1,13 @@
 //! Client IPs behind trusted proxies, through real TCP connections from 127.0.0.1: forwarding
 //! headers are believed only from trusted peers, and only their rightmost untrusted hop.
 
-mod serve;
-
 use axum::routing::get;
 use axum::Router;
 use reqwest::StatusCode;
 use tollgate::key::{ClientIp, KeyExtractor, PeerIp};
 use tollgate::{Limit, Quota, RateLimitLayer};
+
+use crate::harness::http_server;
 
 /// A server allowing 2 requests per hour per key, answering with the remaining count.
 async fn serve(key: impl KeyExtractor) -> String {
@@ -15,7 +15,7 @@ async fn serve(key: impl KeyExtractor) -> String {
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(layer);
-    format!("{}/", serve::serve_url(app).await)
+    format!("{}/", http_server::serve_url(app).await)
 }
 
 async fn status(url: &str, xff: Option<&str>) -> StatusCode {

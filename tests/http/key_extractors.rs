@@ -3,9 +3,6 @@
 //! spoofing cases, and the matched route as seen by `Router::layer` and `Router::route_layer`.
 #![cfg(feature = "axum")]
 
-mod serve;
-use serve::serve_url as serve;
-
 use std::convert::Infallible;
 use std::sync::Arc;
 
@@ -17,6 +14,8 @@ use tollgate::cost::{Cost, CostTable};
 use tollgate::key::{ClientIp, ForwardedHeader, GlobalKey, KeyExtractor, PeerIp, RouteKey};
 use tollgate::RequestView;
 use tower::util::MapRequestLayer;
+
+use crate::harness::http_server::serve_url as serve;
 
 /// What the extractor under test made of a request, stashed by the layer for the handler.
 #[derive(Clone)]

@@ -5,9 +5,6 @@
 //! `Router::layer` only accepts services whose error is `Infallible`, so none of them needs
 //! `HandleErrorLayer`.
 
-mod serve;
-use serve::serve_url as serve;
-
 use std::convert::Infallible;
 use std::io::Read;
 use std::net::SocketAddr;
@@ -31,6 +28,8 @@ use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_http::compression::CompressionLayer;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
+
+use crate::harness::http_server::serve_url as serve;
 
 /// Long enough for `CompressionLayer` to compress it (it skips bodies under 32 bytes).
 const PAGE: &str = "hello, world! hello, world! hello, world! hello, world! hello, world!";

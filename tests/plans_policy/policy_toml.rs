@@ -11,7 +11,7 @@ use tollgate::RateLimitLayer;
 use tower::util::BoxCloneService;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 
-const EXAMPLE: &str = include_str!("../examples/plans.toml");
+const EXAMPLE: &str = include_str!("../../examples/plans.toml");
 
 fn request(method: &str, path: &str, headers: &[(&str, &str)]) -> Request<()> {
     let mut req = Request::builder().method(method).uri(path);

@@ -1,15 +1,10 @@
 //! The hybrid store (issue 10): a local tier of leases in front of a real `redis-server` (and a
 //! 3-master Cluster), several instances in separate tasks. Time is a shared `ManualClock` (Redis
 //! reads it too), so leases expire and buckets refill only when a test says so.
-#![cfg(feature = "redis")]
-
-mod common;
-mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{decide, prefix};
 use tollgate::algorithm::AlgorithmKind;
 use tollgate::clock::ManualClock;
 use tollgate::key::Key;
@@ -17,6 +12,10 @@ use tollgate::store::hybrid::{HybridBackend, HybridStore};
 use tollgate::store::redis::RedisBackend;
 use tollgate::store::{Backend, FailurePolicy, LimitCheck, LimitSpec};
 use tollgate::{PolicyName, Quota};
+
+use crate::harness::redis_cluster::RedisCluster;
+use crate::harness::redis_server::RedisServer;
+use crate::harness::stores::{decide, prefix};
 
 const CAPACITY: u64 = 100;
 
@@ -84,7 +83,7 @@ async fn hammer(stores: &[HybridStore], key: &str, n: usize) -> Vec<u64> {
 }
 
 /// Script calls the server has run (EVALSHA + EVAL), from `INFO commandstats`.
-fn script_calls(server: &support::RedisServer) -> u64 {
+fn script_calls(server: &RedisServer) -> u64 {
     let info: String = server.cmd(&["INFO", "commandstats"]);
     info.lines()
         .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
@@ -98,7 +97,7 @@ fn script_calls(server: &support::RedisServer) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_instances_never_admit_more_than_the_capacity_and_give_back_what_they_held() {
-    let server = support::RedisServer::start();
+    let server = RedisServer::start();
     for kind in [
         AlgorithmKind::TokenBucket,
         AlgorithmKind::LeakyBucket,
@@ -160,7 +159,7 @@ async fn eight_instances_never_admit_more_than_the_capacity_and_give_back_what_t
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cold_keys_check_plainly_and_a_hot_key_costs_a_few_calls() {
-    let server = support::RedisServer::start();
+    let server = RedisServer::start();
     let clock = ManualClock::new();
     let kind = AlgorithmKind::TokenBucket;
     let store = hybrid(
@@ -198,7 +197,7 @@ async fn cold_keys_check_plainly_and_a_hot_key_costs_a_few_calls() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_key_is_refused_locally_until_its_retry_after() {
-    let server = support::RedisServer::start();
+    let server = RedisServer::start();
     let clock = ManualClock::new();
     clock.set_micros(1_000_000_000);
     let kind = AlgorithmKind::TokenBucket;
@@ -259,7 +258,7 @@ async fn a_refused_key_is_refused_locally_until_its_retry_after() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_instances_stay_within_the_bound_as_the_bucket_refills() {
-    let server = support::RedisServer::start();
+    let server = RedisServer::start();
     let clock = ManualClock::new();
     clock.set_micros(1_000_000_000);
     let kind = AlgorithmKind::TokenBucket;
@@ -316,7 +315,7 @@ async fn four_instances_stay_within_the_bound_as_the_bucket_refills() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_limits_stay_all_or_nothing() {
-    let server = support::RedisServer::start();
+    let server = RedisServer::start();
     let clock = ManualClock::new();
     let kind = AlgorithmKind::TokenBucket;
     let limits = [
@@ -355,7 +354,7 @@ async fn several_limits_stay_all_or_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_the_local_share_decides_and_recovery_grants_no_burst() {
-    let mut server = support::RedisServer::start();
+    let mut server = RedisServer::start();
     let clock = ManualClock::new();
     let kind = AlgorithmKind::TokenBucket;
     let limits = [spec(
@@ -416,7 +415,7 @@ async fn redis_down_the_local_share_decides_and_recovery_grants_no_burst() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_instances_on_a_cluster_never_over_admit() {
-    let cluster = support::RedisCluster::start();
+    let cluster = RedisCluster::start();
     let clock = ManualClock::new();
     let kind = AlgorithmKind::TokenBucket;
     let p = prefix("hybrid-cluster");
@@ -495,7 +494,7 @@ async fn through_the_layer_headers_count_down_and_refusals_say_when() {
     use tollgate::{Limit, RateLimitLayer};
     use tower::{service_fn, ServiceBuilder, ServiceExt};
 
-    let server = support::RedisServer::start();
+    let server = RedisServer::start();
     let clock = ManualClock::new();
     let layer = RateLimitLayer::builder()
         .limit(
@@ -546,7 +545,7 @@ async fn through_the_layer_headers_count_down_and_refusals_say_when() {
 async fn a_refund_goes_back_into_the_lease_it_came_from() {
     use tollgate::store::{Checked, Store};
 
-    let server = support::RedisServer::start();
+    let server = RedisServer::start();
     let clock = ManualClock::new();
     let kind = AlgorithmKind::TokenBucket;
     let store = hybrid(
@@ -588,7 +587,7 @@ async fn a_refund_goes_back_into_the_lease_it_came_from() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_redis_is_decided_by_the_local_share_and_resumes_without_a_burst() {
-    let server = support::RedisServer::start();
+    let server = RedisServer::start();
     let clock = ManualClock::new();
     let kind = AlgorithmKind::TokenBucket;
     let limits = [spec(
@@ -658,7 +657,7 @@ async fn decided(store: &HybridStore, key: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_master_does_not_make_a_healthy_masters_probe_replace_the_connection() {
     const CYCLES: usize = 8;
-    let cluster = support::RedisCluster::start_with(&["--cluster-require-full-coverage", "no"]);
+    let cluster = RedisCluster::start_with(&["--cluster-require-full-coverage", "no"]);
     let p = prefix("hybrid-stalled");
     let limits = [spec(
         "calls",

@@ -2,27 +2,25 @@
 //! in one batch is decided against the writes of the decisions before it, and a corrupted or
 //! wrong-type key is still detected, reset and counted once, for every algorithm; and a token
 //! bucket's fused batch path decides as the general path does.
-#![cfg(feature = "redis")]
-
-mod common;
-mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{decide, one, prefix, spec};
 use tollgate::algorithm::AlgorithmKind;
 use tollgate::key::Key;
 use tollgate::store::redis::RedisBackend;
 use tollgate::store::{Backend, LimitCheck};
 use tollgate::Quota;
 
+use crate::harness::redis_server::RedisServer;
+use crate::harness::stores::{decide, one, prefix, spec};
+
 const CLIENTS: usize = 12;
 const REPEATS: usize = 3;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeated_and_corrupted_keys_in_one_batch_decide_as_one_at_a_time() {
-    let server = support::RedisServer::start();
+    let server = RedisServer::start();
     for kind in AlgorithmKind::ALL {
         // Two per minute: of three requests from one client in one batch, exactly two pass.
         let store = Arc::new(
@@ -91,7 +89,7 @@ async fn repeated_and_corrupted_keys_in_one_batch_decide_as_one_at_a_time() {
 /// fresh keys (general path: nothing read ahead), allowed and then rejected ones (fused path).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fused_token_bucket_path_decides_as_the_general_path() {
-    let server = support::RedisServer::start();
+    let server = RedisServer::start();
     // One token an hour: nothing refills while the test runs, so counts are exact.
     let quota = Quota::per_day(24).burst(3);
     let build = |limits: &[_]| {

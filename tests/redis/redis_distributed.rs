@@ -2,20 +2,19 @@
 //! connections, and separate processes — firing concurrently at one key admit exactly the
 //! capacity, never more. The same harness run against a naive GET-then-SET limiter over-admits,
 //! which shows the harness can fail.
-#![cfg(feature = "redis")]
-
-mod common;
-mod support;
 
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::{one, prefix};
 use tollgate::algorithm::AlgorithmKind;
 use tollgate::store::redis::{RedisBackend, RedisStore};
 use tollgate::store::{Backend, FailurePolicy, LimitSpec};
 use tollgate::{PolicyName, Quota};
+
+use crate::harness::redis_cluster::RedisCluster;
+use crate::harness::redis_server::RedisServer;
+use crate::harness::stores::{self, one, prefix};
 
 const INSTANCES: usize = 8;
 const PER_INSTANCE: usize = 40;
@@ -121,7 +120,7 @@ fn supported(kind: AlgorithmKind) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn independent_instances_admit_exactly_the_capacity_on_a_node() {
-    let server = support::RedisServer::start();
+    let server = RedisServer::start();
     for kind in AlgorithmKind::ALL.into_iter().filter(|k| supported(*k)) {
         let admitted = hammer(node_instances(&server.url(), kind, &prefix("dist"))).await;
         assert_eq!(
@@ -133,7 +132,7 @@ async fn independent_instances_admit_exactly_the_capacity_on_a_node() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn independent_instances_admit_exactly_the_capacity_on_a_cluster() {
-    let cluster = support::RedisCluster::start();
+    let cluster = RedisCluster::start();
     for kind in AlgorithmKind::ALL.into_iter().filter(|k| supported(*k)) {
         let p = prefix("dist-cluster");
         let instances = (0..INSTANCES)
@@ -154,7 +153,7 @@ async fn independent_instances_admit_exactly_the_capacity_on_a_cluster() {
 /// The control: the same harness against GET-then-SET admits more than the capacity.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_naive_get_then_set_limiter_over_admits_under_the_same_harness() {
-    let server = support::RedisServer::start();
+    let server = RedisServer::start();
     let client = redis::Client::open(server.url()).unwrap();
     let mut instances = Vec::new();
     for _ in 0..INSTANCES {
@@ -184,7 +183,7 @@ fn unix_ms() -> u64 {
 /// the same key at the same moment.
 #[test]
 fn separate_processes_admit_exactly_the_capacity() {
-    let server = support::RedisServer::start();
+    let server = RedisServer::start();
     let prefix = prefix("procs");
     let start = unix_ms() + 1_500;
     let exe = std::env::current_exe().unwrap();
@@ -193,7 +192,7 @@ fn separate_processes_admit_exactly_the_capacity() {
             Command::new(&exe)
                 .args([
                     "--exact",
-                    "child_instance",
+                    "redis_distributed::child_instance",
                     "--nocapture",
                     "--test-threads=1",
                 ])
@@ -294,7 +293,7 @@ impl OutputAsync for Command {
 /// second limit with a cost of 3, from several instances at once, spend exactly its capacity.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batched_checks_of_another_limit_and_cost_spend_exactly_the_capacity() {
-    let server = support::RedisServer::start();
+    let server = RedisServer::start();
     let p = prefix("compact");
     let specs = [
         LimitSpec::new(
@@ -335,7 +334,7 @@ async fn batched_checks_of_another_limit_and_cost_spend_exactly_the_capacity() {
                     tollgate::key::Key::string("k"),
                     3,
                 )];
-                common::decide(&*store, &checks).await.unwrap().allowed()
+                stores::decide(&*store, &checks).await.unwrap().allowed()
             }));
         }
     }

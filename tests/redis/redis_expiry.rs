@@ -1,24 +1,22 @@
 //! A token bucket's batched writes keep the key's TTL when it still covers the refill
 //! (`KEEPTTL`, "Expiry" in `scripts/token_bucket.lua`) and set it otherwise, so that a key never
 //! expires before its bucket is full again: checked against a real `redis-server` and its clock.
-#![cfg(feature = "redis")]
-
-mod common;
-mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{one, prefix, spec};
 use tollgate::algorithm::AlgorithmKind;
 use tollgate::key::Key;
 use tollgate::store::redis::{RedisBackend, RedisStore};
 use tollgate::store::Backend;
 use tollgate::Quota;
 
+use crate::harness::redis_server::RedisServer;
+use crate::harness::stores::{one, prefix, spec};
+
 const CLIENTS: usize = 12;
 
-fn store(server: &support::RedisServer, quota: Quota) -> Arc<RedisStore> {
+fn store(server: &RedisServer, quota: Quota) -> Arc<RedisStore> {
     Arc::new(
         RedisBackend::new(server.url())
             .prefix(prefix("expiry"))
@@ -32,7 +30,7 @@ fn store(server: &support::RedisServer, quota: Quota) -> Arc<RedisStore> {
 /// One request from each client, all queued while the server is stopped so that they go in one
 /// batch (the fused path needs a batch that reads its keys ahead). Returns each
 /// client's remaining count.
-async fn batched_round(server: &support::RedisServer, store: &Arc<RedisStore>) -> Vec<u64> {
+async fn batched_round(server: &RedisServer, store: &Arc<RedisStore>) -> Vec<u64> {
     server.pause();
     // The first request queued goes alone (max_in_flight 1): a filler, so that the clients'
     // requests all wait for the next batch.
@@ -65,7 +63,7 @@ async fn batched_round(server: &support::RedisServer, store: &Arc<RedisStore>) -
 /// one that sets it puts back the ten days.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batched_writes_keep_the_ttl_only_while_it_covers_the_refill() {
-    let server = support::RedisServer::start();
+    let server = RedisServer::start();
     let store = store(&server, Quota::per_day(1).burst(10));
     let ten_days_ms: i64 = 10 * 86_400_000;
     let marker_ms: i64 = 5 * 86_400_000;
@@ -115,7 +113,7 @@ async fn batched_writes_keep_the_ttl_only_while_it_covers_the_refill() {
 /// millisecond rounding of TTLs). Keeping the TTL on every write fails this within a second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_outlives_its_refill_whatever_the_rate() {
-    let server = support::RedisServer::start();
+    let server = RedisServer::start();
     let store = store(&server, Quota::per(Duration::from_millis(100), 1).burst(8));
     let client = redis::Client::open(server.url()).unwrap();
     let conn = client
@@ -181,7 +179,7 @@ async fn a_key_outlives_its_refill_whatever_the_rate() {
 /// batch). The TTL travels as digits whatever its size (ten days here, 864,000,000 ms).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_after_the_clock_went_back_keeps_the_key_past_the_last_write() {
-    let server = support::RedisServer::start();
+    let server = RedisServer::start();
     let store = store(&server, Quota::per_day(1).burst(10));
     let ten_days_ms: i64 = 10 * 86_400_000;
     let ahead_ms: i64 = 60_000;

@@ -2,21 +2,19 @@
 //! cache flushed. Every request is answered by its limit's failure policy within the timeout
 //! plus a small margin, the circuit breaker stops paying the timeout, and decisions come back from
 //! Redis without a new store.
-#![cfg(feature = "redis")]
-
-mod common;
-mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{decide, one, prefix};
 use tollgate::algorithm::AlgorithmKind;
 use tollgate::clock::ManualClock;
 use tollgate::key::Key;
 use tollgate::store::redis::{RedisBackend, RedisStore};
 use tollgate::store::{Backend, FailurePolicy, LimitCheck, LimitSpec, MemoryBackend};
 use tollgate::{PolicyName, Quota, StoreErrorKind};
+
+use crate::harness::redis_server::RedisServer;
+use crate::harness::stores::{decide, one, prefix};
 
 const TIMEOUT: Duration = Duration::from_millis(25);
 /// Scheduling slack on a busy 2-core machine running debug builds.
@@ -81,7 +79,7 @@ async fn warm(store: &RedisStore, key: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_mid_traffic_then_restarted() {
-    let mut server = support::RedisServer::start();
+    let mut server = RedisServer::start();
     let url = server.url();
     // Open and closed limits large enough that Redis never rejects; the local one small enough
     // that its share runs out during the outage.
@@ -227,7 +225,7 @@ async fn killed_mid_traffic_then_restarted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_redis_the_timeout_holds_and_the_breaker_stops_paying_it() {
-    let server = support::RedisServer::start();
+    let server = RedisServer::start();
     let s = store(
         &server.url(),
         FailurePolicy::Closed {
@@ -272,7 +270,7 @@ async fn paused_redis_the_timeout_holds_and_the_breaker_stops_paying_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush_recovers_with_eval() {
-    let server = support::RedisServer::start();
+    let server = RedisServer::start();
     let s = RedisBackend::new(server.url())
         .timeout(Duration::from_secs(2))
         .build(&[limit(

@@ -1,19 +1,18 @@
 //! Key hygiene: hostile client keys cannot escape the prefix or choose a hash slot, long keys are
 //! bounded, idle keys expire, and corrupted or wrong-type values at a limiter key have a
 //! documented outcome (reset to fresh, counted) instead of a panic.
-#![cfg(feature = "redis")]
-
-mod common;
-mod support;
 
 use std::time::{Duration, Instant};
 
-use common::{decide, one, prefix, spec};
 use tollgate::algorithm::AlgorithmKind;
 use tollgate::key::Key;
 use tollgate::store::redis::RedisBackend;
 use tollgate::store::{Backend, LimitCheck};
 use tollgate::Quota;
+
+use crate::harness::redis_cluster::RedisCluster;
+use crate::harness::redis_server::RedisServer;
+use crate::harness::stores::{decide, one, prefix, spec};
 
 fn hostile() -> Vec<Vec<u8>> {
     vec![
@@ -32,7 +31,7 @@ fn hostile() -> Vec<Vec<u8>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_keys_cannot_escape_the_prefix_or_choose_a_slot() {
-    let cluster = support::RedisCluster::start();
+    let cluster = RedisCluster::start();
     let prefix = prefix("hostile");
     let limits = [
         // Hourly quotas: no key may expire before the keys are listed, however slow the machine.
@@ -95,7 +94,7 @@ async fn hostile_keys_cannot_escape_the_prefix_or_choose_a_slot() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_keys_expire_for_every_algorithm() {
-    let server = support::RedisServer::start();
+    let server = RedisServer::start();
     let kinds: Vec<AlgorithmKind> = AlgorithmKind::ALL
         .into_iter()
         .filter(|k| {
@@ -143,7 +142,7 @@ async fn idle_keys_expire_for_every_algorithm() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corrupted_or_wrong_type_state_is_reset_to_fresh() {
-    let server = support::RedisServer::start();
+    let server = RedisServer::start();
     let quota = Quota::per_second(2);
     // A fixed explicit time, so every request sees the same window.
     let clock = tollgate::clock::ManualClock::new();

@@ -4,10 +4,6 @@
 //! thread (current-thread runtime: the store's tasks run on it too).
 #![cfg(all(feature = "metrics", feature = "redis"))]
 
-mod common;
-#[cfg(feature = "redis")]
-mod support;
-
 use std::sync::{Arc, Mutex};
 
 use metrics::{
@@ -17,6 +13,9 @@ use metrics::{
 use tollgate::algorithm::AlgorithmKind;
 use tollgate::clock::ManualClock;
 use tollgate::Quota;
+
+use crate::harness::redis_server::RedisServer;
+use crate::harness::stores;
 
 /// What happened to one metric.
 #[derive(Debug, Clone, PartialEq)]
@@ -142,9 +141,9 @@ async fn memory_store_reports_keys_held_per_limit() {
     let log = Log::default();
     let _local = metrics::set_default_local_recorder(&log);
     let clock = ManualClock::new();
-    let store = common::memory_store(
+    let store = stores::memory_store(
         &clock,
-        &[common::spec(
+        &[stores::spec(
             "metrics-keys",
             Quota::per_minute(10),
             AlgorithmKind::TokenBucket,
@@ -152,7 +151,7 @@ async fn memory_store_reports_keys_held_per_limit() {
     );
     let key = "tollgate_keys{limit=metrics-keys}";
     for i in 0..25 {
-        let d = common::one(&store, &format!("client-{i}"), 1)
+        let d = stores::one(&store, &format!("client-{i}"), 1)
             .await
             .unwrap();
         assert!(d.allowed());
@@ -161,12 +160,12 @@ async fn memory_store_reports_keys_held_per_limit() {
     assert_eq!(log.gauge(key), grown, "set once per new key");
     // Keys already held do not grow the table.
     for i in 0..25 {
-        common::one(&store, &format!("client-{i}"), 1)
+        stores::one(&store, &format!("client-{i}"), 1)
             .await
             .unwrap();
     }
     // A check that charges nothing stores nothing.
-    common::one(&store, "free-rider", 0).await.unwrap();
+    stores::one(&store, "free-rider", 0).await.unwrap();
     assert_eq!(log.gauge(key), grown);
     // One in-memory check in 64 on this thread was timed: 51 checks, 1 sample (the thread's
     // first check is sampled).
@@ -185,7 +184,7 @@ async fn redis_store_reports_latency_errors_and_breaker_state() {
 
     let log = Log::default();
     let _local = metrics::set_default_local_recorder(&log);
-    let mut server = support::RedisServer::start();
+    let mut server = RedisServer::start();
     let spec = LimitSpec::new(
         PolicyName::new("metrics-redis"),
         Quota::per_second(100),
@@ -193,7 +192,7 @@ async fn redis_store_reports_latency_errors_and_breaker_state() {
     )
     .on_store_error(FailurePolicy::Open);
     let store = RedisBackend::new(server.url())
-        .prefix(common::prefix("metrics"))
+        .prefix(stores::prefix("metrics"))
         .timeout(Duration::from_millis(200))
         .breaker_threshold(3)
         .probe_interval(Duration::from_millis(20))
@@ -201,7 +200,7 @@ async fn redis_store_reports_latency_errors_and_breaker_state() {
         .unwrap();
 
     for _ in 0..5 {
-        assert!(common::one(&store, "k", 1).await.unwrap().allowed());
+        assert!(stores::one(&store, "k", 1).await.unwrap().allowed());
     }
     let latency = log.samples("tollgate_store_seconds{store=redis}");
     assert_eq!(latency.len(), 5, "one sample per round trip");
@@ -213,7 +212,7 @@ async fn redis_store_reports_latency_errors_and_breaker_state() {
     server.kill();
     for _ in 0..3 {
         // Failing open: still allowed.
-        assert!(common::one(&store, "k", 1).await.unwrap().allowed());
+        assert!(stores::one(&store, "k", 1).await.unwrap().allowed());
     }
     let errors = |kind: &str| log.counter(&format!("tollgate_store_errors_total{{kind={kind}}}"));
     let failed: u64 = ["timeout", "unavailable", "other", "invalid_response"]
@@ -229,7 +228,7 @@ async fn redis_store_reports_latency_errors_and_breaker_state() {
     );
     // While open, calls are not sent: they count as unavailable, and no round trip is timed.
     let before = errors("unavailable");
-    common::one(&store, "k", 1).await.unwrap();
+    stores::one(&store, "k", 1).await.unwrap();
     assert_eq!(errors("unavailable"), before + 1);
     assert_eq!(log.samples("tollgate_store_seconds{store=redis}").len(), 8);
 
@@ -240,6 +239,6 @@ async fn redis_store_reports_latency_errors_and_breaker_state() {
         assert!(Instant::now() < deadline, "{:?}", log.gauge(breaker));
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert!(common::one(&store, "k", 1).await.unwrap().allowed());
+    assert!(stores::one(&store, "k", 1).await.unwrap().allowed());
     assert_eq!(log.samples("tollgate_store_seconds{store=redis}").len(), 9);
 }

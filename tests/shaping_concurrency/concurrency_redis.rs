@@ -5,20 +5,17 @@
 //! Lease expiry is Redis's own clock, which a test cannot pause: the tests use short leases
 //! and wait for the state they expect (bounded), never assert on elapsed time.
 
-#![cfg(feature = "redis")]
-
-mod support;
-
 use std::convert::Infallible;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use support::RedisServer;
 use tollgate::concurrency::{ConcurrencyLimitLayer, RedisSlots};
 use tollgate::key::HeaderKey;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
+
+use crate::harness::redis_server::RedisServer;
 
 /// The Redis keys of the slots under the limit "api" (client keys appear only hashed in them).
 fn slot_keys(server: &RedisServer) -> Vec<String> {

@@ -2,10 +2,6 @@
 //! ordinary check at the widened tolerance), and a waiting request that is dropped gives its
 //! place back through the Redis refund. The stores decide at a shared `ManualClock` (frozen),
 //! so every delay is exact; the waits themselves are short real sleeps.
-#![cfg(feature = "redis")]
-
-mod common;
-mod support;
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -13,7 +9,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
-use support::RedisServer;
 use tollgate::clock::ManualClock;
 use tollgate::key::GlobalKey;
 use tollgate::layer::ShapedDelay;
@@ -21,6 +16,9 @@ use tollgate::store::redis::RedisBackend;
 use tollgate::store::FailurePolicy;
 use tollgate::{AlgorithmKind, Limit, Quota, RateLimitLayer};
 use tower::{Service, ServiceBuilder, ServiceExt};
+
+use crate::harness::redis_server::RedisServer;
+use crate::harness::stores;
 
 type Body = tollgate::layer::ResponseBody<Full<Bytes>>;
 
@@ -72,7 +70,7 @@ fn delay_ms(res: &Response<Body>) -> Option<u128> {
 #[tokio::test]
 async fn two_instances_shape_to_one_schedule() {
     let server = RedisServer::start();
-    let prefix = common::prefix("shape-shared");
+    let prefix = stores::prefix("shape-shared");
     let clock = ManualClock::new();
     // One every 20 ms, waiting up to 100 ms: one through and five waiting, whoever asks.
     let quota = Quota::per_second(50).burst(1);
@@ -104,7 +102,7 @@ async fn two_instances_shape_to_one_schedule() {
 #[tokio::test]
 async fn a_dropped_waiting_request_gives_its_place_back_on_redis() {
     let server = RedisServer::start();
-    let prefix = common::prefix("shape-cancel");
+    let prefix = stores::prefix("shape-cancel");
     let clock = ManualClock::new();
     // One every 250 ms.
     let quota = Quota::per_second(4).burst(1);

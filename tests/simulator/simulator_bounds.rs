@@ -5,13 +5,7 @@
 //! exact log on few decisions. Streams are small and time is a `ManualClock`, so this runs in
 //! well under a second.
 
-#[allow(dead_code)]
-#[path = "../examples/simulate"]
-mod sim {
-    pub mod engine;
-}
-
-use sim::engine::{
+use crate::sim::engine::{
     analyse, bound, decide_memory, disagreements, parse_replay, poisson, worst_window, Outcome,
     Request, Scenario, Stream, SECOND,
 };

@@ -5,23 +5,15 @@
 //! same inputs. The browser test skips, saying so, when Chromium or chromedriver is missing
 //! (`.ci/run` installs them).
 
-#[allow(dead_code)]
-#[path = "../examples/simulate"]
-mod sim {
-    pub mod engine;
-    pub mod lab;
-    pub mod run;
-    pub mod svg;
-}
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::sim::engine::Scenario;
+use crate::sim::lab;
+use crate::sim::run::{parse_limit, simulate};
 use serde_json::{json, Value};
-use sim::engine::Scenario;
-use sim::run::{parse_limit, simulate};
 use tower::ServiceExt;
 
 /// The rows the CLI prints for `scenario` at `limit`.
@@ -49,7 +41,7 @@ fn json_rows(value: &Value) -> Vec<Vec<String>> {
 async fn serve_lab() -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, sim::lab::router()).await.unwrap() });
+    tokio::spawn(async move { axum::serve(listener, lab::router()).await.unwrap() });
     addr
 }
 
@@ -102,7 +94,7 @@ async fn api_through_oneshot() {
     let request = http::Request::get("/api/simulate?scenario=burst&limit=5%2F10s")
         .body(axum::body::Body::empty())
         .unwrap();
-    let response = sim::lab::router().oneshot(request).await.unwrap();
+    let response = lab::router().oneshot(request).await.unwrap();
     assert_eq!(response.status(), 200);
     assert_eq!(
         response.headers()["content-type"],

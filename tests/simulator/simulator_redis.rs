@@ -1,24 +1,16 @@
 //! `simulate --store redis`: the same streams through a real `redis-server` (started by the
 //! test on a free loopback port) decide exactly as the memory store does, for all six
 //! algorithms, on every scenario.
-#![cfg(feature = "redis")]
 
-mod support;
-
-#[allow(dead_code)]
-#[path = "../examples/simulate"]
-mod sim {
-    pub mod engine;
-    pub mod redis_store;
-}
-
-use sim::engine::{decide_memory, parse_replay, Scenario, SECOND};
-use sim::redis_store::{decide_redis, differences};
+use crate::sim::engine::{decide_memory, parse_replay, Scenario, SECOND};
+use crate::sim::redis_store::{decide_redis, differences};
 use tollgate::Quota;
+
+use crate::harness::redis_server::RedisServer;
 
 #[tokio::test]
 async fn redis_decides_every_scenario_exactly_as_memory() {
-    let server = support::RedisServer::start();
+    let server = RedisServer::start();
     let url = server.url();
     let replay = parse_replay(
         "0 a\n0.5 b\n1 a 4\n9.9 a\n10 a\n10.1 b 3\n19.95 a\n20 a\n20 b 25\n",
