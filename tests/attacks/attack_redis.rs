@@ -11,7 +11,7 @@
 //!   was dropped, keeps deciding by Redis;
 //! - the sliding log at its Redis cap: state bounded, cost per request measured.
 //!
-//! Figures are printed (`cargo test --all-features --test attack_redis -- --nocapture`).
+//! Figures are printed (`cargo test --all-features --test attacks -- attack_redis:: --nocapture`).
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
