@@ -13,10 +13,10 @@
 //! BENCH_SECS=3 BENCH_ROUNDS=5 cargo bench --features redis --bench hybrid
 //! ```
 
+#[path = "../tests/harness/mod.rs"]
+mod harness;
 #[path = "common/seed.rs"]
 mod seed;
-#[path = "../tests/support/mod.rs"]
-mod support;
 
 #[path = "common/report.rs"]
 mod report;
@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use harness::redis_server::{require, RedisServer};
 use seed::{run_redis_benchmark, seed_command, SEED_TOKEN_BUCKET};
 use tollgate::algorithm::AlgorithmKind;
 use tollgate::key::Key;
@@ -72,7 +73,7 @@ fn limits() -> [LimitSpec; 1] {
     })]
 }
 
-fn script_calls(server: &support::RedisServer) -> u64 {
+fn script_calls(server: &RedisServer) -> u64 {
     let info: String = server.cmd(&["INFO", "commandstats"]);
     info.lines()
         .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
@@ -81,11 +82,7 @@ fn script_calls(server: &support::RedisServer) -> u64 {
 }
 
 /// Runs `store` from `concurrency` tasks on random keys (fresh ones: a new prefix per run).
-async fn drive<S: Store + Clone>(
-    server: &support::RedisServer,
-    store: S,
-    concurrency: usize,
-) -> Point {
+async fn drive<S: Store + Clone>(server: &RedisServer, store: S, concurrency: usize) -> Point {
     let stop = Arc::new(AtomicBool::new(false));
     let admitted = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
@@ -158,7 +155,7 @@ async fn drive<S: Store + Clone>(
 }
 
 /// The `redis-benchmark -P 16` ceiling of the seeds' script, requests per second.
-fn redis_benchmark(server: &support::RedisServer, sha: &str) -> f64 {
+fn redis_benchmark(server: &RedisServer, sha: &str) -> f64 {
     run_redis_benchmark(server, &seed_command(sha), 300_000, 16, KEYS).0
 }
 
@@ -178,8 +175,8 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    support::require("redis-benchmark");
-    let server = support::RedisServer::start();
+    require("redis-benchmark");
+    let server = RedisServer::start();
     let url = server.url();
     let sha: String = server.cmd(&["SCRIPT", "LOAD", SEED_TOKEN_BUCKET]);
     let rounds: usize = std::env::var("BENCH_ROUNDS")

@@ -19,18 +19,19 @@
 //! BENCH_SECS=5 BENCH_ROUNDS=7 cargo bench --features redis --bench redis   # longer runs
 //! ```
 
+#[path = "../tests/harness/mod.rs"]
+mod harness;
 #[path = "common/report.rs"]
 mod report;
 #[path = "common/seed.rs"]
 mod seed;
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use harness::redis_cluster::RedisCluster;
+use harness::redis_server::{require, RedisServer};
 use seed::{cpu_of, run_redis_benchmark, seed_command, SEED_TOKEN_BUCKET};
 use tollgate::algorithm::AlgorithmKind;
 use tollgate::key::Key;
@@ -237,14 +238,14 @@ async fn bench_eval(sample: &Sampler, url: &str, concurrency: usize) -> Result {
 
 /// `redis-benchmark` with the seeds' script by EVALSHA; returns requests per second and
 /// redis-server CPU µs per request.
-fn redis_benchmark(server: &support::RedisServer, sha: &str, pipeline: u32) -> (f64, f64) {
+fn redis_benchmark(server: &RedisServer, sha: &str, pipeline: u32) -> (f64, f64) {
     let n = if pipeline > 1 { 300_000 } else { 200_000 };
     run_redis_benchmark(server, &seed_command(sha), n, pipeline, KEYS)
 }
 
 /// `redis-benchmark -P 16` with [`FLOOR_SCRIPT`] on [`FLOOR_BATCH`] random keys per call (of
 /// [`KEYS`] in all); returns keys per second and redis-server CPU µs per key.
-fn redis_floor(server: &support::RedisServer, sha: &str) -> (f64, f64) {
+fn redis_floor(server: &RedisServer, sha: &str) -> (f64, f64) {
     let mut args = vec![
         "EVALSHA".to_string(),
         sha.to_string(),
@@ -290,12 +291,12 @@ fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         return;
     }
-    support::require("redis-benchmark");
-    let server = support::RedisServer::start();
+    require("redis-benchmark");
+    let server = RedisServer::start();
     let url = server.url();
     let sha: String = server.cmd(&["SCRIPT", "LOAD", SEED_TOKEN_BUCKET]);
     // A 3-master Cluster (no replicas) on free loopback ports, for the Cluster points.
-    let cluster = support::RedisCluster::start();
+    let cluster = RedisCluster::start();
     let cluster_urls = cluster.urls();
 
     println!(

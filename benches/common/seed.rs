@@ -2,7 +2,7 @@
 
 use std::process::Command;
 
-use super::support::RedisServer;
+use super::harness::redis_server::RedisServer;
 
 /// The token bucket of the seeds (`001`), verbatim: server `TIME` in ms, a hash per key.
 pub const SEED_TOKEN_BUCKET: &str = r#"

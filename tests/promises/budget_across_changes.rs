@@ -20,7 +20,8 @@ use tollgate::quota::UtcOffset;
 use tollgate::store::{Backend, LimitCheck, MemoryBackend, PlanQuota, Store};
 use tollgate::{Decision, Quota};
 
-use crate::common::{decide, memory_store, spec};
+use crate::harness::redis_server::RedisServer;
+use crate::harness::stores::{self, decide, memory_store, spec};
 
 const S: u64 = 1_000_000;
 const MINUTE: u64 = 60 * S;
@@ -92,11 +93,11 @@ async fn reload_alternation_never_admits_more_than_the_larger_quota() {
 #[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reload_alternation_on_redis_never_admits_more_than_the_larger_quota() {
-    let server = crate::support::RedisServer::start();
+    let server = RedisServer::start();
     for kind in BUCKETS {
         let clock = ManualClock::new();
         clock.set_micros(T);
-        let store = crate::common::node_store(
+        let store = stores::node_store(
             &server.url(),
             "reload-alternation",
             &clock,
@@ -160,13 +161,13 @@ async fn plan_round_trips_never_admit_more_than_the_richer_plan() {
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn plan_round_trips_decide_identically_on_redis() {
-    let server = crate::support::RedisServer::start();
+    let server = RedisServer::start();
     for kind in AlgorithmKind::ALL {
         let clock = ManualClock::new();
         clock.set_micros(T + 10 * S);
         let limits = [spec("api", Quota::per_minute(20), kind)];
         let memory = memory_store(&clock, &limits);
-        let redis = crate::common::node_store(&server.url(), "plan-round-trips", &clock, &limits);
+        let redis = stores::node_store(&server.url(), "plan-round-trips", &clock, &limits);
         let (on_memory, memory_trace) = plan_round_trips(&memory, kind).await;
         let (on_redis, redis_trace) = plan_round_trips(&redis, kind).await;
         println!("redis {kind}: pro 20/min -> free 5/min -> pro x50, frozen clock: {on_redis} admitted (bound 20)");
@@ -440,12 +441,12 @@ proptest! {
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn a_redis_key_carrying_an_excess_lives_until_it_has_refilled() {
-    let server = crate::support::RedisServer::start();
+    let server = RedisServer::start();
     for kind in BUCKETS {
         let clock = ManualClock::new();
         clock.set_micros(T);
         let test = format!("ttl-excess-{kind}");
-        let store = crate::common::node_store(
+        let store = stores::node_store(
             &server.url(),
             &test,
             &clock,
@@ -548,12 +549,12 @@ async fn a_cost_zero_check_at_a_shorter_period_hands_nothing_back() {
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn a_cost_zero_check_at_a_shorter_period_hands_nothing_back_on_redis() {
-    let server = crate::support::RedisServer::start();
+    let server = RedisServer::start();
     for (kind, spend, per_minute) in WINDOWS {
         let clock = ManualClock::new();
         clock.set_micros(T + 10 * S);
         let limits = [spec("api", Quota::per_hour(spend), kind)];
-        let store = crate::common::node_store(&server.url(), "cost-zero-period", &clock, &limits);
+        let store = stores::node_store(&server.url(), "cost-zero-period", &clock, &limits);
         let other = Quota::per_minute(per_minute);
         let more =
             cost_zero_at_another_period(&store, &clock, kind, spend, other, 2 * MINUTE, spend)
@@ -621,7 +622,7 @@ async fn a_million_a_day_to_one_a_day_locks_out_for_at_most_two_days() {
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn a_million_a_day_to_one_a_day_decides_identically_on_redis() {
-    let server = crate::support::RedisServer::start();
+    let server = RedisServer::start();
     for kind in BUCKETS {
         let limits = [spec("api", Quota::per_day(1_000_000), kind)];
         let clock = ManualClock::new();
@@ -630,7 +631,7 @@ async fn a_million_a_day_to_one_a_day_decides_identically_on_redis() {
         let on_memory = million_a_day_to_one_a_day(&memory, &clock, kind).await;
         let clock = ManualClock::new();
         clock.set_micros(T);
-        let redis = crate::common::node_store(&server.url(), "million-a-day", &clock, &limits);
+        let redis = stores::node_store(&server.url(), "million-a-day", &clock, &limits);
         let on_redis = million_a_day_to_one_a_day(&redis, &clock, kind).await;
         println!(
             "redis {kind}: 1,000,000/day -> 1/day: Retry-After {:?}",
@@ -688,12 +689,12 @@ async fn a_shorter_period_keeps_the_longer_windows_count_until_it_ends() {
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn a_shorter_period_keeps_the_longer_windows_count_until_it_ends_on_redis() {
-    let server = crate::support::RedisServer::start();
+    let server = RedisServer::start();
     for kind in [AlgorithmKind::FixedWindow, AlgorithmKind::SlidingWindow] {
         let clock = ManualClock::new();
         clock.set_micros(T + 10 * S);
         let limits = [spec("api", Quota::per_hour(1_000), kind)];
-        let store = crate::common::node_store(&server.url(), "hour-to-minutes", &clock, &limits);
+        let store = stores::node_store(&server.url(), "hour-to-minutes", &clock, &limits);
         let admitted = hour_down_to_minutes_and_back(&store, &clock, kind).await;
         println!("redis {kind}: 10 of 1000/h, 58 min at 20/min, back: {admitted} in the hour (bound 1,000)");
         assert_eq!(admitted, 1_000, "{kind}");

@@ -24,13 +24,15 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::{one, prefix};
-use crate::support::{RedisCluster, RedisServer};
 use tollgate::algorithm::AlgorithmKind;
 use tollgate::key::Key;
 use tollgate::store::redis::{RedisBackend, RedisStore};
 use tollgate::store::{Backend, FailurePolicy, LimitSpec};
 use tollgate::{PolicyName, Quota};
+
+use crate::harness::redis_cluster::RedisCluster;
+use crate::harness::redis_server::RedisServer;
+use crate::harness::stores::{one, prefix};
 
 /// The cluster's `cluster-node-timeout`.
 const NODE_TIMEOUT: Duration = Duration::from_millis(1000);

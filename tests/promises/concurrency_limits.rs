@@ -18,7 +18,7 @@ use tollgate::concurrency::{ConcurrencyLimitLayer, RedisSlots};
 use tollgate::key::HeaderKey;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 
-use crate::support::RedisServer;
+use crate::harness::redis_server::RedisServer;
 
 /// Requests running in the inner service now, the most seen at once, and how long each runs.
 #[derive(Default)]

@@ -7,12 +7,9 @@
 //! is exactly what the test advances. Each instance sends 3 requests every 10 ms of that clock.
 //! The measure is the issue's: admissions in the 1.5 s after the loss, at a refill of 10/s (15),
 //! next to the same 1.5 s without a loss.
-#![cfg(feature = "redis")]
 
 use std::time::Duration;
 
-use crate::common::{decide, prefix};
-use crate::support::RedisServer;
 use tollgate::algorithm::AlgorithmKind;
 use tollgate::clock::ManualClock;
 use tollgate::key::Key;
@@ -20,6 +17,9 @@ use tollgate::store::hybrid::{HybridBackend, HybridStore};
 use tollgate::store::redis::RedisBackend;
 use tollgate::store::{Backend, FailurePolicy, LimitCheck, LimitSpec};
 use tollgate::{PolicyName, Quota};
+
+use crate::harness::redis_server::RedisServer;
+use crate::harness::stores::{decide, prefix};
 
 const INSTANCES: usize = 4;
 const PER_STEP: usize = 3;

@@ -5,12 +5,8 @@
 //!
 //! `cargo test --all-features --test promises -- --nocapture` prints the figures.
 
-#[allow(unused_imports)]
-#[path = "../common/mod.rs"]
-mod common;
-#[allow(unused_imports)]
-#[path = "../support/mod.rs"]
-mod support;
+#[path = "../harness/mod.rs"]
+mod harness;
 
 mod budget_across_changes;
 mod cluster_dead_master;

@@ -3,12 +3,10 @@
 //! recent ones, and plan names read from requests keep nothing.
 //!
 //! Memory is measured as the process's resident set (`/proc/self/statm`), in a child process
-//! that runs only the measuring test on one thread (this binary, re-run with a filter), so that
-//! other tests' allocations cannot move it. Allocations are served from memory the allocator
-//! already holds once the loop is warm, so a bounded workload's RSS stays flat and a leak shows
-//! as growth proportional to the reloads.
-
-use std::process::Command;
+//! that runs only the measuring test on one thread (this binary, re-run with a filter:
+//! `harness::isolated`), so that other tests' allocations cannot move it. Allocations are served
+//! from memory the allocator already holds once the loop is warm, so a bounded workload's RSS
+//! stays flat and a leak shows as growth proportional to the reloads.
 
 use http::Request;
 use tollgate::key::GlobalKey;
@@ -17,8 +15,7 @@ use tollgate::store::MemoryBackend;
 use tollgate::{Limit, Quota, RateLimitLayer};
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 
-/// Set in the child process that runs a measurement alone.
-const CHILD: &str = "TOLLGATE_RELOAD_MEMORY_CHILD";
+use crate::harness::isolated;
 
 /// The resident set of this process, in bytes.
 fn rss() -> u64 {
@@ -39,21 +36,7 @@ fn figure(name: &str, value: u64) {
 /// In the parent: runs test `name` alone in a child process and returns the figures it printed.
 /// In the child: `None` (run the measurement).
 fn run_alone(name: &str) -> Option<Vec<(String, u64)>> {
-    if std::env::var_os(CHILD).is_some() {
-        return None;
-    }
-    let exe = std::env::current_exe().expect("the test binary");
-    let out = Command::new(exe)
-        .args([name, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD, "1")
-        .output()
-        .expect("run the measurement in a child process");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the measuring child failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = isolated::run_alone(name)?;
     let figures: Vec<(String, u64)> = stdout
         .lines()
         // libtest prints "test <name> ... " before the output, on the same line.

@@ -15,9 +15,10 @@ use tollgate::store::{FailurePolicy, MemoryBackend};
 use tollgate::{Limit, Quota, RateLimitLayer};
 use tower::ServiceExt;
 
-use crate::common;
 use crate::shaping_cancellation::{serve, Served};
-use crate::support::RedisServer;
+
+use crate::harness::redis_server::RedisServer;
+use crate::harness::stores;
 
 /// The store timeout of these tests.
 const TIMEOUT: Duration = Duration::from_millis(50);
@@ -38,7 +39,7 @@ fn service(server: &RedisServer, test: &str, limits: Vec<Limit>) -> impl Served 
     let layer = RateLimitLayer::builder()
         .backend(
             RedisBackend::new(server.url())
-                .prefix(common::prefix(test))
+                .prefix(stores::prefix(test))
                 .timeout(TIMEOUT)
                 // Every call pays the timeout: no breaker opening to decide at once.
                 .breaker_threshold(1_000_000)
@@ -214,7 +215,7 @@ async fn a_request_the_enforcing_limit_refuses_leaves_no_shadow_charge() {
     let layer = RateLimitLayer::builder()
         .backend(
             RedisBackend::new(server.url())
-                .prefix(common::prefix("shadow-refused"))
+                .prefix(stores::prefix("shadow-refused"))
                 .timeout(Duration::from_millis(500)),
         )
         .limit(limit_at(

@@ -22,6 +22,9 @@ use tollgate::store::{MemoryBackend, Store};
 use tollgate::{AlgorithmKind, Limit, Quota, RateLimitLayer};
 use tower::{Service, ServiceBuilder};
 
+use crate::harness::redis_server::RedisServer;
+use crate::harness::stores;
+
 const ALGORITHMS: [AlgorithmKind; 3] = [
     AlgorithmKind::Gcra,
     AlgorithmKind::TokenBucket,
@@ -225,14 +228,14 @@ async fn on_redis_waiters_dropped_in_arrival_order_leave_no_phantom_places() {
     use tollgate::store::FailurePolicy;
     use tower::ServiceExt;
 
-    let server = crate::support::RedisServer::start();
+    let server = RedisServer::start();
     let clock = ManualClock::new();
     let mut failures = Vec::new();
     for algorithm in ALGORITHMS {
         let layer = RateLimitLayer::builder()
             .backend(
                 RedisBackend::new(server.url())
-                    .prefix(crate::common::prefix(&format!("shape-drop-{algorithm}")))
+                    .prefix(stores::prefix(&format!("shape-drop-{algorithm}")))
                     // Generous: this test is about places, not a loaded machine's latency.
                     .timeout(Duration::from_millis(500))
                     .clock(clock.clone()),

@@ -1,0 +1,23 @@
+//! Helpers shared by the integration-test binaries, one file per thing they provide. Each
+//! binary's `main.rs` includes this folder as its `harness` module.
+//!
+//! - `redis_server`: real `redis-server` processes on free loopback ports (`RedisServer`), to
+//!   kill, pause and restart.
+//! - `redis_cluster`: a 3-master Redis Cluster of them (`RedisCluster`).
+//! - `stores`: building memory, node and cluster stores for a test, and deciding through the
+//!   `Store` trait (`decide`, `one`, `spec`, `prefix`).
+//! - `rng`: a deterministic pseudo-random stream (`Rng`).
+//! - `http_server`: serving an axum app on a free loopback port (`serve`, `serve_url`).
+//! - `isolated`: running one test alone in a child process of its binary, for measurements
+//!   (resident memory, process-wide counters) that other tests running alongside would move.
+#![allow(dead_code)]
+
+pub mod http_server;
+pub mod isolated;
+#[cfg(feature = "redis")]
+pub mod redis_cluster;
+#[cfg(feature = "redis")]
+pub mod redis_server;
+pub mod rng;
+#[cfg(feature = "redis")]
+pub mod stores;

@@ -1,0 +1,157 @@
+//! A batch reads its keys ahead (one MGET, `scripts/driver.lua`): a key that appears several times
+//! in one batch is decided against the writes of the decisions before it, and a corrupted or
+//! wrong-type key is still detected, reset and counted once, for every algorithm; and a token
+//! bucket's fused batch path decides as the general path does.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate::algorithm::AlgorithmKind;
+use tollgate::key::Key;
+use tollgate::store::redis::RedisBackend;
+use tollgate::store::{Backend, LimitCheck};
+use tollgate::Quota;
+
+use crate::harness::redis_server::RedisServer;
+use crate::harness::stores::{decide, one, prefix, spec};
+
+const CLIENTS: usize = 12;
+const REPEATS: usize = 3;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_and_corrupted_keys_in_one_batch_decide_as_one_at_a_time() {
+    let server = RedisServer::start();
+    for kind in AlgorithmKind::ALL {
+        // Two per minute: of three requests from one client in one batch, exactly two pass.
+        let store = Arc::new(
+            RedisBackend::new(server.url())
+                .prefix(prefix("batched-reads"))
+                .max_in_flight(1)
+                .timeout(Duration::from_secs(10))
+                .build(&[spec("b", Quota::per_minute(2), kind)])
+                .expect("a store"),
+        );
+        // Connected before the server is paused.
+        one(&*store, "warm-up", 1).await.expect("decided");
+        let key = |c: usize| {
+            store
+                .redis_key(0, &Key::string(format!("client-{c}")))
+                .unwrap()
+        };
+        let _: redis::Value = server.cmd(&["HSET", &key(0), "tokens", "5"]);
+        let _: redis::Value = server.cmd(&["SET", &key(1), "garbage"]);
+        let _: redis::Value = server.cmd(&["SET", &key(2), &"\u{7f}".repeat(16)]);
+        let corrupt_before = store.stats().corrupt_resets();
+        let batches_before = store.stats().batches();
+        // Everything queues while the server is stopped, then goes in (at most) two batches:
+        // the first request alone, the rest together.
+        server.pause();
+        let mut tasks = Vec::new();
+        for r in 0..REPEATS {
+            for c in 0..CLIENTS {
+                let store = store.clone();
+                tasks.push(tokio::spawn(async move {
+                    let d = one(&*store, &format!("client-{c}"), 1).await;
+                    (c, r, d)
+                }));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        server.resume();
+        let mut allowed = [0usize; CLIENTS];
+        for t in tasks {
+            let (c, _, d) = t.await.unwrap();
+            let d = d.unwrap_or_else(|e| panic!("{kind}: client {c}: {e}"));
+            allowed[c] += usize::from(d.allowed());
+        }
+        let batches = store.stats().batches() - batches_before;
+        assert!(
+            batches <= 3,
+            "{kind}: {} requests went in {batches} batches, so the batch path was not taken",
+            CLIENTS * REPEATS
+        );
+        assert_eq!(
+            allowed, [2; CLIENTS],
+            "{kind}: each client passes twice of three"
+        );
+        assert_eq!(
+            store.stats().corrupt_resets() - corrupt_before,
+            3,
+            "{kind}: each corrupted key is reset once, however often it appears"
+        );
+        assert_eq!(store.stats().errors(), 0, "{kind}");
+    }
+}
+
+/// A store's first limit, when a token bucket, takes a fused path for a batch's checks of cost 1
+/// whose state was read ahead (`tb_fast` in token_bucket.lua); the same bucket as a store's
+/// second limit takes the general path. Both answer the same rounds of batched requests alike:
+/// fresh keys (general path: nothing read ahead), allowed and then rejected ones (fused path).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fused_token_bucket_path_decides_as_the_general_path() {
+    let server = RedisServer::start();
+    // One token an hour: nothing refills while the test runs, so counts are exact.
+    let quota = Quota::per_day(24).burst(3);
+    let build = |limits: &[_]| {
+        Arc::new(
+            RedisBackend::new(server.url())
+                .prefix(prefix("fused"))
+                .max_in_flight(1)
+                .timeout(Duration::from_secs(10))
+                .build(limits)
+                .expect("a store"),
+        )
+    };
+    let bucket = spec("bucket", quota, AlgorithmKind::TokenBucket);
+    let fused = build(std::slice::from_ref(&bucket));
+    let general = build(&[spec("first", quota, AlgorithmKind::Gcra), bucket]);
+    for store in [&fused, &general] {
+        one(&**store, "warm-up", 1).await.expect("decided");
+    }
+    let batches_before = fused.stats().batches();
+    for round in 0..5 {
+        // Both stores' requests queue while the server is stopped, then go in a few batches.
+        server.pause();
+        let mut tasks = Vec::new();
+        for c in 0..CLIENTS {
+            for (limit, store) in [(0, &fused), (1, &general)] {
+                let store = store.clone();
+                tasks.push(tokio::spawn(async move {
+                    let checks = [LimitCheck::new(limit, Key::string(format!("c{c}")), 1)];
+                    let d = decide(&*store, &checks).await.expect("decided");
+                    (c, limit, d.as_slice()[0])
+                }));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        server.resume();
+        let mut got = [[None; 2]; CLIENTS];
+        for t in tasks {
+            let (c, limit, d) = t.await.unwrap();
+            got[c][limit] = Some(d);
+        }
+        for (c, [f, g]) in got.iter().enumerate() {
+            let (f, g) = (f.unwrap(), g.unwrap());
+            let at = format!("round {round}, client {c}: fused {f:?}, general {g:?}");
+            assert_eq!(f.allowed(), round < 3, "{at}");
+            assert_eq!(
+                (f.allowed(), f.remaining()),
+                (g.allowed(), g.remaining()),
+                "{at}"
+            );
+            assert_eq!(f.remaining(), 2u64.saturating_sub(round), "{at}");
+            let near = |a: Duration, b: Duration| a.abs_diff(b) < Duration::from_secs(2);
+            assert!(near(f.reset(), g.reset()), "{at}");
+            let (fr, gr) = (f.retry_after().unwrap(), g.retry_after().unwrap());
+            assert!(near(fr, gr), "{at}");
+            assert_eq!(fr.is_zero(), f.allowed(), "{at}");
+        }
+    }
+    let batches = fused.stats().batches() - batches_before;
+    assert!(
+        batches <= 5 * 3,
+        "{} requests went in {batches} batches, so the batch path was not taken",
+        5 * CLIENTS
+    );
+    assert_eq!(fused.stats().errors() + general.stats().errors(), 0);
+}
