@@ -1,5 +1,5 @@
 //! The app of `examples/plans`: routes, the rate-limit layer built from the policy file, and
-//! reloading. Shared with `tests/plans_example.rs`, which serves it on 127.0.0.1.
+//! reloading. Shared with `tests/examples/plans_example.rs`, which serves it on 127.0.0.1.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -465,7 +465,7 @@ impl Outcome {
 /// Cloudflare's "0.003 % of requests wrongly allowed or rate limited": each decision is judged
 /// against the true trailing-window count of what the limiter itself had let through, so one
 /// early difference is counted once instead of shifting every later decision. (The crate's
-/// `SlidingLog` must score 0 here: `tests/simulator_bounds.rs` checks it.)
+/// `SlidingLog` must score 0 here: `tests/simulator/simulator_bounds.rs` checks it.)
 pub fn disagreements(stream: &Stream, admitted: &[bool], quota: &Quota) -> usize {
     let (count, period) = (quota.count(), quota.period_micros());
     let mut windows: Vec<(std::collections::VecDeque<(u64, u64)>, u64)> =

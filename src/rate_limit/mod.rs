@@ -13,7 +13,7 @@
 //! 4. refuses with the [`Rejection`](crate::response::Rejection) (by default `429` with
 //!    `Retry-After` and an RFC 9457 problem+json body, or a gRPC `RESOURCE_EXHAUSTED`), or calls
 //!    the inner service with the [`Decision`](crate::Decision) in the request extensions, and
-//!    all [`Decisions`](crate::store::Decisions) too when the layer holds several limits or
+//!    all [`Decisions`](crate::Decisions) too when the layer holds several limits or
 //!    layers are nested (a single limit's `Decision` is the only one);
 //! 5. writes the rate-limit [headers](crate::headers) on every response it decided, allowed or
 //!    refused, and with

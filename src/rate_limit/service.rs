@@ -22,7 +22,7 @@ use crate::store::Store;
 /// [module docs](crate::rate_limit).
 ///
 /// Allowed requests reach `S` with the reported [`Decision`](crate::Decision) in their
-/// extensions, and all [`Decisions`](crate::store::Decisions) too when the layer holds more than
+/// extensions, and all [`Decisions`](crate::Decisions) too when the layer holds more than
 /// one limit or layers are nested (with a single limit, the `Decision` is the only one);
 /// responses get rate-limit headers, and the reported `Decision` in their extensions when
 /// [`response_extensions`](super::RateLimitLayerBuilder::response_extensions) is on (for logging

@@ -8,7 +8,7 @@ use tollgate::algorithm::{Algorithm, AlgorithmKind, FixedWindow};
 use tollgate::clock::ManualClock;
 use tollgate::key::Key;
 use tollgate::quota::UtcOffset;
-use tollgate::store::{Backend, FailurePolicy, LimitCheck, LimitSpec, MemoryBackend};
+use tollgate::store::{memory::MemoryBackend, Backend, FailurePolicy, LimitCheck, LimitSpec};
 use tollgate::{Decision, PolicyName, Quota};
 
 const S: u64 = 1_000_000;

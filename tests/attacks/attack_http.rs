@@ -21,7 +21,7 @@ use axum::Router;
 use reqwest::StatusCode;
 use tollgate::clock::ManualClock;
 use tollgate::key::{ClientIp, ForwardedHeader, HeaderKey, PeerIp};
-use tollgate::store::{MemoryBackend, MemoryStore};
+use tollgate::store::{memory::MemoryBackend, memory::MemoryStore};
 use tollgate::{Limit, Quota, RateLimitLayer};
 
 use crate::harness::http_server::serve;

@@ -10,7 +10,7 @@ use reqwest::StatusCode;
 use tollgate::algorithm::{AlgorithmKind, SlidingLog};
 use tollgate::clock::ManualClock;
 use tollgate::key::{HeaderKey, Key};
-use tollgate::store::{Backend, LimitSpec, MemoryBackend};
+use tollgate::store::{memory::MemoryBackend, Backend, LimitSpec};
 use tollgate::{Limit, PolicyName, Quota, RateLimitLayer};
 
 use crate::harness::http_server::serve_url as serve;

@@ -740,7 +740,7 @@ async fn reconfigured_quotas_decide_as_the_memory_store() {
 async fn the_local_fallback_takes_its_share_of_the_plans_quota() {
     use std::time::Duration;
     use tollgate::store::redis::RedisBackend;
-    use tollgate::store::{FailurePolicy, MemoryBackend};
+    use tollgate::store::{memory::MemoryBackend, FailurePolicy};
     // Nothing listens on port 1.
     let limits = [LimitSpec::new(
         tollgate::PolicyName::new("api"),

@@ -8,7 +8,8 @@ use tollgate::clock::ManualClock;
 use tollgate::key::Key;
 use tollgate::store::redis::{RedisBackend, RedisStore};
 use tollgate::store::{
-    Backend, Checked, FailurePolicy, LimitCheck, LimitSpec, MemoryBackend, MemoryStore, Store,
+    memory::MemoryBackend, memory::MemoryStore, Backend, Checked, FailurePolicy, LimitCheck,
+    LimitSpec, Store,
 };
 use tollgate::{Decision, Decisions, PolicyName, Quota, StoreError};
 

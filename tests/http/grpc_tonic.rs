@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use tollgate::clock::ManualClock;
 use tollgate::cost::CostTable;
+use tollgate::key::MissingKey;
 use tollgate::key::{ClientIp, GlobalKey, GrpcMethod, HeaderKey, PeerIp};
-use tollgate::rate_limit::MissingKey;
-use tollgate::store::{MemoryBackend, Store};
+use tollgate::store::{memory::MemoryBackend, Store};
 use tollgate::{Limit, Quota, RateLimitLayer};
 use tonic::metadata::MetadataMap;
 use tonic::transport::server::TcpIncoming;

@@ -10,7 +10,7 @@ use tollgate::clock::ManualClock;
 use tollgate::cost::ConstantCost;
 use tollgate::headers::ResetFormat;
 use tollgate::key::{GlobalKey, PeerIp};
-use tollgate::store::MemoryBackend;
+use tollgate::store::memory::MemoryBackend;
 use tollgate::{Decision, Limit, Quota, RateLimitLayer};
 
 use crate::harness::http_server::serve_url as serve;

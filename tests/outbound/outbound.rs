@@ -26,7 +26,7 @@ use tollgate::clock::TokioClock;
 use tollgate::headers::ResetFormat;
 use tollgate::key::GlobalKey;
 use tollgate::outbound::{Backoff, NoReplay, OutboundInfo, OutboundLayer};
-use tollgate::store::MemoryBackend;
+use tollgate::store::memory::MemoryBackend;
 use tollgate::{AlgorithmKind, Limit, Quota, RateLimitLayer};
 use tower::{Service, ServiceBuilder, ServiceExt};
 

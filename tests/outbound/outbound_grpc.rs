@@ -1,7 +1,7 @@
 //! `tollgate::outbound` around a tonic `Channel`, against a tonic server behind tollgate's own
 //! server layer: the server's `RESOURCE_EXHAUSTED` (trailers-only, with `grpc-retry-pushback-ms`
 //! and `RetryInfo` in `grpc-status-details-bin`, as `src/response/grpc*.rs` writes them; the
-//! layer reads the pushback first, and `RetryInfo` alone is checked in `tests/outbound.rs`)
+//! layer reads the pushback first, and `RetryInfo` alone is checked in `tests/outbound/outbound.rs`)
 //! pauses the client for every caller, and the next call waits it out instead of being refused. Real time: the pauses are
 //! about a second, and only lower bounds (a sleep never ends early) are asserted.
 

@@ -7,7 +7,8 @@ use std::time::Duration;
 use tollgate::clock::{Clock, ManualClock};
 use tollgate::key::Key;
 use tollgate::store::{
-    Backend, Checked, LimitCheck, LimitSpec, MemoryBackend, MemoryStore, PlanQuota, Store,
+    memory::MemoryBackend, memory::MemoryStore, Backend, Checked, LimitCheck, LimitSpec, PlanQuota,
+    Store,
 };
 use tollgate::{AlgorithmKind, Decisions, PolicyName, Quota, StoreErrorKind};
 

@@ -14,7 +14,7 @@ use tollgate::rate_limit::Charge;
 use tollgate::rate_limit::Mode;
 use tollgate::rate_limit::Override;
 use tollgate::rate_limit::{AuditEvent, Change};
-use tollgate::store::MemoryBackend;
+use tollgate::store::memory::MemoryBackend;
 use tollgate::{AlgorithmKind, Limit, PolicyName, Quota, RateLimitLayer, RequestView};
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 
@@ -47,7 +47,7 @@ fn plans_limit(algorithm: AlgorithmKind, free: u64) -> Limit {
 fn layer_with(
     clock: &ManualClock,
     limits: Vec<Limit>,
-) -> RateLimitLayer<tollgate::store::MemoryStore<ManualClock>> {
+) -> RateLimitLayer<tollgate::store::memory::MemoryStore<ManualClock>> {
     RateLimitLayer::builder()
         .backend(MemoryBackend::new().clock(clock.clone()))
         .limits(limits)

@@ -17,7 +17,7 @@ use tollgate::algorithm::{
 use tollgate::clock::ManualClock;
 use tollgate::key::Key;
 use tollgate::quota::UtcOffset;
-use tollgate::store::{Backend, LimitCheck, MemoryBackend, PlanQuota, Store};
+use tollgate::store::{memory::MemoryBackend, Backend, LimitCheck, PlanQuota, Store};
 use tollgate::{Decision, Quota};
 
 use crate::harness::redis_server::RedisServer;

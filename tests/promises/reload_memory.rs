@@ -11,7 +11,7 @@
 use http::Request;
 use tollgate::key::GlobalKey;
 use tollgate::plan::{Plan, PlanFromHeader};
-use tollgate::store::MemoryBackend;
+use tollgate::store::memory::MemoryBackend;
 use tollgate::{Limit, Quota, RateLimitLayer};
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 
@@ -76,7 +76,7 @@ fn assert_grew_less_than_1mb(before: u64, after: u64, between: &str) {
 }
 
 /// A layer on a small memory store (the store's tables are not what is measured).
-fn layer(limit: Limit) -> RateLimitLayer<tollgate::store::MemoryStore> {
+fn layer(limit: Limit) -> RateLimitLayer<tollgate::store::memory::MemoryStore> {
     RateLimitLayer::builder()
         .backend(MemoryBackend::new().max_keys(16).shards(1))
         .limit(limit)
@@ -423,7 +423,7 @@ fn over_long_names_are_refused_at_build() {
 /// A layer with one limit of 100/h keyed by `x-key`, on a memory store whose clock is frozen.
 fn override_layer(
     clock: &tollgate::clock::ManualClock,
-) -> RateLimitLayer<tollgate::store::MemoryStore<tollgate::clock::ManualClock>> {
+) -> RateLimitLayer<tollgate::store::memory::MemoryStore<tollgate::clock::ManualClock>> {
     RateLimitLayer::builder()
         .backend(MemoryBackend::new().clock(clock.clone()))
         .limit(override_limit())

@@ -11,7 +11,7 @@ use http::{Request, StatusCode};
 use tollgate::key::HeaderKey;
 use tollgate::rate_limit::Mode;
 use tollgate::store::redis::RedisBackend;
-use tollgate::store::{FailurePolicy, MemoryBackend};
+use tollgate::store::{memory::MemoryBackend, FailurePolicy};
 use tollgate::{Limit, Quota, RateLimitLayer};
 use tower::ServiceExt;
 

@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tollgate::clock::TokioClock;
 use tollgate::key::GlobalKey;
-use tollgate::store::{MemoryBackend, Store};
+use tollgate::store::{memory::MemoryBackend, Store};
 use tollgate::{AlgorithmKind, Limit, Quota, RateLimitLayer};
 use tower::{Service, ServiceBuilder};
 

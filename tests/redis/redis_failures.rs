@@ -10,7 +10,7 @@ use tollgate::algorithm::AlgorithmKind;
 use tollgate::clock::ManualClock;
 use tollgate::key::Key;
 use tollgate::store::redis::{RedisBackend, RedisStore};
-use tollgate::store::{Backend, FailurePolicy, LimitCheck, LimitSpec, MemoryBackend};
+use tollgate::store::{memory::MemoryBackend, Backend, FailurePolicy, LimitCheck, LimitSpec};
 use tollgate::{PolicyName, Quota, StoreErrorKind};
 
 use crate::harness::redis_server::RedisServer;

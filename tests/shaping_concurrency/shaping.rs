@@ -15,7 +15,7 @@ use tollgate::key::{GlobalKey, HeaderKey};
 use tollgate::plan::{Plan, PlanFromHeader};
 use tollgate::rate_limit::Mode;
 use tollgate::rate_limit::{Shape, ShapedDelay};
-use tollgate::store::{MemoryBackend, MemoryStore};
+use tollgate::store::{memory::MemoryBackend, memory::MemoryStore};
 use tollgate::{AlgorithmKind, Limit, Quota, RateLimitLayer};
 use tower::{Service, ServiceBuilder, ServiceExt};
 

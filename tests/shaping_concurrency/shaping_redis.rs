@@ -20,7 +20,7 @@ use tower::{Service, ServiceBuilder, ServiceExt};
 use crate::harness::redis_server::RedisServer;
 use crate::harness::stores;
 
-type Body = tollgate::layer::ResponseBody<Full<Bytes>>;
+type Body = tollgate::rate_limit::ResponseBody<Full<Bytes>>;
 
 /// One instance: its own Redis store (own connections) under the shared `prefix`.
 fn instance(

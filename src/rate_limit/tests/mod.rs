@@ -18,7 +18,7 @@ use super::*;
 use crate::clock::ManualClock;
 use crate::headers::{ResetFormat, RATELIMIT};
 use crate::key::HeaderKey;
-use crate::store::Decisions;
+use crate::Decisions;
 use crate::{Decision, Quota};
 
 /// Key: the `x-client` header (a stand-in for a client identity).

@@ -121,7 +121,7 @@
 //! plus what this instance still holds, and `reset` as Redis reported it at the lease, counting
 //! down: both as stale as the lease (at most one lifetime), not counting what other instances
 //! spent since. A locally refused request reports the retry-after this instance will wait for,
-//! which is what it will honour. [`Decisions::decided_at`](crate::store::Decisions::decided_at)
+//! which is what it will honour. [`Decisions::decided_at`](crate::Decisions::decided_at)
 //! is the Redis time of the lease, so [`Store::refund`](crate::store::Store::refund) gives units
 //! back to the lease they came from (or, once it is gone, to Redis by the refund rule).
 //!

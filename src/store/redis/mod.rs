@@ -90,7 +90,7 @@
 //! limit's own carries a mark after its state: that quota's parameters, 24 bytes. Keys of
 //! limits never checked with a plan carry no mark.
 //!
-//! Every check reports the Redis `TIME` it was decided at ([`Decisions::decided_at`](crate::store::Decisions::decided_at);
+//! Every check reports the Redis `TIME` it was decided at ([`Decisions::decided_at`](crate::Decisions::decided_at);
 //! on a Cluster, the earliest of its masters'; none when a failure policy decided a limit), which
 //! [`Store::refund`](crate::store::Store::refund) takes back to give the charge back as of then.
 //! [`Store::reconfigure`](crate::store::Store::reconfigure) builds a store for new limits on the
