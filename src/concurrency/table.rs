@@ -157,10 +157,10 @@ impl MemorySlots {
             }
         }
         entry.in_flight = entry.in_flight.saturating_sub(1);
-        if entry.in_flight == 0 {
-            if let Some(key) = key {
-                guard.keys.remove(&key);
-            }
+        if entry.in_flight == 0
+            && let Some(key) = key
+        {
+            guard.keys.remove(&key);
         }
     }
 

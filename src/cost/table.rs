@@ -143,10 +143,10 @@ impl Cost for CostTable {
         let method = req.method();
         if !self.routes.is_empty() {
             let route = matched_route(req).unwrap_or_else(|| req.uri().path());
-            if let Some(costs) = self.routes.get(route) {
-                if let Some(cost) = find(&costs.methods, method).or(costs.any_method) {
-                    return cost;
-                }
+            if let Some(costs) = self.routes.get(route)
+                && let Some(cost) = find(&costs.methods, method).or(costs.any_method)
+            {
+                return cost;
             }
         }
         find(&self.methods, method).unwrap_or(self.default)

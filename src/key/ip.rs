@@ -316,16 +316,15 @@ impl Cidr {
             ));
         }
         // A range of IPv4-embedding addresses compares against canonical (IPv4) addresses.
-        if let IpAddr::V6(v6) = network {
-            if prefix >= 96 {
-                if let Some(v4) = embedded_ipv4(v6) {
-                    return Self {
-                        addr: IpAddr::V4(v4),
-                        prefix: prefix - 96,
-                    }
-                    .nonzero_or(field, text);
-                }
+        if let IpAddr::V6(v6) = network
+            && prefix >= 96
+            && let Some(v4) = embedded_ipv4(v6)
+        {
+            return Self {
+                addr: IpAddr::V4(v4),
+                prefix: prefix - 96,
             }
+            .nonzero_or(field, text);
         }
         Ok(Self {
             addr: network,

@@ -429,10 +429,10 @@ impl Schedule {
 
     /// A slot reserved in `epoch` was used or given up.
     fn unhold(&self, key: &str, epoch: u64) {
-        if let Some(up) = self.upstreams.lock().get_mut(key) {
-            if up.epoch == epoch {
-                up.held = up.held.saturating_sub(1);
-            }
+        if let Some(up) = self.upstreams.lock().get_mut(key)
+            && up.epoch == epoch
+        {
+            up.held = up.held.saturating_sub(1);
         }
     }
 
@@ -481,18 +481,19 @@ impl Schedule {
             if let (Some(gcra), Some(at)) = (&self.config.configured, r.configured_at) {
                 gcra.refund(&mut up.configured, at, now, 1);
             }
-            if let Some((generation, slots)) = &r.learned_at {
-                if *generation == up.learned.generation {
-                    for (l, &at) in up.learned.limits.iter_mut().zip(slots) {
-                        l.gcra.refund(&mut l.state, at, now, 1);
-                    }
+            if let Some((generation, slots)) = &r.learned_at
+                && *generation == up.learned.generation
+            {
+                for (l, &at) in up.learned.limits.iter_mut().zip(slots) {
+                    l.gcra.refund(&mut l.state, at, now, 1);
                 }
             }
             // The slow start's last slot, unused, is the next one again.
-            if let (Some(step), Some(ramp)) = (r.paced, &mut up.ramp) {
-                if r.epoch == up.epoch && ramp.next == r.at.saturating_add(step) {
-                    ramp.next = r.at;
-                }
+            if let (Some(step), Some(ramp)) = (r.paced, &mut up.ramp)
+                && r.epoch == up.epoch
+                && ramp.next == r.at.saturating_add(step)
+            {
+                ramp.next = r.at;
             }
         }
         if r.probe {

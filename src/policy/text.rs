@@ -94,10 +94,10 @@ impl StatusMatch {
 
     pub(crate) fn parse_text(text: &str) -> Result<Self, String> {
         let t = text.trim();
-        if let Some(class) = t.strip_suffix("xx").or_else(|| t.strip_suffix("XX")) {
-            if let Ok(c @ 1..=5) = class.parse::<u16>() {
-                return Ok(StatusMatch::Class(c));
-            }
+        if let Some(class) = t.strip_suffix("xx").or_else(|| t.strip_suffix("XX"))
+            && let Ok(c @ 1..=5) = class.parse::<u16>()
+        {
+            return Ok(StatusMatch::Class(c));
         }
         match t.parse::<u64>() {
             Ok(n) => Self::parse_number(n),

@@ -188,12 +188,13 @@ fn deepest_value(value: &Spanned<DeValue<'_>>, offset: usize, path: &mut Vec<Seg
                     if let Some(t) = v.get_ref().as_table() {
                         let start = t.iter().map(|(k, _)| k.span().start).min();
                         let end = t.iter().map(|(_, v)| v.span().end).max();
-                        if let (Some(s), Some(e)) = (start, end) {
-                            if s <= offset && offset < e {
-                                path.push(Seg::Index(i));
-                                deepest_table(t, offset, path);
-                                return;
-                            }
+                        if let (Some(s), Some(e)) = (start, end)
+                            && s <= offset
+                            && offset < e
+                        {
+                            path.push(Seg::Index(i));
+                            deepest_table(t, offset, path);
+                            return;
                         }
                     }
                 }

@@ -97,10 +97,10 @@ fn begin_with<const N: usize, const PLAIN: bool, ReqBody, St: Store>(
     debug_assert!(snapshot.limits.len() <= N);
     debug_assert!(!PLAIN || snapshot.limits.iter().all(CompiledLimit::is_plain));
     let view = RequestView::new(req);
-    if let Some(skip) = &shared.skip {
-        if skip(&view) {
-            return Begin::Proceed(None, None);
-        }
+    if let Some(skip) = &shared.skip
+        && skip(&view)
+    {
+        return Begin::Proceed(None, None);
     }
     let mut checks: [LimitCheck<'_>; N] =
         std::array::from_fn(|_| LimitCheck::new(0, Key::global(), 0));
@@ -114,10 +114,10 @@ fn begin_with<const N: usize, const PLAIN: bool, ReqBody, St: Store>(
     let shaping = !PLAIN && snapshot.limits.iter().any(|l| l.shape.is_some());
     let mut n = 0;
     for (i, limit) in snapshot.limits.iter().enumerate() {
-        if let (false, Some(when)) = (PLAIN, &limit.when) {
-            if !when(&view) {
-                continue;
-            }
+        if let (false, Some(when)) = (PLAIN, &limit.when)
+            && !when(&view)
+        {
+            continue;
         }
         let key = match limit.key.extract(&view) {
             Ok(key) => key,

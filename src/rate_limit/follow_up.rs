@@ -106,11 +106,10 @@ impl<St: Store> FollowupData<St> {
                 match tokio::runtime::Handle::try_current() {
                     Ok(handle) => {
                         handle.spawn(async move {
-                        if let Some(refund) = give_back(future.await) {
-                            if let Err(error) = refund.await {
+                        if let Some(refund) = give_back(future.await)
+                            && let Err(error) = refund.await {
                                 tracing::warn!(error = %error, "rate-limit store could not give a shadow charge back");
                             }
-                        }
                     });
                     }
                     Err(_) => {

@@ -158,10 +158,10 @@ pub(super) fn merge_extensions(
     // One lookup on the common path (no outer layer): insert, and put an outer layer's
     // decision back if it is the more pressing one.
     let theirs = ext.insert(*reported);
-    if let Some(theirs) = theirs {
-        if !more_pressing(reported, &theirs) {
-            ext.insert(theirs);
-        }
+    if let Some(theirs) = theirs
+        && !more_pressing(reported, &theirs)
+    {
+        ext.insert(theirs);
     }
     match ext.get_mut::<Decisions>() {
         Some(existing) => {

@@ -136,11 +136,11 @@ impl RedisServer {
             .expect("spawn the redis-server watchdog");
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            if let Ok(text) = std::fs::read_to_string(&pidfile) {
-                if let Ok(pid) = text.trim().parse() {
-                    self.pid = pid;
-                    break;
-                }
+            if let Ok(text) = std::fs::read_to_string(&pidfile)
+                && let Ok(pid) = text.trim().parse()
+            {
+                self.pid = pid;
+                break;
             }
             assert!(Instant::now() < deadline, "redis-server did not start");
             std::thread::sleep(Duration::from_millis(5));

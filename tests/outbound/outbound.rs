@@ -138,8 +138,7 @@ where
     S: Service<Request<B>, Response = Response<hyper::body::Incoming>>,
     S::Error: std::fmt::Debug,
 {
-    let res = client.ready().await.unwrap().call(req).await.unwrap();
-    res
+    client.ready().await.unwrap().call(req).await.unwrap()
 }
 
 async fn drain(res: Response<hyper::body::Incoming>) -> (StatusCode, Option<OutboundInfo>) {

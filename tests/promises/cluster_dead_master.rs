@@ -131,10 +131,10 @@ fn clients_by_master(
     for i in 0.. {
         let client = format!("client-{i}");
         let key = store.redis_key(0, &Key::string(client.clone())).unwrap();
-        if let Some(v) = by.get_mut(&owners[slot(&key) as usize]) {
-            if v.len() < per_master {
-                v.push(client);
-            }
+        if let Some(v) = by.get_mut(&owners[slot(&key) as usize])
+            && v.len() < per_master
+        {
+            v.push(client);
         }
         if by.values().all(|v| v.len() >= per_master) {
             break;

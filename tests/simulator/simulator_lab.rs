@@ -158,12 +158,10 @@ impl Driver {
                 .get(format!("{}/status", driver.base))
                 .send()
                 .await
+                && let Ok(v) = r.json::<Value>().await
+                && v["value"]["ready"] == json!(true)
             {
-                if let Ok(v) = r.json::<Value>().await {
-                    if v["value"]["ready"] == json!(true) {
-                        break;
-                    }
-                }
+                break;
             }
             assert!(Instant::now() < deadline, "chromedriver did not start");
             tokio::time::sleep(Duration::from_millis(100)).await;

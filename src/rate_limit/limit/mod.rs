@@ -316,32 +316,32 @@ impl Limit {
             )
         })?;
         let capacity = self.capacity();
-        if let Some(max) = self.cost.as_ref().and_then(|c| c.max_cost()) {
-            if max > capacity {
-                return Err(bad(
+        if let Some(max) = self.cost.as_ref().and_then(|c| c.max_cost())
+            && max > capacity
+        {
+            return Err(bad(
                     "limit.cost",
                     format!(
                         "the cost function can charge {max} units but the quota {} holds at most {capacity}, so such requests could never pass; raise the burst to at least {max} or lower the cost",
                         self.quota
                     ),
                 ));
-            }
         }
-        if let MissingKey::RejectWith { status } = self.on_missing_key {
-            if !(status.is_client_error() || status.is_server_error()) {
-                return Err(bad(
+        if let MissingKey::RejectWith { status } = self.on_missing_key
+            && !(status.is_client_error() || status.is_server_error())
+        {
+            return Err(bad(
                     "limit.on_missing_key",
                     format!("rejecting with {status} is not a refusal; use a 4xx or 5xx status, or MissingKey::Skip"),
                 ));
-            }
         }
-        if let UnknownPlan::Reject { status } = self.on_unknown_plan {
-            if !(status.is_client_error() || status.is_server_error()) {
-                return Err(bad(
+        if let UnknownPlan::Reject { status } = self.on_unknown_plan
+            && !(status.is_client_error() || status.is_server_error())
+        {
+            return Err(bad(
                     "limit.on_unknown_plan",
                     format!("rejecting with {status} is not a refusal; use a 4xx or 5xx status, or UnknownPlan::Default"),
                 ));
-            }
         }
         let shape = match &self.shape {
             None => None,
@@ -397,9 +397,10 @@ impl Limit {
             }
             let quota = PlanQuota::new(self.algorithm, *plan.quota())
                 .map_err(|e| bad(e.field(), format!("plan \"{pname}\": {}", e.message())))?;
-            if let Some(max) = self.cost.as_ref().and_then(|c| c.max_cost()) {
-                if max > quota.capacity() {
-                    return Err(bad(
+            if let Some(max) = self.cost.as_ref().and_then(|c| c.max_cost())
+                && max > quota.capacity()
+            {
+                return Err(bad(
                         "limit.cost",
                         format!(
                             "plan \"{pname}\": the cost function can charge {max} units but the quota {} holds at most {}; raise the plan's burst or lower the cost",
@@ -407,7 +408,6 @@ impl Limit {
                             quota.capacity()
                         ),
                     ));
-                }
             }
             plans.push(CompiledPlan {
                 name: plan.name(),

@@ -271,12 +271,12 @@ pub(crate) fn reserve<St: Store, ReqBody>(
         let view = crate::request::RequestView::new(req);
         let rejected = Rejected::new(view, reason, decisions);
         let mut response = rejection.reject(&rejected);
-        if let Some(secs) = rejected.retry_after_secs() {
-            if !response.headers().contains_key(http::header::RETRY_AFTER) {
-                response
-                    .headers_mut()
-                    .insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
-            }
+        if let Some(secs) = rejected.retry_after_secs()
+            && !response.headers().contains_key(http::header::RETRY_AFTER)
+        {
+            response
+                .headers_mut()
+                .insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
         }
         return Err(response);
     };

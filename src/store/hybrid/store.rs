@@ -192,14 +192,14 @@ impl Store for HybridStore {
         let mut rest = Vec::new();
         for (i, c) in checks.iter().enumerate().take(MAX_LIMITS) {
             let limit = inner.plans.get(c.limit).map_or(0, |p| p.limit);
-            if inner.leases(std::slice::from_ref(c)) {
-                if let Some(mut slot) = inner.table.lock(c.limit, &c.key, now) {
-                    let e = slot.entry();
-                    if e.leased_at == reserved_at && now < e.expires {
-                        e.units = e.units.saturating_add(c.cost);
-                        local[i] = Some(e.allowed(now, limit));
-                        continue;
-                    }
+            if inner.leases(std::slice::from_ref(c))
+                && let Some(mut slot) = inner.table.lock(c.limit, &c.key, now)
+            {
+                let e = slot.entry();
+                if e.leased_at == reserved_at && now < e.expires {
+                    e.units = e.units.saturating_add(c.cost);
+                    local[i] = Some(e.allowed(now, limit));
+                    continue;
                 }
             }
             rest.push(i);

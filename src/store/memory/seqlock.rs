@@ -142,10 +142,10 @@ impl<S: SlotState> ShardCell<S> {
 fn lock_contended<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     for _ in 0..SPINS {
         std::hint::spin_loop();
-        if !mutex.is_locked() {
-            if let Some(guard) = mutex.try_lock() {
-                return guard;
-            }
+        if !mutex.is_locked()
+            && let Some(guard) = mutex.try_lock()
+        {
+            return guard;
         }
     }
     mutex.lock()

@@ -787,11 +787,11 @@ mod tests {
                         fallback.get_or_insert(at);
                     }
                 }
-                if taken.is_none() {
-                    if let Some(at) = fallback {
-                        hand = (at + 1) % 2;
-                        taken = Some(at);
-                    }
+                if taken.is_none()
+                    && let Some(at) = fallback
+                {
+                    hand = (at + 1) % 2;
+                    taken = Some(at);
                 }
                 if let Some(at) = taken {
                     held[at] = (key, true);

@@ -278,10 +278,10 @@ impl Batchers {
         // The common case, a running batcher of a known master, shares the lock.
         {
             let by_node = self.by_node.read().unwrap_or_else(|e| e.into_inner());
-            if let Some((_, batcher)) = by_node.iter().find(|(n, _)| &**n == node) {
-                if !batcher.is_closed() {
-                    return batcher.clone();
-                }
+            if let Some((_, batcher)) = by_node.iter().find(|(n, _)| &**n == node)
+                && !batcher.is_closed()
+            {
+                return batcher.clone();
             }
         }
         let mut by_node = self.by_node.write().unwrap_or_else(|e| e.into_inner());

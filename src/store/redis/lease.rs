@@ -69,14 +69,15 @@ impl RedisStore {
     /// the background. Always `Some`.
     pub(crate) fn lease_script(&self) -> Option<LeaseScript> {
         let script = LeaseScript(self.inner.script.with_driver(LEASE_DRIVER));
-        if !self.inner.cluster && tokio::runtime::Handle::try_current().is_ok() {
-            if let Ok(handle) = self.inner.handle() {
-                let mut load = redis::cmd("SCRIPT");
-                load.arg("LOAD").arg(script.0.code());
-                tokio::spawn(async move {
-                    let _ = handle.conn.query(&load).await;
-                });
-            }
+        if !self.inner.cluster
+            && tokio::runtime::Handle::try_current().is_ok()
+            && let Ok(handle) = self.inner.handle()
+        {
+            let mut load = redis::cmd("SCRIPT");
+            load.arg("LOAD").arg(script.0.code());
+            tokio::spawn(async move {
+                let _ = handle.conn.query(&load).await;
+            });
         }
         Some(script)
     }

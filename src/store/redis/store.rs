@@ -305,9 +305,10 @@ impl Inner {
         }
         for c in checks {
             let info = &self.limits[c.limit];
-            if let Some(q) = c.quota {
-                if q.algorithm() != info.algorithm {
-                    return Err(StoreError::new(
+            if let Some(q) = c.quota
+                && q.algorithm() != info.algorithm
+            {
+                return Err(StoreError::new(
                         StoreErrorKind::Other,
                         format!(
                             "limit {:?} is decided by {}, but its check carries a quota for {} ({:?}); a plan's quota must use its limit's algorithm: build it with PlanQuota::new(AlgorithmKind::{:?}, ..)",
@@ -318,7 +319,6 @@ impl Inner {
                             info.algorithm,
                         ),
                     ));
-                }
             }
         }
         Ok(())
