@@ -32,7 +32,7 @@ use tollgate::key::Key;
 use tollgate::store::hybrid::HybridBackend;
 use tollgate::store::redis::RedisBackend;
 use tollgate::store::{Backend, Checked, FailurePolicy, LimitCheck, LimitSpec, Store};
-use tollgate::{PolicyName, Quota};
+use tollgate::{Name, Quota};
 
 const KEYS: u64 = 1_000;
 const CONCURRENCY: [usize; 3] = [1, 64, 256];
@@ -64,7 +64,7 @@ fn secs() -> Duration {
 
 fn limits() -> [LimitSpec; 1] {
     [LimitSpec::new(
-        PolicyName::new("per-key"),
+        Name::new("per-key"),
         Quota::per_second(RATE).burst(RATE),
         AlgorithmKind::TokenBucket,
     )

@@ -58,7 +58,7 @@ use tollgate::key::Key;
 use tollgate::store::{
     memory::MemoryBackend, memory::MemoryStore, Backend, Checked, LimitCheck, LimitSpec, Store,
 };
-use tollgate::{PolicyName, Quota};
+use tollgate::{Name, Quota};
 
 // ---------------------------------------------------------------------------------------------
 // Counting allocator: live heap bytes and allocation count, for bytes per key and to show that a
@@ -121,7 +121,7 @@ const CHECKS: u64 = 500_000;
 
 fn spec() -> LimitSpec {
     LimitSpec::new(
-        PolicyName::new("bench"),
+        Name::new("bench"),
         Quota::per_hour(u64::from(PER_HOUR)),
         AlgorithmKind::TokenBucket,
     )

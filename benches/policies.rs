@@ -25,7 +25,7 @@ use tollgate::plan::{CachedLookup, Plan, PlanMap, Resolution};
 use tollgate::rate_limit::Charge;
 use tollgate::rate_limit::Mode;
 use tollgate::rate_limit::Override;
-use tollgate::{Limit, PolicyName, Quota, RateLimitLayer, RequestView};
+use tollgate::{Limit, Name, Quota, RateLimitLayer, RequestView};
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 
 const KEYS: u64 = 1_000;
@@ -108,10 +108,8 @@ fn variants() -> Vec<(&'static str, Svc)> {
 
     let plans_closure = RateLimitLayer::new(with_plans(api()).resolve_plan(
         |_: &RequestView<'_>, key: &Key<'_>| match key.value() {
-            KeyValue::Bytes(b) if b.starts_with(b"free-") => {
-                Resolution::Plan(PolicyName::new("free"))
-            }
-            _ => Resolution::Plan(PolicyName::new("pro")),
+            KeyValue::Bytes(b) if b.starts_with(b"free-") => Resolution::Plan(Name::new("free")),
+            _ => Resolution::Plan(Name::new("pro")),
         },
     ))
     .unwrap();

@@ -37,7 +37,7 @@ use tollgate::algorithm::AlgorithmKind;
 use tollgate::key::Key;
 use tollgate::store::redis::{RedisBackend, RedisStore};
 use tollgate::store::{Backend, Checked, FailurePolicy, LimitCheck, LimitSpec, Store};
-use tollgate::{PolicyName, Quota};
+use tollgate::{Name, Quota};
 
 /// The least Redis work a batched decision can take, for the floor: per key, its share of one
 /// `MGET` of the call's keys and one `SET` of a 16-byte state that keeps the key's expiry (what
@@ -150,7 +150,7 @@ fn cluster_store(urls: &[String], batching: bool) -> RedisStore {
 
 fn configure(backend: RedisBackend, batching: bool) -> RedisStore {
     let spec = LimitSpec::new(
-        PolicyName::new("bench"),
+        Name::new("bench"),
         Quota::per_second(1_000).burst(100_000),
         AlgorithmKind::TokenBucket,
     )

@@ -8,7 +8,7 @@ use crate::error::ConfigError;
 
 /// The name of a limit or plan (`"burst"`, `"daily"`, `"pro"`), as reported in headers and bodies.
 ///
-/// A `PolicyName` holds its text inline: it is `Copy`, 48 bytes, and making, copying or
+/// A `Name` holds its text inline: it is `Copy`, 48 bytes, and making, copying or
 /// comparing one allocates nothing, takes no lock and touches no shared memory, so carrying it
 /// in every [`Decision`] is free of contention. Nothing is kept once the last copy is gone: a
 /// program that configures new names (a policy reload) uses no more memory for them than the
@@ -16,31 +16,31 @@ use crate::error::ConfigError;
 ///
 /// A name is at most [`MAX_LEN`](Self::MAX_LEN) (47) bytes. Where names are configured (a
 /// [`Limit`](crate::Limit), a [`Plan`](crate::plan::Plan), a policy file) a longer one is
-/// refused with a [`ConfigError`] when the layer is built. [`PolicyName::new`] itself never
+/// refused with a [`ConfigError`] when the layer is built. [`Name::new`] itself never
 /// fails: it holds a longer name as *over-long* (see [`is_over_long`](Self::is_over_long)),
 /// which no configured name equals, so a plan name read from a request that is too long is an
-/// unknown plan. [`PolicyName::try_new`] refuses it instead.
+/// unknown plan. [`Name::try_new`] refuses it instead.
 ///
 /// ```
-/// use tollgate::PolicyName;
+/// use tollgate::Name;
 ///
-/// let name = PolicyName::new("burst");
+/// let name = Name::new("burst");
 /// assert_eq!(name.as_str(), "burst");
-/// assert_eq!(name, PolicyName::new(String::from("burst")));
+/// assert_eq!(name, Name::new(String::from("burst")));
 ///
-/// let long = "x".repeat(PolicyName::MAX_LEN + 1);
-/// assert!(PolicyName::try_new(&long).is_err());
-/// assert!(PolicyName::new(&long).is_over_long());
-/// assert_ne!(PolicyName::new(&long), PolicyName::new(&long[1..]));
+/// let long = "x".repeat(Name::MAX_LEN + 1);
+/// assert!(Name::try_new(&long).is_err());
+/// assert!(Name::new(&long).is_over_long());
+/// assert_ne!(Name::new(&long), Name::new(&long[1..]));
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct PolicyName {
+pub struct Name {
     /// A name held whole: its length (at most `MAX_LEN`). An over-long name: `OVER_LONG` plus
     /// the length of the prefix kept. [`ABSENT`]: no name (a decision without a plan).
     len: u8,
     /// The name's bytes (or its prefix then its `fnv1a` digest), zero after them, so that the
     /// derived `Eq` and `Hash` are the names'.
-    bytes: [u8; PolicyName::MAX_LEN],
+    bytes: [u8; Name::MAX_LEN],
 }
 
 /// `len` of an over-long name, plus its prefix's length.
@@ -50,25 +50,22 @@ const DIGEST: usize = 8;
 /// `len` of the absent plan in a [`Decision`]: neither a name nor an over-long one.
 const ABSENT_LEN: u8 = u8::MAX;
 /// The absent plan in a [`Decision`] (so that a decision holds no `Option` tag).
-const ABSENT: PolicyName = PolicyName {
+const ABSENT: Name = Name {
     len: ABSENT_LEN,
-    bytes: [0; PolicyName::MAX_LEN],
+    bytes: [0; Name::MAX_LEN],
 };
 
-impl PolicyName {
-    /// The longest name, in bytes, that a `PolicyName` holds (and a limit or plan may have).
+impl Name {
+    /// The longest name, in bytes, that a `Name` holds (and a limit or plan may have).
     pub const MAX_LEN: usize = 47;
 
     /// The name used when a limit was given none.
-    pub const DEFAULT: PolicyName = PolicyName::inline("default");
+    pub const DEFAULT: Name = Name::inline("default");
 
     /// `name`, at most `MAX_LEN` bytes (a longer one does not compile in a `const`).
     const fn inline(name: &str) -> Self {
         let src = name.as_bytes();
-        assert!(
-            src.len() <= Self::MAX_LEN,
-            "a PolicyName holds at most 47 bytes"
-        );
+        assert!(src.len() <= Self::MAX_LEN, "a Name holds at most 47 bytes");
         let mut bytes = [0; Self::MAX_LEN];
         let mut i = 0;
         while i < src.len() {
@@ -111,10 +108,10 @@ impl PolicyName {
     /// [`MAX_LEN`](Self::MAX_LEN) bytes.
     ///
     /// ```
-    /// use tollgate::PolicyName;
+    /// use tollgate::Name;
     ///
-    /// assert_eq!(PolicyName::try_new("pro").unwrap().as_str(), "pro");
-    /// let err = PolicyName::try_new("p".repeat(48)).unwrap_err();
+    /// assert_eq!(Name::try_new("pro").unwrap().as_str(), "pro");
+    /// let err = Name::try_new("p".repeat(48)).unwrap_err();
     /// assert_eq!(err.field(), "name");
     /// assert!(err.to_string().contains("at most 47 bytes"));
     /// ```
@@ -144,10 +141,10 @@ impl PolicyName {
     }
 }
 
-/// A [`ConfigError`] about `field` if `name` is longer than [`PolicyName::MAX_LEN`] bytes;
+/// A [`ConfigError`] about `field` if `name` is longer than [`Name::MAX_LEN`] bytes;
 /// `what` says whose name it is (`"limit name"`, `"plan name"`).
 pub(crate) fn check_len(field: &'static str, what: &str, name: &str) -> Result<(), ConfigError> {
-    if name.len() <= PolicyName::MAX_LEN {
+    if name.len() <= Name::MAX_LEN {
         return Ok(());
     }
     let shown: String = name.chars().take(24).collect();
@@ -156,17 +153,17 @@ pub(crate) fn check_len(field: &'static str, what: &str, name: &str) -> Result<(
         format!(
             "{what} \"{shown}...\" is {} bytes, but a name has at most {} bytes (names are sent in headers and bodies): use a shorter one",
             name.len(),
-            PolicyName::MAX_LEN
+            Name::MAX_LEN
         ),
     ))
 }
 
-/// A [`ConfigError`] about `field` if `name` is over-long (see [`PolicyName::new`]); `what`
+/// A [`ConfigError`] about `field` if `name` is over-long (see [`Name::new`]); `what`
 /// says whose name it is (`"limit name"`, `"plan name"`).
 pub(crate) fn refuse_over_long(
     field: &'static str,
     what: &str,
-    name: PolicyName,
+    name: Name,
 ) -> Result<(), ConfigError> {
     if !name.is_over_long() {
         return Ok(());
@@ -176,7 +173,7 @@ pub(crate) fn refuse_over_long(
         format!(
             "{what} \"{}...\" is longer than {} bytes, the most a name may have (names are sent in headers and bodies): use a shorter one",
             name.as_str(),
-            PolicyName::MAX_LEN
+            Name::MAX_LEN
         ),
     ))
 }
@@ -188,20 +185,20 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-impl Default for PolicyName {
+impl Default for Name {
     fn default() -> Self {
         Self::DEFAULT
     }
 }
 
-impl PartialOrd for PolicyName {
+impl PartialOrd for Name {
     fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
         Some(self.cmp(other))
     }
 }
 
 /// By the names' text; an over-long name after the name its beginning spells.
-impl Ord for PolicyName {
+impl Ord for Name {
     fn cmp(&self, other: &Self) -> Ordering {
         self.as_str()
             .cmp(other.as_str())
@@ -209,7 +206,7 @@ impl Ord for PolicyName {
     }
 }
 
-impl fmt::Debug for PolicyName {
+impl fmt::Debug for Name {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(self.as_str(), f)?;
         if self.is_over_long() {
@@ -219,7 +216,7 @@ impl fmt::Debug for PolicyName {
     }
 }
 
-impl fmt::Display for PolicyName {
+impl fmt::Display for Name {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())?;
         if self.is_over_long() {
@@ -262,9 +259,9 @@ pub struct Decision {
     reset_us: u64,
     /// 0: allowed; `NEVER`: impossible; otherwise the wait of a rejection (at least 1).
     retry_after_us: u64,
-    policy: PolicyName,
+    policy: Name,
     /// `ABSENT` when no plan decided.
-    plan: PolicyName,
+    plan: Name,
 }
 
 /// `retry_after_us` of a decision that can never succeed.
@@ -292,7 +289,7 @@ impl Decision {
         remaining: 0,
         reset_us: 0,
         retry_after_us: 0,
-        policy: PolicyName::DEFAULT,
+        policy: Name::DEFAULT,
         plan: ABSENT,
     };
 
@@ -304,7 +301,7 @@ impl Decision {
             remaining: remaining.min(limit),
             reset_us: micros_ceil(reset),
             retry_after_us: 0,
-            policy: PolicyName::DEFAULT,
+            policy: Name::DEFAULT,
             plan: ABSENT,
         }
     }
@@ -330,7 +327,7 @@ impl Decision {
             remaining: limit,
             reset_us: UNCOUNTED,
             retry_after_us: 0,
-            policy: PolicyName::DEFAULT,
+            policy: Name::DEFAULT,
             plan: ABSENT,
         }
     }
@@ -350,7 +347,7 @@ impl Decision {
             remaining: remaining.min(limit),
             reset_us: micros_ceil(reset),
             retry_after_us: micros_ceil(retry_after).max(1),
-            policy: PolicyName::DEFAULT,
+            policy: Name::DEFAULT,
             plan: ABSENT,
         }
     }
@@ -364,7 +361,7 @@ impl Decision {
             remaining: remaining.min(limit),
             reset_us: micros_ceil(reset),
             retry_after_us: NEVER,
-            policy: PolicyName::DEFAULT,
+            policy: Name::DEFAULT,
             plan: ABSENT,
         }
     }
@@ -372,7 +369,7 @@ impl Decision {
     /// The same decision, attributed to the limit `policy`.
     #[must_use]
     #[inline]
-    pub fn with_policy(mut self, policy: PolicyName) -> Self {
+    pub fn with_policy(mut self, policy: Name) -> Self {
         self.policy = policy;
         self
     }
@@ -381,7 +378,7 @@ impl Decision {
     /// has plans).
     #[must_use]
     #[inline]
-    pub(crate) fn with_plan(mut self, plan: PolicyName) -> Self {
+    pub(crate) fn with_plan(mut self, plan: Name) -> Self {
         self.plan = plan;
         self
     }
@@ -445,7 +442,7 @@ impl Decision {
 
     /// The name of the limit that decided.
     #[inline]
-    pub fn policy(&self) -> PolicyName {
+    pub fn policy(&self) -> Name {
         self.policy
     }
 
@@ -473,7 +470,7 @@ impl Decision {
     /// assert_eq!(d.plan(), None);
     /// ```
     #[inline]
-    pub fn plan(&self) -> Option<PolicyName> {
+    pub fn plan(&self) -> Option<Name> {
         (self.plan.len != ABSENT_LEN).then_some(self.plan)
     }
 
@@ -714,7 +711,7 @@ mod tests {
 
     #[test]
     fn decisions_stay_small() {
-        assert_eq!(std::mem::size_of::<PolicyName>(), 48);
+        assert_eq!(std::mem::size_of::<Name>(), 48);
         assert_eq!(std::mem::size_of::<Decision>(), 128);
     }
 
@@ -730,37 +727,33 @@ mod tests {
 
     #[test]
     fn a_plan_travels_with_the_decision() {
-        let free = PolicyName::new("free");
+        let free = Name::new("free");
         let d = Decision::rejected(5, 0, Duration::from_secs(60), Duration::from_secs(12))
-            .with_policy(PolicyName::new("api"))
+            .with_policy(Name::new("api"))
             .with_plan(free);
         assert_eq!(d.plan(), Some(free));
         assert_eq!(d.policy().as_str(), "api");
         assert!(!d.allowed());
-        assert_ne!(d, d.with_plan(PolicyName::new("pro")));
+        assert_ne!(d, d.with_plan(Name::new("pro")));
         assert!(format!("{d:?}").contains("\"free\""));
     }
 
     #[test]
     fn names_are_held_inline_and_compare_by_text() {
-        let a = PolicyName::new("x-inline");
-        let b = PolicyName::new(String::from("x-inline"));
+        let a = Name::new("x-inline");
+        let b = Name::new(String::from("x-inline"));
         assert_eq!(a, b);
         assert!(
             !std::ptr::eq(a.as_str(), b.as_str()),
             "each copy holds its own text"
         );
-        assert_eq!(PolicyName::new("default"), PolicyName::DEFAULT);
-        assert_eq!(PolicyName::new(""), PolicyName::new(""));
-        assert_ne!(PolicyName::new("a"), PolicyName::new("a\0"));
-        let max = "m".repeat(PolicyName::MAX_LEN);
-        assert_eq!(PolicyName::new(&max).as_str(), max);
-        assert!(!PolicyName::new(&max).is_over_long());
-        let mut names = [
-            PolicyName::new("b"),
-            PolicyName::new("a"),
-            PolicyName::new("ab"),
-        ];
+        assert_eq!(Name::new("default"), Name::DEFAULT);
+        assert_eq!(Name::new(""), Name::new(""));
+        assert_ne!(Name::new("a"), Name::new("a\0"));
+        let max = "m".repeat(Name::MAX_LEN);
+        assert_eq!(Name::new(&max).as_str(), max);
+        assert!(!Name::new(&max).is_over_long());
+        let mut names = [Name::new("b"), Name::new("a"), Name::new("ab")];
         names.sort();
         assert_eq!(names.map(|n| n.as_str().to_owned()), ["a", "ab", "b"]);
     }
@@ -768,21 +761,21 @@ mod tests {
     #[test]
     fn over_long_names_are_kept_apart_and_never_panic() {
         let base = "\u{e9}".repeat(30); // 60 bytes of two-byte characters
-        let a = PolicyName::new(format!("{base}-a"));
-        let b = PolicyName::new(format!("{base}-b"));
+        let a = Name::new(format!("{base}-a"));
+        let b = Name::new(format!("{base}-b"));
         assert!(a.is_over_long() && b.is_over_long());
         assert_ne!(a, b, "same prefix, different names");
-        assert_eq!(a, PolicyName::new(format!("{base}-a")));
+        assert_eq!(a, Name::new(format!("{base}-a")));
         assert_eq!(
             a.as_str(),
             "\u{e9}".repeat(19),
             "cut at a character boundary"
         );
         // An over-long name never equals the name its prefix spells.
-        assert_ne!(PolicyName::new(a.as_str()), a);
+        assert_ne!(Name::new(a.as_str()), a);
         assert!(format!("{a:?}").ends_with("(over-long)"));
         assert!(a.to_string().ends_with("..."));
-        let err = PolicyName::try_new(format!("{base}-a")).unwrap_err();
+        let err = Name::try_new(format!("{base}-a")).unwrap_err();
         assert_eq!(err.field(), "name");
         assert!(err.to_string().contains("at most 47 bytes"), "{err}");
         // The absent plan of a decision is not a name.

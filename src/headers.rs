@@ -48,10 +48,10 @@
 //! use std::time::Duration;
 //! use http::HeaderMap;
 //! use tollgate::headers::{RateLimitHeaders, RATELIMIT, RATELIMIT_POLICY};
-//! use tollgate::{Decision, PolicyName, Quota};
+//! use tollgate::{Decision, Name, Quota};
 //!
-//! let burst = Decision::allowed_with(5, 4, Duration::from_secs(1)).with_policy(PolicyName::new("burst"));
-//! let daily = Decision::allowed_with(5000, 4999, Duration::from_secs(18)).with_policy(PolicyName::new("daily"));
+//! let burst = Decision::allowed_with(5, 4, Duration::from_secs(1)).with_policy(Name::new("burst"));
+//! let daily = Decision::allowed_with(5000, 4999, Duration::from_secs(18)).with_policy(Name::new("daily"));
 //! let (qb, qd) = (Quota::per_second(1).burst(5), Quota::per_day(5000));
 //! let mut headers = HeaderMap::new();
 //! RateLimitHeaders::new().ietf(true).write_ietf([(&burst, &qb), (&daily, &qd)], &mut headers);
@@ -515,11 +515,11 @@ fn to_header_value(s: String) -> Option<HeaderValue> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::PolicyName;
+    use crate::decision::Name;
     use std::time::{SystemTime, UNIX_EPOCH};
 
     fn named(d: Decision, name: &str) -> Decision {
-        d.with_policy(PolicyName::new(name))
+        d.with_policy(Name::new(name))
     }
 
     #[test]

@@ -114,7 +114,7 @@
 //! The types almost every user touches are re-exported at the crate root, and the root path is
 //! the canonical one used throughout these docs, the README and the examples:
 //! [`RateLimitLayer`], [`RateLimitLayerBuilder`], [`Limit`], [`MissingKey`], [`RateLimit`],
-//! [`Quota`], [`AlgorithmKind`], [`Decision`], [`PolicyName`], [`ConfigError`], [`StoreError`],
+//! [`Quota`], [`AlgorithmKind`], [`Decision`], [`Name`], [`ConfigError`], [`StoreError`],
 //! [`StoreErrorKind`], [`RequestView`] and [`Decisions`]. Their module paths (`tollgate::rate_limit::Limit`,
 //! `tollgate::quota::Quota`, ...) keep working and name the same items. Everything else (key
 //! extractors, costs, stores, clocks, headers, rejections) is used through its module:
@@ -161,7 +161,7 @@ pub mod response;
 pub mod store;
 
 pub use algorithm::AlgorithmKind;
-pub use decision::{Decision, Decisions, PolicyName};
+pub use decision::{Decision, Decisions, Name};
 pub use error::{ConfigError, StoreError, StoreErrorKind};
 pub use key::MissingKey;
 pub use quota::Quota;

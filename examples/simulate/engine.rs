@@ -13,7 +13,7 @@ use tollgate::algorithm::AlgorithmKind;
 use tollgate::clock::ManualClock;
 use tollgate::key::Key;
 use tollgate::store::{memory::MemoryBackend, Backend, LimitSpec};
-use tollgate::{PolicyName, Quota};
+use tollgate::{Name, Quota};
 
 /// One second in microseconds.
 pub const SECOND: u64 = 1_000_000;
@@ -319,7 +319,7 @@ pub fn quota_for(kind: AlgorithmKind, quota: &Quota) -> Quota {
 pub fn specs(quota: &Quota) -> Vec<LimitSpec> {
     AlgorithmKind::ALL
         .iter()
-        .map(|&k| LimitSpec::new(PolicyName::new(k.as_str()), quota_for(k, quota), k))
+        .map(|&k| LimitSpec::new(Name::new(k.as_str()), quota_for(k, quota), k))
         .collect()
 }
 

@@ -16,7 +16,7 @@ use tollgate::algorithm::AlgorithmKind;
 use tollgate::key::{Key, KeyValue};
 use tollgate::store::redis::{RedisBackend, RedisStore};
 use tollgate::store::{Backend, FailurePolicy, LimitSpec};
-use tollgate::{PolicyName, Quota};
+use tollgate::{Name, Quota};
 
 use crate::input::Input;
 
@@ -54,10 +54,11 @@ fn stores() -> &'static [(&'static str, RedisStore)] {
                     .iter()
                     .zip(NAMES.iter().cycle())
                     .map(|(&kind, name)| {
-                        LimitSpec::new(PolicyName::new(name), Quota::per_second(5), kind)
-                            .on_store_error(FailurePolicy::Closed {
+                        LimitSpec::new(Name::new(name), Quota::per_second(5), kind).on_store_error(
+                            FailurePolicy::Closed {
                                 retry_after: Duration::from_secs(1),
-                            })
+                            },
+                        )
                     })
                     .collect();
                 let store = RedisBackend::new("redis://127.0.0.1:1/")

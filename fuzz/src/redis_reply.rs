@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tollgate::algorithm::AlgorithmKind;
 use tollgate::store::{FailurePolicy, LimitSpec};
-use tollgate::{PolicyName, Quota};
+use tollgate::{Name, Quota};
 
 use crate::input::Input;
 
@@ -13,7 +13,7 @@ use crate::input::Input;
 pub fn check(data: &[u8]) {
     let mut input = Input::new(data);
     let kind = input.pick(&AlgorithmKind::ALL);
-    let spec = LimitSpec::new(PolicyName::new("fuzz"), Quota::per_second(5), kind).on_store_error(
+    let spec = LimitSpec::new(Name::new("fuzz"), Quota::per_second(5), kind).on_store_error(
         FailurePolicy::Closed {
             retry_after: Duration::from_secs(1),
         },

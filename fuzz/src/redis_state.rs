@@ -26,7 +26,7 @@ use tollgate::key::Key;
 use tollgate::quota::MAX_EXACT;
 use tollgate::store::redis::{RedisBackend, RedisStore};
 use tollgate::store::{Backend, Checked, FailurePolicy, LimitCheck, LimitSpec, Store};
-use tollgate::{Decision, PolicyName, Quota};
+use tollgate::{Decision, Name, Quota};
 
 use crate::input::Input;
 
@@ -84,7 +84,7 @@ impl Harness {
         let mut stores = Vec::new();
         for kind in AlgorithmKind::ALL {
             for quota in quotas() {
-                let spec = LimitSpec::new(PolicyName::new("fuzz"), quota, kind).on_store_error(
+                let spec = LimitSpec::new(Name::new("fuzz"), quota, kind).on_store_error(
                     FailurePolicy::Closed {
                         retry_after: Duration::from_secs(1),
                     },

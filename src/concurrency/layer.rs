@@ -9,7 +9,7 @@ use tower_layer::Layer;
 
 use super::service::ConcurrencyLimit;
 use super::table::MemorySlots;
-use crate::decision::PolicyName;
+use crate::decision::Name;
 use crate::error::ConfigError;
 use crate::key::MissingKey;
 use crate::key::{GlobalKey, KeyExtractor};
@@ -39,7 +39,7 @@ pub(crate) struct Queue {
 
 /// What the service shares: the configuration and the slot table.
 pub(crate) struct Shared {
-    pub(crate) name: PolicyName,
+    pub(crate) name: Name,
     pub(crate) max_in_flight: u32,
     pub(crate) key: Box<dyn KeyExtractor>,
     pub(crate) on_missing_key: MissingKey,
@@ -141,7 +141,7 @@ impl ConcurrencyLimitLayer {
     /// unless [`key`](ConcurrencyLimitLayerBuilder::key) says otherwise).
     pub fn builder(max_in_flight: u32) -> ConcurrencyLimitLayerBuilder {
         ConcurrencyLimitLayerBuilder {
-            name: PolicyName::new("concurrency"),
+            name: Name::new("concurrency"),
             max_in_flight,
             key: Box::new(GlobalKey),
             on_missing_key: MissingKey::default(),
@@ -174,7 +174,7 @@ impl<S> Layer<S> for ConcurrencyLimitLayer {
 /// Configures a [`ConcurrencyLimitLayer`]; see the [module docs](super).
 #[must_use]
 pub struct ConcurrencyLimitLayerBuilder {
-    name: PolicyName,
+    name: Name,
     max_in_flight: u32,
     key: Box<dyn KeyExtractor>,
     on_missing_key: MissingKey,
@@ -198,9 +198,9 @@ impl fmt::Debug for ConcurrencyLimitLayerBuilder {
 
 impl ConcurrencyLimitLayerBuilder {
     /// The limit's name, reported in rejection bodies (default `"concurrency"`); at most
-    /// [`PolicyName::MAX_LEN`] (47) bytes, or [`build`](Self::build) refuses it.
+    /// [`Name::MAX_LEN`] (47) bytes, or [`build`](Self::build) refuses it.
     pub fn name(mut self, name: impl AsRef<str>) -> Self {
-        self.name = PolicyName::new(name);
+        self.name = Name::new(name);
         self
     }
 

@@ -2,7 +2,7 @@
 //!
 //! Registering a handle (`metrics::counter!` with labels built at run time) allocates the label
 //! list and makes the recorder look the key up; the handles are cached per thread instead,
-//! keyed by the names themselves (a [`PolicyName`] is inline text: comparing two is a compare
+//! keyed by the names themselves (a [`Name`] is inline text: comparing two is a compare
 //! of 48 bytes, with no pointer to chase), for the recorder they came from. No lock, no atomic:
 //! each thread has its own. Bounded by [`MAX_CACHED`] entries (the label sets are bounded by the
 //! configuration anyway). The decision counters a thread used last are checked first, without
@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use metrics::{Counter, Gauge, Recorder};
 
 use super::{DECISIONS_TOTAL, KEYS, NEAR_LIMIT_TOTAL, OUTCOMES};
-use crate::decision::{Decision, PolicyName};
+use crate::decision::{Decision, Name};
 
 /// Entries a thread keeps before it starts over.
 const MAX_CACHED: usize = 1024;
@@ -25,7 +25,7 @@ pub(super) struct DecisionCounters {
 }
 
 /// A limit's name and its plan's.
-type DecisionId = (PolicyName, Option<PolicyName>);
+type DecisionId = (Name, Option<Name>);
 
 #[derive(Default)]
 struct Cache {
@@ -38,7 +38,7 @@ struct Cache {
     /// The entry of `decisions` used last. After a clear it may be out of range or name another
     /// id's entry: its id is compared before it is used.
     last: usize,
-    keys: HashMap<PolicyName, Gauge, foldhash::fast::FixedState>,
+    keys: HashMap<Name, Gauge, foldhash::fast::FixedState>,
 }
 
 impl Cache {
@@ -104,7 +104,7 @@ pub(super) fn with_decision_counters(decision: &Decision, f: impl FnOnce(&Decisi
 }
 
 #[cold]
-fn register(limit: PolicyName, plan: Option<PolicyName>) -> DecisionCounters {
+fn register(limit: Name, plan: Option<Name>) -> DecisionCounters {
     // Owned labels: the names live no longer than the policy that holds them.
     let (limit, plan) = (
         limit.as_str().to_owned(),
@@ -118,7 +118,7 @@ fn register(limit: PolicyName, plan: Option<PolicyName>) -> DecisionCounters {
     }
 }
 
-pub(super) fn with_keys_gauge(limit: PolicyName, f: impl FnOnce(&Gauge)) {
+pub(super) fn with_keys_gauge(limit: Name, f: impl FnOnce(&Gauge)) {
     with_cache(|cache| {
         if cache.keys.len() >= MAX_CACHED && !cache.keys.contains_key(&limit) {
             cache.keys.clear();

@@ -345,7 +345,7 @@ pub(crate) struct KeysGauge {
 impl KeysGauge {
     /// The table of `limit` holds one more key.
     #[inline]
-    pub(crate) fn grew(&self, limit: crate::decision::PolicyName) {
+    pub(crate) fn grew(&self, limit: crate::decision::Name) {
         #[cfg(feature = "metrics")]
         {
             let held = self

@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::decision::PolicyName;
+use crate::decision::Name;
 
 #[test]
 fn near_limit_share_is_validated() {
@@ -81,8 +81,8 @@ mod recorded {
     fn decisions_are_counted_by_limit_plan_and_outcome() {
         let recorder = DebuggingRecorder::new();
         let snapshotter = recorder.snapshotter();
-        let api = PolicyName::new("m-api");
-        let free = PolicyName::new("m-free");
+        let api = Name::new("m-api");
+        let free = Name::new("m-free");
         let allowed = |remaining| {
             Decision::allowed_with(10, remaining, Duration::from_secs(60)).with_policy(api)
         };
@@ -125,7 +125,7 @@ mod recorded {
 
     #[test]
     fn handles_follow_the_recorder_in_use() {
-        let name = PolicyName::new("m-switch");
+        let name = Name::new("m-switch");
         let d = Decision::allowed_with(10, 5, Duration::ZERO).with_policy(name);
         let key = "tollgate_decisions_total{limit=m-switch,outcome=allowed,plan=}";
         // Cached under the no-op recorder first (nothing installed on this thread).
@@ -146,7 +146,7 @@ mod recorded {
         // The last counters used are checked first: every switch between limits must find the
         // other limit's counters, and a run of one limit must keep hitting its own.
         let recorder = DebuggingRecorder::new();
-        let names = ["m-memo-a", "m-memo-b", "m-memo-c"].map(PolicyName::new);
+        let names = ["m-memo-a", "m-memo-b", "m-memo-c"].map(Name::new);
         let pattern = [0, 1, 0, 0, 2, 1, 1, 1, 0, 2];
         metrics::with_local_recorder(&recorder, || {
             for &i in &pattern {
@@ -168,14 +168,14 @@ mod recorded {
         metrics::with_local_recorder(&recorder, || {
             for i in 0..1100 {
                 let d = Decision::allowed_with(10, 5, Duration::ZERO)
-                    .with_policy(PolicyName::new("m-bound"))
-                    .with_plan(PolicyName::new(format!("m-plan-{i}")));
+                    .with_policy(Name::new("m-bound"))
+                    .with_plan(Name::new(format!("m-plan-{i}")));
                 record_decision(&d, false, NearLimit::DEFAULT);
             }
             // Still counted correctly after the cache started over.
             let d = Decision::allowed_with(10, 5, Duration::ZERO)
-                .with_policy(PolicyName::new("m-bound"))
-                .with_plan(PolicyName::new("m-plan-0"));
+                .with_policy(Name::new("m-bound"))
+                .with_plan(Name::new("m-plan-0"));
             record_decision(&d, false, NearLimit::DEFAULT);
         });
         let m = snapshot(&recorder.snapshotter());
@@ -204,7 +204,7 @@ mod recorded {
     fn keys_gauge_is_set_on_growth() {
         let recorder = DebuggingRecorder::new();
         let keys = KeysGauge::default();
-        let name = PolicyName::new("m-keys");
+        let name = Name::new("m-keys");
         metrics::with_local_recorder(&recorder, || {
             for _ in 0..3 {
                 keys.grew(name);
@@ -282,8 +282,8 @@ fn cost() {
 
     const N: u32 = 5_000_000;
     let d = Decision::allowed_with(1000, 500, Duration::from_secs(1))
-        .with_policy(PolicyName::new("bench"))
-        .with_plan(PolicyName::new("pro"));
+        .with_policy(Name::new("bench"))
+        .with_plan(Name::new("pro"));
     let run = |label: &str| {
         let mut best = f64::MAX;
         for _ in 0..5 {

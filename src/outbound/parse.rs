@@ -576,7 +576,7 @@ fn split_outside_quotes(text: &str, sep: u8) -> Vec<&str> {
 mod tests {
     use super::*;
     use crate::headers::{RateLimitHeaders, ResetFormat};
-    use crate::{Decision, PolicyName, Quota};
+    use crate::{Decision, Name, Quota};
 
     fn hv(s: &str) -> HeaderValue {
         HeaderValue::from_str(s).unwrap()
@@ -646,7 +646,7 @@ mod tests {
             Duration::from_millis(4200),
             Duration::from_millis(800),
         )
-        .with_policy(PolicyName::new("burst"));
+        .with_policy(Name::new("burst"));
         let quota = Quota::per_second(1).burst(5);
         for format in [ResetFormat::DeltaSeconds, ResetFormat::UnixSeconds] {
             let mut headers = HeaderMap::new();

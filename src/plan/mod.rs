@@ -11,7 +11,7 @@
 //! use http::{Request, Response, StatusCode};
 //! use tollgate::key::{HeaderKey, Key, KeyValue};
 //! use tollgate::plan::{Plan, Resolution, UnknownPlan};
-//! use tollgate::{AlgorithmKind, Limit, PolicyName, Quota, RateLimitLayer, RequestView};
+//! use tollgate::{AlgorithmKind, Limit, Name, Quota, RateLimitLayer, RequestView};
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -22,8 +22,8 @@
 //!     .plan(Plan::new("free", Quota::per_minute(5)))
 //!     .plan(Plan::new("pro", Quota::per_minute(20)))
 //!     .resolve_plan(|_: &RequestView<'_>, key: &Key<'_>| match key.value() {
-//!         KeyValue::Bytes(b) if b.as_ref() == b"free-key-1" => Resolution::Plan(PolicyName::new("free")),
-//!         KeyValue::Bytes(b) if b.as_ref() == b"pro-key-1" => Resolution::Plan(PolicyName::new("pro")),
+//!         KeyValue::Bytes(b) if b.as_ref() == b"free-key-1" => Resolution::Plan(Name::new("free")),
+//!         KeyValue::Bytes(b) if b.as_ref() == b"pro-key-1" => Resolution::Plan(Name::new("pro")),
 //!         _ => Resolution::Unknown,
 //!     })
 //!     .on_unknown_plan(UnknownPlan::reject(StatusCode::UNAUTHORIZED));
@@ -58,7 +58,7 @@
 //! `on_unknown_plan` (the limit's own quota, or a refusal such as `401`). A plan name that is not
 //! one of the limit's plans is treated as `Unknown` by the layer.
 //!
-//! A [`PolicyName`](crate::PolicyName) holds its text inline, so a resolver that reads plan
+//! A [`Name`](crate::Name) holds its text inline, so a resolver that reads plan
 //! names from requests keeps nothing per name: a client sending random names cannot grow
 //! memory. Restrict the names it accepts with `.plans([..])`.
 //!

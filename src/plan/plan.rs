@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::decision::PolicyName;
+use crate::decision::Name;
 use crate::quota::Quota;
 
 /// One named quota of a [`Limit`](crate::Limit): "free" at 100 per hour, "pro" at 1 000.
@@ -22,19 +22,19 @@ use crate::quota::Quota;
 /// ```
 #[derive(Clone, PartialEq)]
 pub struct Plan {
-    name: PolicyName,
+    name: Name,
     quota: Quota,
     link: Option<Arc<str>>,
 }
 
 impl Plan {
     /// A plan named `name` (printable ASCII without spaces, at most
-    /// [`PolicyName::MAX_LEN`] (47) bytes, unique within its limit) granting `quota`. The
+    /// [`Name::MAX_LEN`] (47) bytes, unique within its limit) granting `quota`. The
     /// limit's build refuses another name with a [`ConfigError`](crate::ConfigError) naming
     /// `limit.plans.name`.
     pub fn new(name: impl AsRef<str>, quota: Quota) -> Self {
         Self {
-            name: PolicyName::new(name),
+            name: Name::new(name),
             quota,
             link: None,
         }
@@ -49,7 +49,7 @@ impl Plan {
     }
 
     /// The plan's name.
-    pub fn name(&self) -> PolicyName {
+    pub fn name(&self) -> Name {
         self.name
     }
 

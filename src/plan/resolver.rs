@@ -6,7 +6,7 @@ use std::pin::Pin;
 
 use http::StatusCode;
 
-use crate::decision::PolicyName;
+use crate::decision::Name;
 use crate::key::Key;
 use crate::request::RequestView;
 
@@ -14,10 +14,10 @@ use crate::request::RequestView;
 #[non_exhaustive]
 pub enum Resolution {
     /// One of the limit's plans, by name. A name the limit does not have is treated as
-    /// [`Unknown`](Resolution::Unknown), and so is an over-long one (see [`PolicyName::new`]).
-    /// A [`PolicyName`] holds its text inline and keeps nothing once dropped, so making one from
+    /// [`Unknown`](Resolution::Unknown), and so is an over-long one (see [`Name::new`]).
+    /// A [`Name`] holds its text inline and keeps nothing once dropped, so making one from
     /// request data per request is fine.
-    Plan(PolicyName),
+    Plan(Name),
     /// The limit's own quota.
     Default,
     /// No plan is known for this request: the limit's [`UnknownPlan`] applies.
@@ -45,14 +45,14 @@ impl fmt::Debug for Resolution {
 /// ```
 /// use tollgate::key::{HeaderKey, Key};
 /// use tollgate::plan::{Plan, Resolution};
-/// use tollgate::{Limit, PolicyName, Quota, RequestView};
+/// use tollgate::{Limit, Name, Quota, RequestView};
 ///
 /// let limit = Limit::new("api", Quota::per_hour(100))
 ///     .key(HeaderKey::new("x-api-key").unwrap())
 ///     .plan(Plan::new("pro", Quota::per_hour(1_000)))
 ///     .resolve_plan(|_req: &RequestView<'_>, key: &Key<'_>| {
 ///         if key.to_string().starts_with("b:pro-") {
-///             Resolution::Plan(PolicyName::new("pro"))
+///             Resolution::Plan(Name::new("pro"))
 ///         } else {
 ///             Resolution::Default
 ///         }

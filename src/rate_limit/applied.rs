@@ -1,7 +1,7 @@
 //! What a request was checked against: [`Applied`] (the checks of the enforcing call, on the
 //! stack) and [`OwnedCheck`] (a check kept for work after it: shadow limits, refunds, shaping).
 
-use crate::decision::PolicyName;
+use crate::decision::Name;
 use crate::key::Key;
 use crate::quota::Quota;
 use crate::store::{LimitCheck, PlanQuota, MAX_LIMITS};
@@ -101,7 +101,7 @@ pub(crate) struct OwnedCheck {
     pub(super) key: Key<'static>,
     pub(super) cost: u64,
     pub(super) quota: Option<PlanQuota>,
-    pub(super) plan: Option<PolicyName>,
+    pub(super) plan: Option<Name>,
 }
 
 impl OwnedCheck {

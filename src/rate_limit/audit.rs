@@ -5,7 +5,7 @@ use std::time::SystemTime;
 
 use super::limit::{Mode, Override};
 use crate::algorithm::AlgorithmKind;
-use crate::decision::PolicyName;
+use crate::decision::Name;
 use crate::quota::Quota;
 
 pub(crate) type AuditFn = dyn Fn(&AuditEvent) + Send + Sync;
@@ -17,7 +17,7 @@ pub enum Change {
     /// A limit that did not exist before.
     LimitAdded {
         /// The limit.
-        limit: PolicyName,
+        limit: Name,
         /// Its own quota.
         quota: Quota,
         /// Its mode.
@@ -26,15 +26,15 @@ pub enum Change {
     /// A limit that no longer exists (its counters are dropped).
     LimitRemoved {
         /// The limit.
-        limit: PolicyName,
+        limit: Name,
     },
     /// A quota changed: the limit's own (`plan` is `None`) or one plan's. Keys keep what they
     /// spent.
     QuotaChanged {
         /// The limit.
-        limit: PolicyName,
+        limit: Name,
         /// The plan, or `None` for the limit's own quota.
-        plan: Option<PolicyName>,
+        plan: Option<Name>,
         /// Before.
         old: Quota,
         /// After.
@@ -43,23 +43,23 @@ pub enum Change {
     /// A plan that did not exist before.
     PlanAdded {
         /// The limit.
-        limit: PolicyName,
+        limit: Name,
         /// The plan.
-        plan: PolicyName,
+        plan: Name,
         /// Its quota.
         quota: Quota,
     },
     /// A plan that no longer exists.
     PlanRemoved {
         /// The limit.
-        limit: PolicyName,
+        limit: Name,
         /// The plan.
-        plan: PolicyName,
+        plan: Name,
     },
     /// The limit moved between enforce and shadow.
     ModeChanged {
         /// The limit.
-        limit: PolicyName,
+        limit: Name,
         /// Before.
         old: Mode,
         /// After.
@@ -68,7 +68,7 @@ pub enum Change {
     /// The algorithm changed: the limit starts over with fresh state.
     AlgorithmChanged {
         /// The limit.
-        limit: PolicyName,
+        limit: Name,
         /// Before.
         old: AlgorithmKind,
         /// After.
@@ -77,7 +77,7 @@ pub enum Change {
     /// A per-key override was set. The key is named by a digest, never in clear.
     OverrideSet {
         /// The limit.
-        limit: PolicyName,
+        limit: Name,
         /// A 64-bit digest of the key (hex), to correlate events without logging the key.
         key_digest: String,
         /// The override.
@@ -86,7 +86,7 @@ pub enum Change {
     /// A per-key override was removed.
     OverrideRemoved {
         /// The limit.
-        limit: PolicyName,
+        limit: Name,
         /// A 64-bit digest of the key (hex).
         key_digest: String,
     },
@@ -147,13 +147,13 @@ impl fmt::Display for Change {
 ///
 /// ```
 /// use tollgate::rate_limit::{AuditEvent, Change};
-/// use tollgate::{PolicyName, Quota};
+/// use tollgate::{Name, Quota};
 ///
 /// let event = AuditEvent::new(
 ///     "SIGHUP examples/plans.toml",
 ///     vec![Change::QuotaChanged {
-///         limit: PolicyName::new("api"),
-///         plan: Some(PolicyName::new("free")),
+///         limit: Name::new("api"),
+///         plan: Some(Name::new("free")),
 ///         old: Quota::per_minute(5),
 ///         new: Quota::per_minute(10),
 ///     }],

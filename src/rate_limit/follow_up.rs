@@ -15,7 +15,7 @@ use super::outcome::Outcome;
 use super::shaping::{Deciding, Reservation};
 use super::shared::Shared;
 use super::snapshot::Snapshot;
-use crate::decision::{Decision, PolicyName};
+use crate::decision::{Decision, Name};
 use crate::error::StoreError;
 use crate::headers::RateLimitHeaders;
 use crate::metrics::{self, NearLimit};
@@ -199,7 +199,7 @@ impl<St: Store> Followup<St> {
         let mut shown = Decisions::new();
         for (d, check) in decisions.as_slice().iter().zip(&self.shadow) {
             let limit = &self.snapshot.limits[check.limit];
-            let plan = check.plan.unwrap_or(PolicyName::new(""));
+            let plan = check.plan.unwrap_or(Name::new(""));
             let plan = plan.as_str();
             let mut d = d.with_policy(limit.name);
             if let Some(p) = check.plan {

@@ -12,7 +12,7 @@ use super::problem::{Part, ProblemDetails};
 use super::rfc3339;
 use super::RejectionBody;
 use crate::decision::Decisions;
-use crate::decision::{ceil_secs, Decision, PolicyName};
+use crate::decision::{ceil_secs, Decision, Name};
 use crate::error::StoreError;
 use crate::headers::policy_window_secs;
 use crate::key::KeyError;
@@ -84,7 +84,7 @@ pub enum RejectReason<'a> {
     /// No key could be extracted for a limit configured to reject such requests.
     MissingKey {
         /// The limit.
-        policy: PolicyName,
+        policy: Name,
         /// Why there is no key.
         error: &'a KeyError,
         /// The status the limit was configured to answer with.
@@ -99,14 +99,14 @@ pub enum RejectReason<'a> {
     /// requests ([`UnknownPlan::Reject`](crate::plan::UnknownPlan::Reject)).
     UnknownPlan {
         /// The limit.
-        policy: PolicyName,
+        policy: Name,
         /// The status the limit was configured to answer with.
         status: StatusCode,
     },
     /// The key is blocked by a runtime [`Override::Block`](crate::rate_limit::Override::Block).
     Blocked {
         /// The limit whose override blocks the key.
-        policy: PolicyName,
+        policy: Name,
     },
 }
 
@@ -117,7 +117,7 @@ pub struct Rejected<'a> {
     request: RequestView<'a>,
     reason: RejectReason<'a>,
     decisions: &'a Decisions,
-    plan: Option<PolicyName>,
+    plan: Option<Name>,
     link: Option<&'a str>,
     /// The wall-clock time of the rejection; read when needed unless set.
     now: Option<SystemTime>,
@@ -148,12 +148,12 @@ impl<'a> Rejected<'a> {
     /// use http::Request;
     /// use tollgate::response::{DefaultRejection, RejectReason, Rejected, Rejection};
     /// use tollgate::Decisions;
-    /// use tollgate::{Decision, PolicyName, Quota, RequestView};
+    /// use tollgate::{Decision, Name, Quota, RequestView};
     ///
     /// let req = Request::get("/").body(()).unwrap();
     /// let quota = Quota::per_minute(5);
     /// let decision = Decision::rejected(5, 0, Duration::from_secs(48), Duration::from_secs(12))
-    ///     .with_policy(PolicyName::new("api"));
+    ///     .with_policy(Name::new("api"));
     /// let decisions = Decisions::new();
     /// let reason = RejectReason::RateLimited { decision: &decision, quota: &quota };
     /// let rejected = Rejected::new(RequestView::new(&req), reason, &decisions)
@@ -173,7 +173,7 @@ impl<'a> Rejected<'a> {
 
     /// The same rejection, by the limit's plan `plan`, whose link (where to upgrade) is `link`.
     #[must_use]
-    pub(crate) fn with_plan(mut self, plan: PolicyName, link: Option<&'a str>) -> Self {
+    pub(crate) fn with_plan(mut self, plan: Name, link: Option<&'a str>) -> Self {
         self.plan = Some(plan);
         self.link = link;
         self
@@ -205,7 +205,7 @@ impl<'a> Rejected<'a> {
 
     /// The plan of the rejecting limit that decided (`"free"`), when the limit has plans: the
     /// one the layer resolved, or else the rejecting decision's [`Decision::plan`].
-    pub fn plan(&self) -> Option<PolicyName> {
+    pub fn plan(&self) -> Option<Name> {
         self.plan
             .or_else(|| self.decision().and_then(Decision::plan))
     }
@@ -579,7 +579,7 @@ mod tests {
         let req = http::Request::get("/").body(()).unwrap();
         let q = Quota::per_second(1).burst(5);
         let d = Decision::rejected(5, 0, Duration::from_secs(5), Duration::from_millis(400))
-            .with_policy(PolicyName::new("burst"));
+            .with_policy(Name::new("burst"));
         let decisions = Decisions::new();
         let rejected = Rejected::new(
             RequestView::new(&req),
@@ -615,7 +615,7 @@ mod tests {
         ];
         for (quota, text) in quotas.iter().chain(&quotas).chain(quotas.iter().rev()) {
             let d = Decision::rejected(5, 0, Duration::from_secs(5), Duration::from_secs(1))
-                .with_policy(PolicyName::new("burst"));
+                .with_policy(Name::new("burst"));
             let reason = RejectReason::RateLimited {
                 decision: &d,
                 quota,
@@ -635,10 +635,10 @@ mod tests {
         use std::time::UNIX_EPOCH;
         let req = http::Request::get("/api/items").body(()).unwrap();
         let q = Quota::per_minute(5);
-        let free = PolicyName::new("free");
+        let free = Name::new("free");
         // 47.2 s until fully restored, at 2024-02-29T23:59:30.5Z: resets at 2024-03-01T00:00:18Z.
         let d = Decision::rejected(5, 0, Duration::from_millis(47_200), Duration::from_secs(11))
-            .with_policy(PolicyName::new("api"));
+            .with_policy(Name::new("api"));
         let decisions = Decisions::new();
         let reason = RejectReason::RateLimited {
             decision: &d,
@@ -661,7 +661,7 @@ mod tests {
         assert_eq!(v["retry_after"], 11);
 
         // A plan without a link; the plan known from the decision alone.
-        let d = d.with_plan(PolicyName::new("pro"));
+        let d = d.with_plan(Name::new("pro"));
         let reason = RejectReason::RateLimited {
             decision: &d,
             quota: &q,
@@ -729,7 +729,7 @@ mod tests {
         let req = http::Request::get("/").body(()).unwrap();
         let err = KeyError::new("missing x-api-key header");
         let decisions = Decisions::new();
-        let policy = PolicyName::new("per-key");
+        let policy = Name::new("per-key");
         for (status, shows) in [
             (StatusCode::UNAUTHORIZED, true),
             (StatusCode::INTERNAL_SERVER_ERROR, false),
@@ -764,7 +764,7 @@ mod tests {
             .unwrap();
         let q = Quota::per_second(10);
         let d = Decision::rejected(10, 0, Duration::from_secs(1), Duration::from_millis(100))
-            .with_policy(PolicyName::new("rpc"));
+            .with_policy(Name::new("rpc"));
         let decisions = Decisions::new();
         let rejected = Rejected::new(
             RequestView::new(&req),
@@ -805,7 +805,7 @@ mod tests {
 
         // Rate limited: RESOURCE_EXHAUSTED, RetryInfo rounded up to 1 s, QuotaFailure.
         let d = Decision::rejected(5, 0, Duration::from_secs(5), Duration::from_millis(100))
-            .with_policy(PolicyName::new("per-ip"));
+            .with_policy(Name::new("per-ip"));
         let reason = RejectReason::RateLimited {
             decision: &d,
             quota: &q,
@@ -840,7 +840,7 @@ mod tests {
 
         // A cost that never fits: QuotaFailure, but no RetryInfo (waiting never helps).
         let impossible =
-            Decision::impossible(5, 5, Duration::ZERO).with_policy(PolicyName::new("per-ip"));
+            Decision::impossible(5, 5, Duration::ZERO).with_policy(Name::new("per-ip"));
         let reason = RejectReason::CostExceedsCapacity {
             decision: &impossible,
             quota: &q,
@@ -857,7 +857,7 @@ mod tests {
         // A missing key has nothing to add.
         let key_err = KeyError::new("missing x-api-key header");
         let reason = RejectReason::MissingKey {
-            policy: PolicyName::new("per-key"),
+            policy: Name::new("per-key"),
             error: &key_err,
             status: StatusCode::BAD_REQUEST,
         };

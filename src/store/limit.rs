@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::PlanQuota;
 use crate::algorithm::AlgorithmKind;
-use crate::decision::PolicyName;
+use crate::decision::Name;
 use crate::error::ConfigError;
 use crate::key::Key;
 use crate::quota::Quota;
@@ -14,7 +14,7 @@ use crate::quota::Quota;
 /// What a backend needs to know about one limit.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LimitSpec {
-    name: PolicyName,
+    name: Name,
     quota: Quota,
     algorithm: AlgorithmKind,
     on_store_error: Option<FailurePolicy>,
@@ -22,7 +22,7 @@ pub struct LimitSpec {
 
 impl LimitSpec {
     /// A limit named `name` enforcing `quota` with `algorithm`.
-    pub fn new(name: PolicyName, quota: Quota, algorithm: AlgorithmKind) -> Self {
+    pub fn new(name: Name, quota: Quota, algorithm: AlgorithmKind) -> Self {
         Self {
             name,
             quota,
@@ -39,7 +39,7 @@ impl LimitSpec {
     }
 
     /// The limit's name.
-    pub fn name(&self) -> PolicyName {
+    pub fn name(&self) -> Name {
         self.name
     }
 

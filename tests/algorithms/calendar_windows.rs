@@ -9,7 +9,7 @@ use tollgate::clock::ManualClock;
 use tollgate::key::Key;
 use tollgate::quota::UtcOffset;
 use tollgate::store::{memory::MemoryBackend, Backend, FailurePolicy, LimitCheck, LimitSpec};
-use tollgate::{Decision, PolicyName, Quota};
+use tollgate::{Decision, Name, Quota};
 
 const S: u64 = 1_000_000;
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
@@ -28,7 +28,7 @@ fn unix(y: u64, mo: u64, d: u64, h: u64, mi: u64, s: u64) -> u64 {
 }
 
 fn spec(name: &str, quota: Quota) -> LimitSpec {
-    LimitSpec::new(PolicyName::new(name), quota, AlgorithmKind::FixedWindow).on_store_error(
+    LimitSpec::new(Name::new(name), quota, AlgorithmKind::FixedWindow).on_store_error(
         FailurePolicy::Closed {
             retry_after: Duration::from_secs(1),
         },
@@ -213,7 +213,7 @@ fn a_refund_gives_back_only_to_the_month_it_charged() {
 fn only_fixed_windows_take_a_calendar() {
     let daily = Quota::per_day(10).aligned(UtcOffset::hours(1));
     for kind in AlgorithmKind::ALL {
-        let spec = LimitSpec::new(PolicyName::new("d"), daily, kind);
+        let spec = LimitSpec::new(Name::new("d"), daily, kind);
         let built = MemoryBackend::new().build(&[spec]);
         match kind {
             AlgorithmKind::FixedWindow => assert!(built.is_ok()),

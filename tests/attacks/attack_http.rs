@@ -342,7 +342,7 @@ async fn hostile_limit_names_are_refused_or_stay_well_formed() {
             .unwrap_err();
         assert_eq!(err.field(), "limit.name", "{name:?}: {err}");
     }
-    // A name longer than PolicyName::MAX_LEN is refused too, with the field and the bound.
+    // A name longer than Name::MAX_LEN is refused too, with the field and the bound.
     let long = "n".repeat(4096);
     let err = RateLimitLayer::builder()
         .limit(Limit::new(long.as_str(), Quota::per_hour(1)).key(PeerIp::new()))
@@ -350,7 +350,7 @@ async fn hostile_limit_names_are_refused_or_stay_well_formed() {
         .unwrap_err();
     assert_eq!(err.field(), "limit.name", "{err}");
     assert!(err.to_string().contains("47 bytes"), "{err}");
-    let longest = "n".repeat(tollgate::PolicyName::MAX_LEN);
+    let longest = "n".repeat(tollgate::Name::MAX_LEN);
     let names = [
         r#"quote"name"#,
         r#"back\slash\"#,

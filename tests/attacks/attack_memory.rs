@@ -11,7 +11,7 @@ use tollgate::algorithm::{AlgorithmKind, SlidingLog};
 use tollgate::clock::ManualClock;
 use tollgate::key::{HeaderKey, Key};
 use tollgate::store::{memory::MemoryBackend, Backend, LimitSpec};
-use tollgate::{Limit, PolicyName, Quota, RateLimitLayer};
+use tollgate::{Limit, Name, Quota, RateLimitLayer};
 
 use crate::harness::http_server::serve_url as serve;
 use crate::harness::isolated::run_alone;
@@ -126,14 +126,14 @@ fn sliding_log_memory_is_counted_and_bounded() {
     // 6.5 KB. Now the count is at most SlidingLog::MAX_COUNT and memory_usage counts entries.
     assert!(MemoryBackend::new()
         .build(&[LimitSpec::new(
-            PolicyName::new("big"),
+            Name::new("big"),
             Quota::per_hour(50_000),
             AlgorithmKind::SlidingLog,
         )])
         .is_err());
     let clock = ManualClock::new();
     let spec = LimitSpec::new(
-        PolicyName::new("log"),
+        Name::new("log"),
         Quota::per_hour(SlidingLog::MAX_COUNT),
         AlgorithmKind::SlidingLog,
     );

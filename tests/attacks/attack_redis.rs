@@ -21,7 +21,7 @@ use tollgate::clock::ManualClock;
 use tollgate::key::Key;
 use tollgate::store::redis::{RedisBackend, RedisStore, MAX_SLIDING_LOG};
 use tollgate::store::{Backend, FailurePolicy, LimitCheck, LimitSpec};
-use tollgate::{PolicyName, Quota};
+use tollgate::{Name, Quota};
 
 use crate::harness::isolated::run_alone;
 use crate::harness::redis_cluster::RedisCluster;
@@ -37,7 +37,7 @@ fn server() -> &'static RedisServer {
 }
 
 fn limit(name: &str, quota: Quota, kind: AlgorithmKind, policy: FailurePolicy) -> LimitSpec {
-    LimitSpec::new(PolicyName::new(name), quota, kind).on_store_error(policy)
+    LimitSpec::new(Name::new(name), quota, kind).on_store_error(policy)
 }
 
 const CLOSED: FailurePolicy = FailurePolicy::Closed {

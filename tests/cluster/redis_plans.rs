@@ -743,7 +743,7 @@ async fn the_local_fallback_takes_its_share_of_the_plans_quota() {
     use tollgate::store::{memory::MemoryBackend, FailurePolicy};
     // Nothing listens on port 1.
     let limits = [LimitSpec::new(
-        tollgate::PolicyName::new("api"),
+        tollgate::Name::new("api"),
         Quota::per_minute(4),
         AlgorithmKind::FixedWindow,
     )

@@ -11,7 +11,7 @@ use tollgate::store::{
     memory::MemoryBackend, memory::MemoryStore, Backend, Checked, FailurePolicy, LimitCheck,
     LimitSpec, Store,
 };
-use tollgate::{Decision, Decisions, PolicyName, Quota, StoreError};
+use tollgate::{Decision, Decisions, Name, Quota, StoreError};
 
 /// Awaits a check, ready or pending.
 pub async fn decide<S: Store>(
@@ -31,7 +31,7 @@ pub async fn one<S: Store>(store: &S, key: &str, cost: u64) -> Result<Decision, 
 }
 
 pub fn spec(name: &str, quota: Quota, algorithm: AlgorithmKind) -> LimitSpec {
-    LimitSpec::new(PolicyName::new(name), quota, algorithm).on_store_error(FailurePolicy::Closed {
+    LimitSpec::new(Name::new(name), quota, algorithm).on_store_error(FailurePolicy::Closed {
         retry_after: Duration::from_secs(1),
     })
 }

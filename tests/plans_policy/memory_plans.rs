@@ -10,12 +10,12 @@ use tollgate::store::{
     memory::MemoryBackend, memory::MemoryStore, Backend, Checked, LimitCheck, LimitSpec, PlanQuota,
     Store,
 };
-use tollgate::{AlgorithmKind, Decisions, PolicyName, Quota, StoreErrorKind};
+use tollgate::{AlgorithmKind, Decisions, Name, Quota, StoreErrorKind};
 
 const MINUTE: Duration = Duration::from_secs(60);
 
 fn spec(name: &str, quota: Quota, kind: AlgorithmKind) -> LimitSpec {
-    LimitSpec::new(PolicyName::new(name), quota, kind)
+    LimitSpec::new(Name::new(name), quota, kind)
 }
 
 fn store(limits: &[LimitSpec]) -> (MemoryStore<ManualClock>, ManualClock) {

@@ -15,7 +15,7 @@ use tollgate::rate_limit::Mode;
 use tollgate::rate_limit::Override;
 use tollgate::rate_limit::{AuditEvent, Change};
 use tollgate::store::memory::MemoryBackend;
-use tollgate::{AlgorithmKind, Limit, PolicyName, Quota, RateLimitLayer, RequestView};
+use tollgate::{AlgorithmKind, Limit, Name, Quota, RateLimitLayer, RequestView};
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 
 fn get(key: &str) -> Request<String> {
@@ -27,9 +27,9 @@ fn get(key: &str) -> Request<String> {
 
 fn api_key_plan(_: &RequestView<'_>, key: &Key<'_>) -> Resolution {
     match key.value() {
-        KeyValue::Bytes(b) if b.starts_with(b"free-") => Resolution::Plan(PolicyName::new("free")),
-        KeyValue::Bytes(b) if b.starts_with(b"pro-") => Resolution::Plan(PolicyName::new("pro")),
-        KeyValue::Bytes(b) if b.starts_with(b"gold-") => Resolution::Plan(PolicyName::new("gold")),
+        KeyValue::Bytes(b) if b.starts_with(b"free-") => Resolution::Plan(Name::new("free")),
+        KeyValue::Bytes(b) if b.starts_with(b"pro-") => Resolution::Plan(Name::new("pro")),
+        KeyValue::Bytes(b) if b.starts_with(b"gold-") => Resolution::Plan(Name::new("gold")),
         _ => Resolution::Unknown,
     }
 }
@@ -166,9 +166,9 @@ async fn a_downgrade_charges_nothing_twice() {
                 .plan(Plan::new("pro", Quota::per_minute(20)))
                 .resolve_plan(move |_: &RequestView<'_>, k: &Key<'_>| {
                     if k.to_string() == format!("b:{pro_for}") {
-                        Resolution::Plan(PolicyName::new("pro"))
+                        Resolution::Plan(Name::new("pro"))
                     } else {
-                        Resolution::Plan(PolicyName::new("free"))
+                        Resolution::Plan(Name::new("free"))
                     }
                 })
         };
@@ -451,7 +451,7 @@ async fn a_lookup_in_flight_is_awaited_then_resolved_from_its_cache() {
     let lookups = Arc::new(AtomicUsize::new(0));
     let (c, l) = (cache.clone(), lookups.clone());
     let resolver = move |_: &RequestView<'_>, _: &Key<'_>| match *c.lock().unwrap() {
-        Some(plan) => Resolution::Plan(PolicyName::new(plan)),
+        Some(plan) => Resolution::Plan(Name::new(plan)),
         None => {
             l.fetch_add(1, Ordering::SeqCst);
             let c = c.clone();

@@ -28,7 +28,7 @@ use tollgate::algorithm::AlgorithmKind;
 use tollgate::key::Key;
 use tollgate::store::redis::{RedisBackend, RedisStore};
 use tollgate::store::{Backend, FailurePolicy, LimitSpec};
-use tollgate::{PolicyName, Quota};
+use tollgate::{Name, Quota};
 
 use crate::harness::redis_cluster::RedisCluster;
 use crate::harness::redis_server::RedisServer;
@@ -66,7 +66,7 @@ fn store(urls: &[String]) -> RedisStore {
         .timeout(STORE_TIMEOUT)
         .connect_timeout(Duration::from_millis(300))
         .build(&[LimitSpec::new(
-            PolicyName::new("per-client"),
+            Name::new("per-client"),
             Quota::per_second(100_000),
             AlgorithmKind::TokenBucket,
         )

@@ -16,7 +16,7 @@ use tollgate::key::Key;
 use tollgate::store::hybrid::{HybridBackend, HybridStore};
 use tollgate::store::redis::RedisBackend;
 use tollgate::store::{Backend, FailurePolicy, LimitCheck, LimitSpec};
-use tollgate::{PolicyName, Quota};
+use tollgate::{Name, Quota};
 
 use crate::harness::redis_server::RedisServer;
 use crate::harness::stores::{decide, prefix};
@@ -41,7 +41,7 @@ fn quota(kind: AlgorithmKind) -> Quota {
 fn instances(url: &str, clock: &ManualClock, kind: AlgorithmKind) -> Vec<HybridStore> {
     let p = prefix("hybrid-loss");
     let limits = [
-        LimitSpec::new(PolicyName::new("shared"), quota(kind), kind).on_store_error(
+        LimitSpec::new(Name::new("shared"), quota(kind), kind).on_store_error(
             FailurePolicy::Closed {
                 retry_after: Duration::from_secs(1),
             },
@@ -276,14 +276,13 @@ async fn a_key_expired_once_full_is_charged_nothing() {
     let clock = start_clock();
     let kind = AlgorithmKind::TokenBucket;
     // Burst 10 refilling in 100 ms: the key's ttl in Redis (real time) is 100 ms.
-    let limits = [LimitSpec::new(
-        PolicyName::new("short"),
-        Quota::per_second(100).burst(10),
-        kind,
-    )
-    .on_store_error(FailurePolicy::Closed {
-        retry_after: Duration::from_secs(1),
-    })];
+    let limits = [
+        LimitSpec::new(Name::new("short"), Quota::per_second(100).burst(10), kind).on_store_error(
+            FailurePolicy::Closed {
+                retry_after: Duration::from_secs(1),
+            },
+        ),
+    ];
     let p = prefix("hybrid-expired");
     let stores: Vec<HybridStore> = (0..2)
         .map(|_| {

@@ -169,10 +169,10 @@ fn forgotten_quota_child() {
     use tollgate::clock::ManualClock;
     use tollgate::key::Key;
     use tollgate::store::{Backend, LimitCheck, LimitSpec, PlanQuota};
-    use tollgate::{AlgorithmKind, PolicyName};
+    use tollgate::{AlgorithmKind, Name};
 
     let kind = AlgorithmKind::TokenBucket;
-    let spec = LimitSpec::new(PolicyName::new("api"), Quota::per_hour(100), kind);
+    let spec = LimitSpec::new(Name::new("api"), Quota::per_hour(100), kind);
     let store = MemoryBackend::new()
         .clock(ManualClock::new())
         .build(&[spec])
@@ -293,7 +293,7 @@ fn requests_take_no_global_lock() {
     use std::sync::mpsc;
     use std::time::Duration;
     use tollgate::key::HeaderKey;
-    use tollgate::PolicyName;
+    use tollgate::Name;
 
     let layer = RateLimitLayer::builder()
         .limit(
@@ -324,7 +324,7 @@ fn requests_take_no_global_lock() {
                         1 => "free".to_owned(),
                         _ => format!("junk-{n}"),
                     };
-                    let made = PolicyName::new(format!("made-per-request-{n}"));
+                    let made = Name::new(format!("made-per-request-{n}"));
                     assert_eq!(made.as_str(), format!("made-per-request-{n}"));
                     let req = Request::get("/")
                         .header("x-key", format!("key-{n}"))
@@ -349,17 +349,17 @@ fn requests_take_no_global_lock() {
     worker.join().unwrap();
 }
 
-/// A name is held inline, at most `PolicyName::MAX_LEN` (47) bytes: a longer limit, plan,
+/// A name is held inline, at most `Name::MAX_LEN` (47) bytes: a longer limit, plan,
 /// policy or concurrency-limit name is refused when built, with an error naming the field and
 /// the maximum (and a reload with one is refused, the old limits serving on).
 #[test]
 fn over_long_names_are_refused_at_build() {
     use tollgate::concurrency::ConcurrencyLimitLayer;
     use tollgate::policy::Policy;
-    use tollgate::PolicyName;
+    use tollgate::Name;
 
-    let long = "n".repeat(PolicyName::MAX_LEN + 1);
-    let longest = "n".repeat(PolicyName::MAX_LEN);
+    let long = "n".repeat(Name::MAX_LEN + 1);
+    let longest = "n".repeat(Name::MAX_LEN);
 
     let err =
         RateLimitLayer::new(Limit::new(&long, Quota::per_minute(5)).key(GlobalKey)).unwrap_err();

@@ -11,7 +11,7 @@ use tollgate::key::Key;
 use tollgate::store::hybrid::{HybridBackend, HybridStore};
 use tollgate::store::redis::RedisBackend;
 use tollgate::store::{Backend, FailurePolicy, LimitCheck, LimitSpec};
-use tollgate::{PolicyName, Quota};
+use tollgate::{Name, Quota};
 
 use crate::harness::redis_cluster::RedisCluster;
 use crate::harness::redis_server::RedisServer;
@@ -36,7 +36,7 @@ fn slow(kind: AlgorithmKind) -> Quota {
 }
 
 fn spec(name: &str, quota: Quota, kind: AlgorithmKind, policy: FailurePolicy) -> LimitSpec {
-    LimitSpec::new(PolicyName::new(name), quota, kind).on_store_error(policy)
+    LimitSpec::new(Name::new(name), quota, kind).on_store_error(policy)
 }
 
 fn redis(url: &str, prefix: &str, clock: &ManualClock) -> RedisBackend {
@@ -475,7 +475,7 @@ fn the_knob_is_validated_with_the_field_and_the_fix() {
     // The Redis backend's own validation still applies.
     let err = HybridBackend::new(RedisBackend::new("redis://127.0.0.1:1"))
         .build(&[LimitSpec::new(
-            PolicyName::new("a"),
+            Name::new("a"),
             Quota::per_second(1),
             AlgorithmKind::TokenBucket,
         )])

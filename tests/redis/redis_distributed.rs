@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tollgate::algorithm::AlgorithmKind;
 use tollgate::store::redis::{RedisBackend, RedisStore};
 use tollgate::store::{Backend, FailurePolicy, LimitSpec};
-use tollgate::{PolicyName, Quota};
+use tollgate::{Name, Quota};
 
 use crate::harness::redis_cluster::RedisCluster;
 use crate::harness::redis_server::RedisServer;
@@ -32,7 +32,7 @@ fn quota(kind: AlgorithmKind) -> Quota {
 
 fn limits(kind: AlgorithmKind) -> [LimitSpec; 1] {
     [
-        LimitSpec::new(PolicyName::new("shared"), quota(kind), kind).on_store_error(
+        LimitSpec::new(Name::new("shared"), quota(kind), kind).on_store_error(
             FailurePolicy::Closed {
                 retry_after: Duration::from_secs(1),
             },
@@ -297,7 +297,7 @@ async fn batched_checks_of_another_limit_and_cost_spend_exactly_the_capacity() {
     let p = prefix("compact");
     let specs = [
         LimitSpec::new(
-            PolicyName::new("first"),
+            Name::new("first"),
             Quota::per_second(1),
             AlgorithmKind::Gcra,
         )
@@ -305,7 +305,7 @@ async fn batched_checks_of_another_limit_and_cost_spend_exactly_the_capacity() {
             retry_after: Duration::from_secs(1),
         }),
         LimitSpec::new(
-            PolicyName::new("second"),
+            Name::new("second"),
             Quota::per_day(1).burst(90),
             AlgorithmKind::TokenBucket,
         )

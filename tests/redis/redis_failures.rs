@@ -11,7 +11,7 @@ use tollgate::clock::ManualClock;
 use tollgate::key::Key;
 use tollgate::store::redis::{RedisBackend, RedisStore};
 use tollgate::store::{memory::MemoryBackend, Backend, FailurePolicy, LimitCheck, LimitSpec};
-use tollgate::{PolicyName, Quota, StoreErrorKind};
+use tollgate::{Name, Quota, StoreErrorKind};
 
 use crate::harness::redis_server::RedisServer;
 use crate::harness::stores::{decide, one, prefix};
@@ -21,8 +21,7 @@ const TIMEOUT: Duration = Duration::from_millis(25);
 const MARGIN: Duration = Duration::from_millis(40);
 
 fn limit(policy: FailurePolicy, quota: Quota) -> LimitSpec {
-    LimitSpec::new(PolicyName::new("burst"), quota, AlgorithmKind::TokenBucket)
-        .on_store_error(policy)
+    LimitSpec::new(Name::new("burst"), quota, AlgorithmKind::TokenBucket).on_store_error(policy)
 }
 
 fn store(url: &str, policy: FailurePolicy) -> RedisStore {
@@ -303,21 +302,18 @@ async fn mixed_policies_when_redis_is_unreachable() {
     let url = format!("redis://127.0.0.1:{port}");
     let limits = [
         LimitSpec::new(
-            PolicyName::new("a"),
+            Name::new("a"),
             Quota::per_second(5),
             AlgorithmKind::TokenBucket,
         )
         .on_store_error(FailurePolicy::Open),
+        LimitSpec::new(Name::new("b"), Quota::per_second(5), AlgorithmKind::Gcra).on_store_error(
+            FailurePolicy::Closed {
+                retry_after: Duration::from_secs(7),
+            },
+        ),
         LimitSpec::new(
-            PolicyName::new("b"),
-            Quota::per_second(5),
-            AlgorithmKind::Gcra,
-        )
-        .on_store_error(FailurePolicy::Closed {
-            retry_after: Duration::from_secs(7),
-        }),
-        LimitSpec::new(
-            PolicyName::new("c"),
+            Name::new("c"),
             Quota::per_second(4),
             AlgorithmKind::FixedWindow,
         )

@@ -180,13 +180,13 @@ async fn redis_store_reports_latency_errors_and_breaker_state() {
 
     use tollgate::store::redis::RedisBackend;
     use tollgate::store::{Backend, FailurePolicy, LimitSpec};
-    use tollgate::PolicyName;
+    use tollgate::Name;
 
     let log = Log::default();
     let _local = metrics::set_default_local_recorder(&log);
     let mut server = RedisServer::start();
     let spec = LimitSpec::new(
-        PolicyName::new("metrics-redis"),
+        Name::new("metrics-redis"),
         Quota::per_second(100),
         AlgorithmKind::TokenBucket,
     )

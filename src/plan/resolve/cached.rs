@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use super::map::owned_value;
 use super::names::PlanNames;
 use crate::clock::{duration_to_micros, Clock, SystemClock};
-use crate::decision::PolicyName;
+use crate::decision::Name;
 use crate::error::ConfigError;
 use crate::key::{Key, KeyValue};
 use crate::plan::{PlanResolver, Resolution};
@@ -92,7 +92,7 @@ struct State {
 }
 
 struct Answer {
-    plan: Option<PolicyName>,
+    plan: Option<Name>,
     expires_at: u64,
     generation: u64,
 }
@@ -219,7 +219,7 @@ fn lookup_text(value: &KeyValue<'_>) -> String {
     }
 }
 
-fn answered(plan: Option<PolicyName>) -> Resolution {
+fn answered(plan: Option<Name>) -> Resolution {
     match plan {
         Some(plan) => Resolution::Plan(plan),
         None => Resolution::Unknown,
@@ -228,7 +228,7 @@ fn answered(plan: Option<PolicyName>) -> Resolution {
 
 impl Inner {
     /// The fresh answer for `value`, if any.
-    fn cached(&self, state: &State, value: &KeyValue<'_>, now: u64) -> Option<Option<PolicyName>> {
+    fn cached(&self, state: &State, value: &KeyValue<'_>, now: u64) -> Option<Option<Name>> {
         let answers: &HashMap<KeyValue<'_>, Answer, _> = &state.answers;
         answers
             .get(value)
@@ -237,7 +237,7 @@ impl Inner {
     }
 
     /// Stores the answer of flight `id` for `value` and ends the flight.
-    fn finish(&self, value: KeyValue<'static>, id: u64, plan: Option<PolicyName>) {
+    fn finish(&self, value: KeyValue<'static>, id: u64, plan: Option<Name>) {
         let now = self.clock.now_micros();
         let ttl = match plan {
             Some(_) => self.ttl,
@@ -392,7 +392,7 @@ mod tests {
     }
 
     /// Resolves like the layer does: awaiting lookups until the cache answers.
-    async fn resolve(lookup: &CachedLookup, key: &str) -> Option<PolicyName> {
+    async fn resolve(lookup: &CachedLookup, key: &str) -> Option<Name> {
         let req = http::Request::get("/").body(()).unwrap();
         let key = Key::string(key);
         for _ in 0..3 {
@@ -419,10 +419,7 @@ mod tests {
             .unwrap()
             .negative_ttl(Duration::from_secs(5))
             .unwrap();
-        assert_eq!(
-            resolve(&lookup, "pro-1").await,
-            Some(PolicyName::new("pro"))
-        );
+        assert_eq!(resolve(&lookup, "pro-1").await, Some(Name::new("pro")));
         assert_eq!(resolve(&lookup, "bogus").await, None);
         assert_eq!(calls.load(Ordering::SeqCst), 2);
         for _ in 0..10 {
@@ -443,17 +440,11 @@ mod tests {
         clock.advance(Duration::from_secs(54));
         assert!(matches!(resolve_now(&lookup, "pro-1"), Resolution::Plan(_)));
         clock.advance(Duration::from_secs(1));
-        assert_eq!(
-            resolve(&lookup, "pro-1").await,
-            Some(PolicyName::new("pro"))
-        );
+        assert_eq!(resolve(&lookup, "pro-1").await, Some(Name::new("pro")));
         // The abandoned "bogus" lookup (dropped above) ran nothing; "pro-1" was looked up again.
         assert_eq!(calls.load(Ordering::SeqCst), 3);
         lookup.invalidate(&Key::string("pro-1"));
-        assert_eq!(
-            resolve(&lookup, "pro-1").await,
-            Some(PolicyName::new("pro"))
-        );
+        assert_eq!(resolve(&lookup, "pro-1").await, Some(Name::new("pro")));
         assert_eq!(calls.load(Ordering::SeqCst), 4);
     }
 
@@ -530,7 +521,7 @@ mod tests {
         gate.add_permits(2);
         for (i, task) in tasks.into_iter().enumerate() {
             let expected = if i % 2 == 0 { "pro" } else { "free" };
-            assert_eq!(task.await.unwrap(), Some(PolicyName::new(expected)));
+            assert_eq!(task.await.unwrap(), Some(Name::new(expected)));
         }
         assert_eq!(calls.load(Ordering::SeqCst), 2, "one lookup per key");
         assert!(lookup.inner.state.read().in_flight.is_empty());
@@ -547,10 +538,7 @@ mod tests {
         };
         drop(leader); // the client went away before the lookup ran
         waiter.await; // returns instead of hanging
-        assert_eq!(
-            resolve(&lookup, "pro-1").await,
-            Some(PolicyName::new("pro"))
-        );
+        assert_eq!(resolve(&lookup, "pro-1").await, Some(Name::new("pro")));
         assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 

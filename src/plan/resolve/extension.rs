@@ -39,7 +39,7 @@ impl AssignedPlan {
 ///
 /// No `AssignedPlan` (an anonymous request): [`Resolution::Default`], the limit's own quota. A
 /// name that is not a plausible plan name (non-empty printable ASCII without spaces, at most
-/// [`PolicyName::MAX_LEN`](crate::PolicyName::MAX_LEN) bytes), or outside
+/// [`Name::MAX_LEN`](crate::Name::MAX_LEN) bytes), or outside
 /// [`plans`](Self::plans) when set: [`Resolution::Unknown`].
 ///
 /// ```

@@ -15,7 +15,7 @@ use crate::request::RequestView;
 /// **Only for a header your own gateway sets** (and strips from client requests): a client that
 /// can send the header chooses its own plan. No header: [`Resolution::Default`]. Sent twice, not
 /// text, not a plausible plan name (non-empty printable ASCII without spaces, at most
-/// [`PolicyName::MAX_LEN`](crate::PolicyName::MAX_LEN) bytes), or outside
+/// [`Name::MAX_LEN`](crate::Name::MAX_LEN) bytes), or outside
 /// [`plans`](Self::plans) when set: [`Resolution::Unknown`]. Nothing read from a header is kept.
 ///
 /// ```

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::decision::PolicyName;
+use crate::decision::Name;
 use crate::key::{Key, KeyValue};
 use crate::plan::{PlanResolver, Resolution};
 use crate::request::RequestView;
@@ -41,7 +41,7 @@ use crate::request::RequestView;
 /// ```
 #[derive(Clone, Default)]
 pub struct PlanMap {
-    plans: Arc<HashMap<KeyValue<'static>, PolicyName, foldhash::fast::RandomState>>,
+    plans: Arc<HashMap<KeyValue<'static>, Name, foldhash::fast::RandomState>>,
 }
 
 impl PlanMap {
@@ -58,11 +58,11 @@ impl PlanMap {
     }
 
     /// Assigns `key` (any kind: an address, a number) to `plan`; its route scope is ignored. A
-    /// plan name longer than [`PolicyName::MAX_LEN`] bytes names no plan: the key resolves to
+    /// plan name longer than [`Name::MAX_LEN`] bytes names no plan: the key resolves to
     /// it, and the layer treats it as unknown.
     #[must_use]
     pub fn assign_key(mut self, key: Key<'_>, plan: impl AsRef<str>) -> Self {
-        Arc::make_mut(&mut self.plans).insert(owned_value(key.value()), PolicyName::new(plan));
+        Arc::make_mut(&mut self.plans).insert(owned_value(key.value()), Name::new(plan));
         self
     }
 
@@ -77,9 +77,9 @@ impl PlanMap {
     }
 
     /// The plan assigned to `key`, if any.
-    pub fn get(&self, key: &Key<'_>) -> Option<PolicyName> {
+    pub fn get(&self, key: &Key<'_>) -> Option<Name> {
         // `KeyValue` is covariant: the map's 'static keys compare with the request's.
-        let plans: &HashMap<KeyValue<'_>, PolicyName, _> = &self.plans;
+        let plans: &HashMap<KeyValue<'_>, Name, _> = &self.plans;
         plans.get(key.value()).copied()
     }
 }

@@ -2,21 +2,21 @@
 
 use std::fmt;
 
-use crate::decision::PolicyName;
+use crate::decision::Name;
 use crate::plan::Resolution;
 
 /// The plan names a resolver accepts from requests: any plausible name, or a fixed list.
 ///
-/// A [`PolicyName`] holds its text inline, so accepting a name read from a request keeps
+/// A [`Name`] holds its text inline, so accepting a name read from a request keeps
 /// nothing: no memo, no lock, no memory that grows with the names clients send.
 pub(crate) struct PlanNames {
     /// `None`: any plausible name. Otherwise exactly these (a short list, searched in order).
-    fixed: Option<Box<[PolicyName]>>,
+    fixed: Option<Box<[Name]>>,
 }
 
 impl PlanNames {
     /// Accepts any plausible name: non-empty printable ASCII without spaces, at most
-    /// [`PolicyName::MAX_LEN`] bytes.
+    /// [`Name::MAX_LEN`] bytes.
     pub(crate) fn open() -> Self {
         Self { fixed: None }
     }
@@ -28,11 +28,11 @@ impl PlanNames {
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        let mut list: Vec<PolicyName> = Vec::new();
+        let mut list: Vec<Name> = Vec::new();
         for name in names {
             let name = name.as_ref();
             if plausible(name) {
-                let name = PolicyName::new(name);
+                let name = Name::new(name);
                 if !list.contains(&name) {
                     list.push(name);
                 }
@@ -44,11 +44,11 @@ impl PlanNames {
     }
 
     /// The name, or `None` when `name` is not an accepted plan name.
-    pub(crate) fn get(&self, name: &str) -> Option<PolicyName> {
+    pub(crate) fn get(&self, name: &str) -> Option<Name> {
         if !plausible(name) {
             return None;
         }
-        let name = PolicyName::new(name);
+        let name = Name::new(name);
         match &self.fixed {
             None => Some(name),
             Some(list) => list.contains(&name).then_some(name),
@@ -67,14 +67,14 @@ impl PlanNames {
 /// Whether `name` can be a plan's name (as a limit's plans are checked when it is built).
 fn plausible(name: &str) -> bool {
     !name.is_empty()
-        && name.len() <= PolicyName::MAX_LEN
+        && name.len() <= Name::MAX_LEN
         && name.bytes().all(|b| (0x21..=0x7e).contains(&b))
 }
 
 impl fmt::Debug for PlanNames {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let list = self.fixed.as_ref().map(|list| {
-            let mut list: Vec<&str> = list.iter().map(PolicyName::as_str).collect();
+            let mut list: Vec<&str> = list.iter().map(Name::as_str).collect();
             list.sort_unstable();
             list
         });
@@ -94,13 +94,8 @@ mod tests {
         let names = PlanNames::open();
         assert_eq!(names.get("pro").unwrap().as_str(), "pro");
         assert_eq!(names.get("pro"), names.get("pro"));
-        let longest = "x".repeat(PolicyName::MAX_LEN);
-        for bad in [
-            "",
-            "has space",
-            "caf\u{e9}",
-            &"x".repeat(PolicyName::MAX_LEN + 1),
-        ] {
+        let longest = "x".repeat(Name::MAX_LEN);
+        for bad in ["", "has space", "caf\u{e9}", &"x".repeat(Name::MAX_LEN + 1)] {
             assert!(names.get(bad).is_none(), "{bad:?}");
         }
         assert_eq!(names.get(&longest).unwrap().as_str(), longest);

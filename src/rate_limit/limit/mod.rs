@@ -15,7 +15,7 @@ pub use shape::Shape;
 
 use crate::algorithm::AlgorithmKind;
 use crate::cost::Cost;
-use crate::decision::PolicyName;
+use crate::decision::Name;
 use crate::error::ConfigError;
 use crate::key::{KeyExtractor, MissingKey};
 use crate::plan::{Plan, PlanResolver, UnknownPlan, MAX_PLANS};
@@ -48,7 +48,7 @@ pub(crate) type WhenFn = dyn Fn(&RequestView<'_>) -> bool + Send + Sync;
 /// ```
 #[derive(Clone)]
 pub struct Limit {
-    name: PolicyName,
+    name: Name,
     quota: Quota,
     algorithm: AlgorithmKind,
     key: Option<Arc<dyn KeyExtractor>>,
@@ -90,11 +90,11 @@ impl Limit {
     ///
     /// A key extractor must be set with [`key`](Self::key) before the layer is built. Names
     /// appear in headers and bodies, so they must be printable ASCII of at most
-    /// [`PolicyName::MAX_LEN`] (47) bytes, and unique per layer; building refuses others with a
+    /// [`Name::MAX_LEN`] (47) bytes, and unique per layer; building refuses others with a
     /// [`ConfigError`] naming `limit.name`.
     pub fn new(name: impl AsRef<str>, quota: Quota) -> Self {
         Self {
-            name: PolicyName::new(name),
+            name: Name::new(name),
             quota,
             algorithm: AlgorithmKind::default(),
             key: None,
@@ -249,7 +249,7 @@ impl Limit {
     }
 
     /// The limit's name.
-    pub fn name(&self) -> PolicyName {
+    pub fn name(&self) -> Name {
         self.name
     }
 
@@ -451,7 +451,7 @@ impl Limit {
 /// A plan, compiled for its limit's algorithm.
 #[derive(Debug)]
 pub(crate) struct CompiledPlan {
-    pub(crate) name: PolicyName,
+    pub(crate) name: Name,
     pub(crate) quota: PlanQuota,
     pub(crate) link: Option<Arc<str>>,
 }
@@ -461,7 +461,7 @@ pub(crate) struct CompiledLimit {
     /// Keeps the tags of `base` and the plans' quotas while the limit serves (see
     /// [`PlanQuota`]).
     pub(crate) _pins: Box<[crate::store::QuotaPin]>,
-    pub(crate) name: PolicyName,
+    pub(crate) name: Name,
     pub(crate) quota: Quota,
     pub(crate) algorithm: AlgorithmKind,
     pub(crate) capacity: u64,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 use crate::algorithm::AlgorithmKind;
-use crate::decision::PolicyName;
+use crate::decision::Name;
 use crate::key::Key;
 use crate::store::{PlanQuota, QuotaPin};
 
@@ -52,7 +52,7 @@ impl Pinned {
     }
 }
 
-type Map = HashMap<(PolicyName, Box<[u8]>), (Override, Option<Arc<Pinned>>)>;
+type Map = HashMap<(Name, Box<[u8]>), (Override, Option<Arc<Pinned>>)>;
 
 /// The overrides of one layer: copy-on-write, read without a lock, checked only while any
 /// exist (one relaxed load otherwise).
@@ -68,7 +68,7 @@ pub(crate) struct OverrideTable {
 impl OverrideTable {
     /// The override for `key` of `limit`, if any.
     #[inline]
-    pub(crate) fn get(&self, limit: PolicyName, key: &Key<'_>) -> Option<Active> {
+    pub(crate) fn get(&self, limit: Name, key: &Key<'_>) -> Option<Active> {
         if self.len.load(Ordering::Relaxed) == 0 {
             return None;
         }
@@ -76,7 +76,7 @@ impl OverrideTable {
     }
 
     #[inline(never)]
-    fn lookup(&self, limit: PolicyName, key: &Key<'_>) -> Option<Active> {
+    fn lookup(&self, limit: Name, key: &Key<'_>) -> Option<Active> {
         let mut bytes = Vec::with_capacity(32);
         key.write_canonical(&mut bytes);
         let map = self.map.load();
@@ -90,7 +90,7 @@ impl OverrideTable {
 
     pub(crate) fn set(
         &self,
-        limit: PolicyName,
+        limit: Name,
         key: &Key<'_>,
         value: Override,
         quota: Option<PlanQuota>,
@@ -107,7 +107,7 @@ impl OverrideTable {
         self.len.store(len, Ordering::Relaxed);
     }
 
-    pub(crate) fn remove(&self, limit: PolicyName, key: &Key<'_>) -> bool {
+    pub(crate) fn remove(&self, limit: Name, key: &Key<'_>) -> bool {
         let mut bytes = Vec::new();
         key.write_canonical(&mut bytes);
         let k = (limit, bytes.into_boxed_slice());
@@ -126,7 +126,7 @@ impl OverrideTable {
     /// Others keep their quota, tag and pin. One new map, whatever the number of overrides.
     pub(crate) fn recompile(
         &self,
-        algorithm_of: impl Fn(PolicyName) -> Option<AlgorithmKind>,
+        algorithm_of: impl Fn(Name) -> Option<AlgorithmKind>,
         compile: impl Fn(AlgorithmKind, crate::Quota) -> Option<PlanQuota>,
     ) {
         let _writing = self.writing.lock().unwrap_or_else(|p| p.into_inner());
@@ -169,7 +169,7 @@ mod tests {
     use super::*;
     use crate::Quota;
 
-    fn quota_of(table: &OverrideTable, limit: PolicyName, key: &Key<'_>) -> Option<Arc<Pinned>> {
+    fn quota_of(table: &OverrideTable, limit: Name, key: &Key<'_>) -> Option<Arc<Pinned>> {
         let mut bytes = Vec::new();
         key.write_canonical(&mut bytes);
         let map = table.map.load();
@@ -179,11 +179,7 @@ mod tests {
     #[test]
     fn a_reload_recompiles_only_overrides_whose_algorithm_changed() {
         let table = OverrideTable::default();
-        let (api, web, gone) = (
-            PolicyName::new("api"),
-            PolicyName::new("web"),
-            PolicyName::new("gone"),
-        );
+        let (api, web, gone) = (Name::new("api"), Name::new("web"), Name::new("gone"));
         let key = Key::string("big-co");
         let q = Quota::per_hour(5_000);
         for limit in [api, web, gone] {

@@ -77,7 +77,7 @@ async fn a_nested_layer_tighter_than_the_outer_one_keeps_its_headers() {
         assert_eq!(header(&res, X_RATELIMIT_REMAINING), remaining);
         assert_eq!(
             res.extensions().get::<Decision>().map(Decision::policy),
-            Some(crate::PolicyName::new("route"))
+            Some(crate::Name::new("route"))
         );
     }
     let res = svc.clone().oneshot(get("/", "a")).await.unwrap();

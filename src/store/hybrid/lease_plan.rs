@@ -164,10 +164,10 @@ impl Demand {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{PolicyName, Quota};
+    use crate::{Name, Quota};
 
     fn plan(alg: AlgorithmKind, q: Quota, share: f64) -> LeasePlan {
-        LeasePlan::of(&LimitSpec::new(PolicyName::new("t"), q, alg), share)
+        LeasePlan::of(&LimitSpec::new(Name::new("t"), q, alg), share)
     }
 
     #[test]

@@ -166,10 +166,10 @@
 //! use tollgate::store::hybrid::HybridBackend;
 //! use tollgate::store::redis::RedisBackend;
 //! use tollgate::store::{Backend, Checked, FailurePolicy, LimitCheck, LimitSpec, Store};
-//! use tollgate::{AlgorithmKind, PolicyName, Quota};
+//! use tollgate::{AlgorithmKind, Name, Quota};
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let limits = [LimitSpec::new(PolicyName::new("api"), Quota::per_minute(6_000), AlgorithmKind::Gcra)
+//! let limits = [LimitSpec::new(Name::new("api"), Quota::per_minute(6_000), AlgorithmKind::Gcra)
 //!     .on_store_error(FailurePolicy::Closed { retry_after: Duration::from_secs(1) })];
 //! let store = HybridBackend::new(RedisBackend::cluster(["redis://127.0.0.1:7000"]))
 //!     .max_lease(0.1)

@@ -356,7 +356,7 @@ impl Inner {
         Local::Decided(out)
     }
 
-    fn redis_name(&self, limit: usize) -> crate::decision::PolicyName {
+    fn redis_name(&self, limit: usize) -> crate::decision::Name {
         self.redis.name_of(limit).unwrap_or_default()
     }
 

@@ -7,7 +7,7 @@ use crate::algorithm::{
     Algorithm, AlgorithmKind, FixedWindow, Gcra, LeakyBucket, SlidingLog, SlidingWindow,
     TokenBucket,
 };
-use crate::decision::{Decision, PolicyName};
+use crate::decision::{Decision, Name};
 use crate::error::{ConfigError, StoreError};
 use crate::quota::Quota;
 use crate::store::{LimitSpec, PlanQuota};
@@ -168,7 +168,7 @@ impl AnyTable {
     }
 
     /// The limit's name.
-    pub(crate) fn name(&self) -> PolicyName {
+    pub(crate) fn name(&self) -> Name {
         dispatch!(AnyTable, self, t => t.name())
     }
 

@@ -19,9 +19,9 @@ const MIN_KEYS_PER_SHARD: usize = 4_096;
 /// ```
 /// use tollgate::clock::ManualClock;
 /// use tollgate::store::{Backend, LimitSpec, memory::MemoryBackend};
-/// use tollgate::{AlgorithmKind, PolicyName, Quota};
+/// use tollgate::{AlgorithmKind, Name, Quota};
 ///
-/// let spec = LimitSpec::new(PolicyName::new("api"), Quota::per_second(10), AlgorithmKind::TokenBucket);
+/// let spec = LimitSpec::new(Name::new("api"), Quota::per_second(10), AlgorithmKind::TokenBucket);
 /// let store = MemoryBackend::new()
 ///     .max_keys(50_000)
 ///     .shards(16)
@@ -196,12 +196,12 @@ impl<C: Clock> Backend for MemoryBackend<C> {
 mod tests {
     use super::*;
     use crate::algorithm::AlgorithmKind;
-    use crate::decision::PolicyName;
+    use crate::decision::Name;
     use crate::quota::Quota;
 
     fn spec() -> LimitSpec {
         LimitSpec::new(
-            PolicyName::new("t"),
+            Name::new("t"),
             Quota::per_second(1),
             AlgorithmKind::TokenBucket,
         )
@@ -242,7 +242,7 @@ mod tests {
     #[test]
     fn invalid_quota_is_reported() {
         let bad = LimitSpec::new(
-            PolicyName::new("t"),
+            Name::new("t"),
             Quota::per_second(0),
             AlgorithmKind::TokenBucket,
         );

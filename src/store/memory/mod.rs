@@ -8,11 +8,11 @@
 //! ```
 //! use tollgate::key::Key;
 //! use tollgate::store::{Backend, LimitSpec, memory::MemoryBackend};
-//! use tollgate::{AlgorithmKind, PolicyName, Quota};
+//! use tollgate::{AlgorithmKind, Name, Quota};
 //!
 //! // Defaults: 100,000 keys per limit, shards from the CPU count, the default clock.
 //! let spec = LimitSpec::new(
-//!     PolicyName::new("per-ip"),
+//!     Name::new("per-ip"),
 //!     Quota::per_second(5),
 //!     AlgorithmKind::TokenBucket,
 //! );
@@ -31,12 +31,12 @@
 //! use tollgate::clock::ManualClock;
 //! use tollgate::key::Key;
 //! use tollgate::store::{Backend, Checked, LimitCheck, LimitSpec, memory::MemoryBackend, Store};
-//! use tollgate::{AlgorithmKind, PolicyName, Quota};
+//! use tollgate::{AlgorithmKind, Name, Quota};
 //!
 //! let clock = ManualClock::new();
 //! let limits = [
-//!     LimitSpec::new(PolicyName::new("burst"), Quota::per_second(10), AlgorithmKind::TokenBucket),
-//!     LimitSpec::new(PolicyName::new("daily"), Quota::per_day(2), AlgorithmKind::TokenBucket),
+//!     LimitSpec::new(Name::new("burst"), Quota::per_second(10), AlgorithmKind::TokenBucket),
+//!     LimitSpec::new(Name::new("daily"), Quota::per_day(2), AlgorithmKind::TokenBucket),
 //! ];
 //! let store = MemoryBackend::new()
 //!     .max_keys(10_000)

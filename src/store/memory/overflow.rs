@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
 
-use crate::decision::PolicyName;
+use crate::decision::Name;
 use crate::metrics::KeysGauge;
 
 /// Microseconds between two warnings that a table is deciding new keys by its overflow bucket.
@@ -46,7 +46,7 @@ impl<S> Overflow<S> {
     /// `now` (µs on the time base of the table's own quota), counting and, at most every
     /// [`OVERFLOW_WARN_EVERY`] µs, logging its use.
     #[cold]
-    pub(super) fn lock(&self, name: PolicyName, now: u64) -> MutexGuard<'_, S> {
+    pub(super) fn lock(&self, name: Name, now: u64) -> MutexGuard<'_, S> {
         let overflowed = self.overflowed.fetch_add(1, Ordering::Relaxed) + 1;
         let last = self.warned.load(Ordering::Relaxed);
         let due = last == 0 || now.saturating_sub(last - 1) >= OVERFLOW_WARN_EVERY;

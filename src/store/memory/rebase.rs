@@ -11,7 +11,7 @@ use crate::algorithm::{
     Algorithm, AlgorithmKind, FixedWindow, Gcra, LeakyBucket, RebaseAcross, SlidingLog,
     SlidingWindow, TokenBucket,
 };
-use crate::decision::PolicyName;
+use crate::decision::Name;
 use crate::error::{StoreError, StoreErrorKind};
 use crate::store::plan_quota::{self, CompiledAlgorithm};
 use crate::store::PlanQuota;
@@ -131,7 +131,7 @@ impl<'a, A: Compiled> AtQuota<'a, A> {
     #[inline]
     pub(super) fn of(
         own: &'a A,
-        name: PolicyName,
+        name: Name,
         quota: Option<&'a PlanQuota>,
     ) -> Result<Self, StoreError> {
         match quota {
@@ -140,7 +140,7 @@ impl<'a, A: Compiled> AtQuota<'a, A> {
         }
     }
 
-    fn plan(own: &'a A, name: PolicyName, quota: &'a PlanQuota) -> Result<Self, StoreError> {
+    fn plan(own: &'a A, name: Name, quota: &'a PlanQuota) -> Result<Self, StoreError> {
         match A::from_compiled(&quota.compiled) {
             // The table's own quota, however the plan was built: tag 0, no tags to store.
             Some(algorithm) if algorithm == own => Ok(Self::own(own)),
@@ -155,7 +155,7 @@ impl<'a, A: Compiled> AtQuota<'a, A> {
 
 /// The error for a check at a quota compiled for another algorithm than the limit's.
 #[cold]
-fn mismatch(name: PolicyName, kind: AlgorithmKind, quota: &PlanQuota) -> StoreError {
+fn mismatch(name: Name, kind: AlgorithmKind, quota: &PlanQuota) -> StoreError {
     let message = format!(
         "limit {name} decides with {kind}, but the check's quota ({}) is compiled for {}; build \
          the PlanQuota with AlgorithmKind::{kind:?}, the limit's algorithm",
@@ -316,7 +316,7 @@ mod tests {
         assert!(Gcra::from_compiled(&gcra.compiled).is_some());
         assert!(TokenBucket::from_compiled(&gcra.compiled).is_none());
         let own = Gcra::new(Quota::per_second(5)).unwrap();
-        let name = PolicyName::new("t");
+        let name = Name::new("t");
         let at = AtQuota::of(&own, name, Some(&gcra)).unwrap();
         assert_eq!(at.tag, 0, "the table's own quota, however it was compiled");
         let pro = PlanQuota::new(AlgorithmKind::Gcra, Quota::per_second(50)).unwrap();

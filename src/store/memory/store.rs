@@ -91,11 +91,11 @@ impl<C: Clock> MemoryStore<C> {
     /// use tollgate::clock::ManualClock;
     /// use tollgate::key::Key;
     /// use tollgate::store::{Backend, LimitSpec, memory::MemoryBackend};
-    /// use tollgate::{AlgorithmKind, PolicyName, Quota};
+    /// use tollgate::{AlgorithmKind, Name, Quota};
     ///
     /// let clock = ManualClock::new();
     /// let spec = LimitSpec::new(
-    ///     PolicyName::new("login"),
+    ///     Name::new("login"),
     ///     Quota::per_second(1).burst(2),
     ///     AlgorithmKind::TokenBucket,
     /// );
@@ -152,9 +152,9 @@ impl<C: Clock> MemoryStore<C> {
     /// use tollgate::clock::ManualClock;
     /// use tollgate::key::Key;
     /// use tollgate::store::{Backend, LimitCheck, LimitSpec, memory::MemoryBackend, PlanQuota};
-    /// use tollgate::{AlgorithmKind, PolicyName, Quota};
+    /// use tollgate::{AlgorithmKind, Name, Quota};
     ///
-    /// let spec = LimitSpec::new(PolicyName::new("api"), Quota::per_hour(100), AlgorithmKind::Gcra);
+    /// let spec = LimitSpec::new(Name::new("api"), Quota::per_hour(100), AlgorithmKind::Gcra);
     /// let store = MemoryBackend::new().clock(ManualClock::new()).build(&[spec]).unwrap();
     /// let pro = PlanQuota::new(AlgorithmKind::Gcra, Quota::per_hour(1_000)).unwrap();
     /// let alice = Key::string("alice");
@@ -213,9 +213,9 @@ impl<C: Clock> MemoryStore<C> {
     /// use tollgate::clock::ManualClock;
     /// use tollgate::key::Key;
     /// use tollgate::store::{Backend, LimitCheck, LimitSpec, memory::MemoryBackend};
-    /// use tollgate::{AlgorithmKind, PolicyName, Quota};
+    /// use tollgate::{AlgorithmKind, Name, Quota};
     ///
-    /// let spec = LimitSpec::new(PolicyName::new("login"), Quota::per_minute(3), AlgorithmKind::FixedWindow);
+    /// let spec = LimitSpec::new(Name::new("login"), Quota::per_minute(3), AlgorithmKind::FixedWindow);
     /// let store = MemoryBackend::new().clock(ManualClock::new()).build(&[spec]).unwrap();
     /// let checks = [LimitCheck::new(0, Key::string("203.0.113.7"), 1)];
     /// let reserved = store.check_all(&checks).unwrap();
@@ -536,12 +536,12 @@ mod tests {
         TokenBucket,
     };
     use crate::clock::ManualClock;
-    use crate::decision::PolicyName;
+    use crate::decision::Name;
     use crate::quota::Quota;
     use crate::store::{memory::MemoryBackend, Backend, LimitSpec};
 
     fn tb(name: &str, quota: Quota) -> LimitSpec {
-        LimitSpec::new(PolicyName::new(name), quota, AlgorithmKind::TokenBucket)
+        LimitSpec::new(Name::new(name), quota, AlgorithmKind::TokenBucket)
     }
 
     fn store_with(
@@ -701,7 +701,7 @@ mod tests {
             let (key, cost) = ((x >> 20) % 3, (x >> 30) % 3);
             let want = bucket
                 .check(&mut states[key as usize], clock.now_micros(), cost)
-                .with_policy(PolicyName::new("same"));
+                .with_policy(Name::new("same"));
             assert_eq!(store.check_one(0, &Key::int(key), cost).unwrap(), want);
         }
     }
@@ -709,7 +709,7 @@ mod tests {
     /// Replays a random stream over three keys through the store and through `algorithm`'s pure
     /// transition, and asserts identical decisions.
     fn replay<A: Algorithm>(algorithm: A, kind: AlgorithmKind, quota: Quota) {
-        let name = PolicyName::new(kind.as_str());
+        let name = Name::new(kind.as_str());
         let spec = LimitSpec::new(name, quota, kind);
         let (store, clock) = store_with(&[spec], MemoryBackend::new().max_keys(2).shards(1));
         let mut states: Vec<A::State> = (0..3).map(|_| Default::default()).collect();
@@ -822,7 +822,7 @@ mod tests {
     fn every_algorithm_is_all_or_nothing_and_bounded() {
         for kind in AlgorithmKind::ALL {
             let limits = [
-                LimitSpec::new(PolicyName::new("x"), Quota::per_minute(10), kind),
+                LimitSpec::new(Name::new("x"), Quota::per_minute(10), kind),
                 tb("gate", Quota::per_minute(1)),
             ];
             let (store, _) = store_with(&limits, MemoryBackend::new().max_keys(100).shards(1));
@@ -993,7 +993,7 @@ mod tests {
     #[test]
     fn memory_usage_counts_sliding_log_entries() {
         let spec = LimitSpec::new(
-            PolicyName::new("log"),
+            Name::new("log"),
             Quota::per_hour(1_000),
             AlgorithmKind::SlidingLog,
         );

@@ -11,7 +11,7 @@ use super::rebase::{self, shift, AtQuota, Compiled, Quoted, UnixOffset};
 use super::seqlock::{ShardCell, ShardGuard};
 use super::shard::{Shard, Vacancy};
 use crate::algorithm::{Algorithm, AlgorithmKind};
-use crate::decision::{Decision, PolicyName};
+use crate::decision::{Decision, Name};
 use crate::error::StoreError;
 use crate::store::PlanQuota;
 
@@ -31,7 +31,7 @@ type LockedShard<A> = Padded<ShardCell<<A as Algorithm>::State>>;
 /// while the table itself (what a check reads first) stays inline in each store.
 pub(crate) struct Table<A: Compiled> {
     algorithm: A,
-    name: PolicyName,
+    name: Name,
     shards: Arc<[LockedShard<A>]>,
     /// `shards.len() - 1` (the count is a power of two).
     mask: usize,
@@ -64,7 +64,7 @@ impl<A: Compiled> Table<A> {
     /// A table of `shards` shards (a power of two, at most `max_keys`) holding at most
     /// `max_keys` keys in all: each shard gets an equal share, the first `max_keys % shards`
     /// one more.
-    pub(super) fn new(algorithm: A, name: PolicyName, max_keys: usize, shards: usize) -> Self {
+    pub(super) fn new(algorithm: A, name: Name, max_keys: usize, shards: usize) -> Self {
         debug_assert!(shards.is_power_of_two() && shards <= max_keys);
         let (share, extra) = (max_keys / shards, max_keys % shards);
         let shards = (0..shards)
@@ -126,7 +126,7 @@ impl<A: Compiled> Table<A> {
     }
 
     /// The limit's name.
-    pub(super) fn name(&self) -> PolicyName {
+    pub(super) fn name(&self) -> Name {
         self.name
     }
 
@@ -506,7 +506,7 @@ mod tests {
     fn overflow_is_counted_and_logged_at_most_every_ten_seconds() {
         // A unit comes back every 8,640 s: key 1 does not recover during the test.
         let tb = TokenBucket::new(Quota::per_day(10)).unwrap();
-        let table = Table::new(tb, PolicyName::new("t"), 1, 1);
+        let table = Table::new(tb, Name::new("t"), 1, 1);
         let own = table.own();
         let warnings = std::sync::Arc::new(AtomicU64::new(0));
         let subscriber = Warnings(warnings.clone());
@@ -529,7 +529,7 @@ mod tests {
     #[test]
     fn a_refusal_of_a_held_key_writes_nothing_and_an_allowed_check_locks() {
         let tb = TokenBucket::new(Quota::per_hour(2)).unwrap();
-        let table = Table::new(tb, PolicyName::new("t"), 10, 1);
+        let table = Table::new(tb, Name::new("t"), 10, 1);
         let version = || table.shards[0].0.version();
         let fp = 42;
         assert!(
@@ -561,7 +561,7 @@ mod tests {
     #[test]
     fn caps_split_the_bound_exactly() {
         let tb = TokenBucket::new(Quota::per_second(1)).unwrap();
-        let table = Table::new(tb, PolicyName::new("t"), 10, 4);
+        let table = Table::new(tb, Name::new("t"), 10, 4);
         let caps: Vec<u32> = table.shards.iter().map(|s| s.0.lock().cap()).collect();
         assert_eq!(caps, [3, 3, 2, 2]);
     }

@@ -478,11 +478,11 @@ fn local_quota(spec: &LimitSpec, share: f64) -> Result<Quota, ConfigError> {
 mod tests {
     use super::*;
     use crate::algorithm::AlgorithmKind;
-    use crate::PolicyName;
+    use crate::Name;
 
     fn spec(name: &str) -> LimitSpec {
         LimitSpec::new(
-            PolicyName::new(name),
+            Name::new(name),
             Quota::per_second(10).burst(20),
             AlgorithmKind::TokenBucket,
         )
@@ -580,7 +580,7 @@ mod tests {
     fn a_sliding_log_above_the_redis_bound_is_refused() {
         let log = |n: u64| {
             [LimitSpec::new(
-                PolicyName::new("log"),
+                Name::new("log"),
                 Quota::per_hour(n),
                 AlgorithmKind::SlidingLog,
             )
@@ -626,7 +626,7 @@ mod tests {
         let q = local_quota(&spec("a"), 0.01).unwrap();
         assert_eq!((q.count(), q.burst_size()), (1, 1), "never below one");
         let window = LimitSpec::new(
-            PolicyName::new("w"),
+            Name::new("w"),
             Quota::per_minute(100),
             AlgorithmKind::TokenBucket,
         );

@@ -94,7 +94,7 @@ impl RedisStore {
     }
 
     /// The name of limit `limit`.
-    pub(crate) fn name_of(&self, limit: usize) -> Option<crate::decision::PolicyName> {
+    pub(crate) fn name_of(&self, limit: usize) -> Option<crate::decision::Name> {
         self.inner.limits.get(limit).map(|l| l.name)
     }
 
@@ -309,7 +309,7 @@ mod tests {
     use crate::algorithm::AlgorithmKind;
     use crate::store::redis::RedisBackend;
     use crate::store::{Backend, FailurePolicy, LimitSpec};
-    use crate::{PolicyName, Quota};
+    use crate::{Name, Quota};
 
     #[test]
     fn every_store_script_has_a_lease_variant() {
@@ -319,7 +319,7 @@ mod tests {
             .into_iter()
             .enumerate()
             .map(|(i, k)| {
-                LimitSpec::new(PolicyName::new(format!("l{i}")), Quota::per_minute(60), k)
+                LimitSpec::new(Name::new(format!("l{i}")), Quota::per_minute(60), k)
                     .on_store_error(FailurePolicy::Open)
             })
             .collect();

@@ -195,11 +195,11 @@
 //! use tollgate::key::Key;
 //! use tollgate::store::redis::RedisBackend;
 //! use tollgate::store::{Backend, Checked, FailurePolicy, LimitCheck, LimitSpec, Store};
-//! use tollgate::{AlgorithmKind, PolicyName, Quota};
+//! use tollgate::{AlgorithmKind, Name, Quota};
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let limits = [LimitSpec::new(
-//!     PolicyName::new("burst"),
+//!     Name::new("burst"),
 //!     Quota::per_second(1).burst(5),
 //!     AlgorithmKind::TokenBucket,
 //! )

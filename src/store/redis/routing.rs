@@ -186,14 +186,14 @@ mod tests {
     use crate::quota::Quota;
     use crate::store::redis::{RedisBackend, RedisStore};
     use crate::store::{Backend, FailurePolicy, LimitSpec, PlanQuota};
-    use crate::PolicyName;
+    use crate::Name;
 
     /// A store of `n` limits (`l0`, `l1`, ...) on `backend`; building connects to nothing.
     fn store(backend: RedisBackend, n: usize) -> RedisStore {
         let limits: Vec<LimitSpec> = (0..n)
             .map(|i| {
                 LimitSpec::new(
-                    PolicyName::new(format!("l{i}")),
+                    Name::new(format!("l{i}")),
                     Quota::per_minute(10),
                     AlgorithmKind::TokenBucket,
                 )

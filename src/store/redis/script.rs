@@ -11,7 +11,7 @@ use std::time::Duration;
 use redis::{Cmd, Value};
 
 use crate::algorithm::{Algorithm, AlgorithmKind};
-use crate::decision::{Decision, PolicyName};
+use crate::decision::{Decision, Name};
 use crate::error::{ConfigError, StoreError, StoreErrorKind};
 use crate::quota::Quota;
 use crate::store::plan_quota::CompiledAlgorithm;
@@ -106,7 +106,7 @@ impl QuotaArg {
 /// What the store needs to know about one configured limit.
 #[derive(Debug, Clone)]
 pub(crate) struct LimitInfo {
-    pub(crate) name: PolicyName,
+    pub(crate) name: Name,
     pub(crate) name_enc: String,
     pub(crate) short: &'static str,
     pub(crate) algorithm: AlgorithmKind,
@@ -751,7 +751,7 @@ mod tests {
 
     #[test]
     fn a_reconfigured_limit_keeps_the_scripts_parameters_and_sends_its_own() {
-        let spec = |q| LimitSpec::new(PolicyName::new("b"), q, AlgorithmKind::FixedWindow);
+        let spec = |q| LimitSpec::new(Name::new("b"), q, AlgorithmKind::FixedWindow);
         let before = limit_info(&spec(Quota::per_minute(5)), "b".into()).unwrap();
         let mut same = limit_info(&spec(Quota::per_minute(5)), "b".into()).unwrap();
         same.inherit(&before);
@@ -773,7 +773,7 @@ mod tests {
     #[test]
     fn token_bucket_params_follow_the_fixed_point() {
         let spec = LimitSpec::new(
-            PolicyName::new("b"),
+            Name::new("b"),
             Quota::per_second(10).burst(20),
             AlgorithmKind::TokenBucket,
         );
@@ -786,7 +786,7 @@ mod tests {
     #[test]
     fn replies_are_validated() {
         let spec = LimitSpec::new(
-            PolicyName::new("b"),
+            Name::new("b"),
             Quota::per_second(1),
             AlgorithmKind::TokenBucket,
         );

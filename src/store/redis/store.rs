@@ -206,11 +206,11 @@ impl Store for RedisStore {
     /// ```no_run
     /// use tollgate::store::redis::RedisBackend;
     /// use tollgate::store::{Backend, FailurePolicy, LimitSpec, Store};
-    /// use tollgate::{AlgorithmKind, PolicyName, Quota};
+    /// use tollgate::{AlgorithmKind, Name, Quota};
     ///
     /// # fn demo() -> Result<(), tollgate::ConfigError> {
     /// let api = |q| {
-    ///     LimitSpec::new(PolicyName::new("api"), q, AlgorithmKind::FixedWindow)
+    ///     LimitSpec::new(Name::new("api"), q, AlgorithmKind::FixedWindow)
     ///         .on_store_error(FailurePolicy::Open)
     /// };
     /// let store = RedisBackend::new("redis://127.0.0.1:6379").build(&[api(Quota::per_minute(5))])?;
