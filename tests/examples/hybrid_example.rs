@@ -162,17 +162,40 @@ async fn four_example_processes_share_one_limit_with_few_redis_calls() {
         calls * 5 <= admitted + 1,
         "{calls} script calls for {admitted} admitted"
     );
-    // After the budget is gone, more requests cost at most one call per instance per retry
-    // interval (here: none, as the retry interval has not passed).
+    // After the budget is gone, more requests are refused, and cost at most one script call per
+    // instance per retry interval (a refusal is remembered until its Retry-After, 1 s here),
+    // not one per request. Tokens keep refilling at 10/s meanwhile, so on a slow machine a
+    // request may find one: the bucket's bound still holds over both rounds.
     let before = script_calls(&server);
+    let again = Instant::now();
+    let mut late_admitted = 0u64;
     for i in 0..200usize {
         let res = client
             .get(format!("http://127.0.0.1:{}/", ports[i % 4]))
             .send()
             .await
             .unwrap();
-        assert_eq!(res.status(), 429);
+        match res.status().as_u16() {
+            200 => late_admitted += 1,
+            429 => {}
+            other => panic!("unexpected status {other}"),
+        }
     }
     let more = script_calls(&server) - before;
-    assert!(more <= 4, "{more} script calls for 200 refusals");
+    let total = started.elapsed().as_secs_f64();
+    let fair_total = 100 + (10.0 * (total + 0.5)).ceil() as u64;
+    assert!(
+        admitted + late_admitted < fair_total,
+        "over-admitted: {} > {fair_total} in {total:.2} s",
+        admitted + late_admitted + 1
+    );
+    let intervals = again.elapsed().as_secs_f64().ceil() as u64 + 1;
+    assert!(
+        more <= 4 * intervals,
+        "{more} script calls for 200 requests in {intervals} retry intervals"
+    );
+    assert!(
+        late_admitted < 200 && more < 200,
+        "refusals were not remembered"
+    );
 }
