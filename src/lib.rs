@@ -209,4 +209,4 @@ pub mod guide_doctests {
 }
 
 #[cfg(test)]
-mod layering_tests;
+mod structure_tests;
