@@ -507,7 +507,7 @@ impl fmt::Debug for Decision {
 /// The most limits one layer may hold. Stack layers for more.
 pub const MAX_LIMITS: usize = 8;
 
-/// Up to [`MAX_LIMITS`] decisions, one per [`LimitCheck`], in the same order.
+/// Up to [`MAX_LIMITS`] decisions, one per [`LimitCheck`](crate::store::LimitCheck), in the same order.
 ///
 /// Up to [`INLINE`](Self::INLINE) decisions are held inline (no allocation: the common one- and
 /// two-limit layers), more on the heap. It is moved on every request from the store to the

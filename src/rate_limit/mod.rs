@@ -6,7 +6,7 @@
 //!
 //! 1. lets requests matching the [skip predicate](RateLimitLayerBuilder::skip) through untouched;
 //! 2. extracts each limit's key and cost from the request (a missing key is refused or skips that
-//!    limit, see [`MissingKey`]); a cost larger than a limit's capacity is refused with `413`
+//!    limit, see [`MissingKey`](crate::key::MissingKey)); a cost larger than a limit's capacity is refused with `413`
 //!    without charging anything, since waiting would never help;
 //! 3. checks every limit in one store call, **all-or-nothing**: if any limit refuses, none is
 //!    charged;
