@@ -305,7 +305,7 @@ pub type DefaultClock = QuantaClock;
 /// clock created waits for it, usually 10 to 20 ms, at most 200 ms), and uses the OS monotonic
 /// clock instead when the CPU has no invariant counter, so the clock never goes backwards: a
 /// reading a hair behind the origin (another core's counter) counts as the origin. Always
-/// available (the `quanta` feature is kept for compatibility and changes nothing).
+/// available: `quanta` is a regular dependency.
 ///
 /// ```
 /// use tollgate::clock::{Clock, QuantaClock};
