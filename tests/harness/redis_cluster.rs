@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::redis_server::{require, RedisServer};
 
-/// A 3-master Redis Cluster without replicas.
+/// A 3-master Redis Cluster, without replicas or with `replicas` per master.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
 }
@@ -19,6 +19,13 @@ impl RedisCluster {
 
     /// A cluster whose nodes get `extra` `redis-server` arguments too.
     pub fn start_with(extra: &[&str]) -> Self {
+        Self::start_replicated(0, extra)
+    }
+
+    /// 3 masters with `replicas` replicas each (`3 * (1 + replicas)` nodes), whose nodes get
+    /// `extra` `redis-server` arguments (a later `--cluster-node-timeout` overrides the 2 s
+    /// default). Returns once every node sees every other and each replica's link is up.
+    pub fn start_replicated(replicas: usize, extra: &[&str]) -> Self {
         require("redis-cli");
         let mut args = vec![
             "--cluster-enabled",
@@ -29,14 +36,15 @@ impl RedisCluster {
             "2000",
         ];
         args.extend_from_slice(extra);
-        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_with(&args)).collect();
+        let count = 3 * (1 + replicas);
+        let nodes: Vec<RedisServer> = (0..count).map(|_| RedisServer::start_with(&args)).collect();
         let mut create = Command::new("redis-cli");
         create.arg("--cluster").arg("create");
         for n in &nodes {
             create.arg(n.addr());
         }
         let out = create
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .expect("run redis-cli --cluster create");
         assert!(
@@ -46,11 +54,15 @@ impl RedisCluster {
             String::from_utf8_lossy(&out.stderr)
         );
         let cluster = Self { nodes };
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let known = format!("cluster_known_nodes:{count}");
+        let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let ready = cluster.nodes.iter().all(|n| {
                 let info: String = n.cmd(&["CLUSTER", "INFO"]);
-                info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3")
+                let repl: String = n.cmd(&["INFO", "replication"]);
+                info.contains("cluster_state:ok")
+                    && info.contains(&known)
+                    && (repl.contains("role:master") || repl.contains("master_link_status:up"))
             });
             if ready {
                 break;
@@ -62,6 +74,26 @@ impl RedisCluster {
             std::thread::sleep(Duration::from_millis(50));
         }
         cluster
+    }
+
+    /// The index in `nodes` of a replica of the master on `port`.
+    pub fn replica_of(&self, port: u16) -> usize {
+        (0..self.nodes.len())
+            .find(|&i| {
+                let repl: String = self.nodes[i].cmd(&["INFO", "replication"]);
+                repl.contains(&format!("master_port:{port}\r"))
+            })
+            .expect("the master has a replica")
+    }
+
+    /// The indexes in `nodes` of the masters.
+    pub fn masters(&self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&i| {
+                let repl: String = self.nodes[i].cmd(&["INFO", "replication"]);
+                repl.contains("role:master")
+            })
+            .collect()
     }
 
     pub fn urls(&self) -> Vec<String> {

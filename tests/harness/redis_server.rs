@@ -31,7 +31,9 @@ pub fn require(binary: &str) {
     );
 }
 
-/// A port that is free on 127.0.0.1, and so is port + 10000 (the Cluster bus).
+/// A port that is free on 127.0.0.1, and so is port + 10000 (the Cluster bus). Both lie below
+/// Linux's ephemeral range (32768 and up), so no outgoing connection's local port, nor a listener
+/// bound to port 0, can take one between this check and the server binding it.
 fn free_port() -> u16 {
     let seed = std::process::id()
         .wrapping_mul(2_654_435_761)
@@ -42,7 +44,7 @@ fn free_port() -> u16 {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        let port = 20_000 + (x % 25_000) as u16;
+        let port = 10_000 + (x % 10_000) as u16;
         let a = TcpListener::bind(("127.0.0.1", port));
         let b = TcpListener::bind(("127.0.0.1", port + 10_000));
         if a.is_ok() && b.is_ok() {
@@ -68,25 +70,44 @@ impl RedisServer {
     }
 
     /// Starts a server with extra `redis-server` arguments.
+    /// A port can still be taken between the check and the bind (by another process choosing
+    /// ports itself): the server then fails to start, and the next free port is tried.
     pub fn start_with(extra: &[&str]) -> Self {
         require("redis-server");
-        let port = free_port();
-        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
-        let dir =
-            std::env::temp_dir().join(format!("tollgate-redis-{}-{n}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("create the temp dir");
-        let mut server = Self {
-            port,
-            dir,
-            extra: extra.iter().map(|s| s.to_string()).collect(),
-            watchdog: None,
-            pid: 0,
-        };
-        server.spawn();
-        server
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let port = free_port();
+            let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+            let dir = std::env::temp_dir()
+                .join(format!("tollgate-redis-{}-{n}-{port}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("create the temp dir");
+            let mut server = Self {
+                port,
+                dir,
+                extra: extra.iter().map(|s| s.to_string()).collect(),
+                watchdog: None,
+                pid: 0,
+            };
+            match server.try_spawn() {
+                Ok(()) => return server,
+                Err(log) if attempt < 5 && log.contains("Address already in use") => continue,
+                Err(log) => panic!("redis-server on port {port} did not answer PING:\n{log}"),
+            }
+        }
     }
 
     fn spawn(&mut self) {
+        if let Err(log) = self.try_spawn() {
+            panic!(
+                "redis-server on port {} did not answer PING:\n{log}",
+                self.port
+            );
+        }
+    }
+
+    /// Starts the process and waits for its PING; on failure, its log.
+    fn try_spawn(&mut self) -> Result<(), String> {
         let pidfile = self.dir.join("redis.pid");
         let _ = std::fs::remove_file(&pidfile);
         let mut args = vec![
@@ -146,22 +167,21 @@ impl RedisServer {
             std::thread::sleep(Duration::from_millis(5));
         }
         self.watchdog = Some(child);
-        self.wait_ready();
+        self.wait_ready()
     }
 
-    fn wait_ready(&self) {
+    fn wait_ready(&self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if ping(self.port) {
-                return;
+                return Ok(());
+            }
+            if !process_alive(self.pid) {
+                break;
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        let log = std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
-        panic!(
-            "redis-server on port {} did not answer PING:\n{log}",
-            self.port
-        );
+        Err(std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default())
     }
 
     pub fn port(&self) -> u16 {
@@ -267,4 +287,16 @@ fn ping(port: u16) -> bool {
     }
     let mut buf = [0u8; 7];
     matches!(s.read_exact(&mut buf), Ok(())) && &buf == b"+PONG\r\n"
+}
+
+/// Whether process `pid` is running (not exited, not a zombie waiting to be reaped).
+fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        // Without /proc, assume it runs: the deadline still ends the wait.
+        Err(_) => !std::path::Path::new("/proc/self").exists(),
+    }
 }

@@ -20,7 +20,6 @@
 //! figures.
 
 use std::collections::HashMap;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -425,85 +424,11 @@ async fn healthy_masters_keep_deciding_when_one_master_is_killed() {
     );
 }
 
-/// A Cluster of 3 masters with a replica each, on loopback.
-struct ReplicatedCluster {
-    nodes: Vec<RedisServer>,
-}
-
-impl ReplicatedCluster {
-    fn start() -> Self {
-        let mut args = vec![
-            "--cluster-enabled".to_owned(),
-            "yes".into(),
-            "--cluster-config-file".into(),
-            "nodes.conf".into(),
-        ];
-        args.extend(cluster_args());
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let nodes: Vec<RedisServer> = (0..6).map(|_| RedisServer::start_with(&args)).collect();
-        let out = Command::new("redis-cli")
-            .arg("--cluster")
-            .arg("create")
-            .args(nodes.iter().map(RedisServer::addr))
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
-            .output()
-            .expect("run redis-cli --cluster create");
-        assert!(
-            out.status.success(),
-            "redis-cli --cluster create failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let cluster = Self { nodes };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let ready = cluster.nodes.iter().all(|n| {
-                let info: String = n.cmd(&["CLUSTER", "INFO"]);
-                let repl: String = n.cmd(&["INFO", "replication"]);
-                info.contains("cluster_state:ok")
-                    && info.contains("cluster_known_nodes:6")
-                    && (repl.contains("role:master") || repl.contains("master_link_status:up"))
-            });
-            if ready {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the cluster did not become ready"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        cluster
-    }
-
-    fn urls(&self) -> Vec<String> {
-        self.nodes.iter().map(RedisServer::url).collect()
-    }
-
-    /// The index in `nodes` of the replica of the master on `port`.
-    fn replica_of(&self, port: u16) -> usize {
-        (0..self.nodes.len())
-            .find(|&i| {
-                let repl: String = self.nodes[i].cmd(&["INFO", "replication"]);
-                repl.contains(&format!("master_port:{port}\r"))
-            })
-            .expect("every master has a replica")
-    }
-
-    /// The indexes in `nodes` of the masters.
-    fn masters(&self) -> Vec<usize> {
-        (0..self.nodes.len())
-            .filter(|&i| {
-                let repl: String = self.nodes[i].cmd(&["INFO", "replication"]);
-                repl.contains("role:master")
-            })
-            .collect()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_promoted_replica_serves_the_dead_masters_keys() {
-    let mut cluster = ReplicatedCluster::start();
+    let args = cluster_args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut cluster = RedisCluster::start_replicated(1, &args);
     let masters = cluster.masters();
     assert_eq!(masters.len(), 3, "3 masters and 3 replicas");
     let store = store(&cluster.urls());
