@@ -15,30 +15,9 @@
 //!
 //! # Quick start
 //!
-//! An axum app whose `GET /` allows each client IP a burst of 5 requests refilled at 1 per
-//! second (`cargo run --example quickstart` runs it):
-//!
-//! ```no_run
-//! use std::net::SocketAddr;
-//! use axum::{routing::get, Router};
-//! use tollgate::key::PeerIp;
-//! use tollgate::{Limit, Quota, RateLimitLayer};
-//!
-//! # #[tokio::main]
-//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let app = Router::new()
-//!     .route("/", get(|| async { "Hello, world!" }))
-//!     .layer(RateLimitLayer::new(
-//!         Limit::new("per-ip", Quota::per_second(1).burst(5)).key(PeerIp::new()),
-//!     )?);
-//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
-//! // PeerIp reads the address recorded by `into_make_service_with_connect_info`.
-//! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
-//! # Ok(())
-//! # }
-//! ```
-//!
-//! The same limit around any service, checked here with `tower::ServiceExt::oneshot`:
+//! One limit around a service, here checked with `tower::ServiceExt::oneshot`; on an axum
+//! `Router` it is `.layer(..)` the same way (the [getting started](guide::getting_started)
+//! guide serves it, and lists the Cargo features).
 //!
 //! ```
 //! use std::convert::Infallible;
@@ -51,6 +30,7 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let svc = ServiceBuilder::new()
+//!     // A burst of 5 per client IP, refilled at 1 per second.
 //!     .layer(RateLimitLayer::new(
 //!         Limit::new("per-ip", Quota::per_second(1).burst(5)).key(PeerIp::new()),
 //!     )?)
@@ -62,6 +42,7 @@
 //!
 //! let request = || {
 //!     let mut req = Request::get("/").body(()).unwrap();
+//!     // What axum's `into_make_service_with_connect_info` records for PeerIp to read.
 //!     req.extensions_mut().insert("203.0.113.9:5000".parse::<SocketAddr>().unwrap());
 //!     req
 //! };
@@ -79,35 +60,49 @@
 //! # }
 //! ```
 //!
+//! # Guides
+//!
+//! The [`guide`] module holds the guides by topic: [getting started](guide::getting_started),
+//! [algorithms](guide::algorithms), [keys and proxies](guide::keys), [headers](guide::headers),
+//! [plans and policy files](guide::plans), [Redis and Cluster](guide::redis), [the hybrid
+//! tier](guide::hybrid), [gRPC](guide::grpc), [shaping](guide::shaping),
+//! [concurrency](guide::concurrency), [outbound](guide::outbound), [metrics and
+//! operations](guide::operations), [testing your app](guide::testing_your_app), [coming from
+//! tower_governor](guide::tower_governor), [performance](guide::performance) and
+//! [versioning](guide::versioning). The modules below are the reference.
+//!
 //! # Modules
 //!
 //! | module | what it holds |
 //! |---|---|
-//! | [`rate_limit`] | [`RateLimitLayer`] and its builder, [`Limit`], [`RateLimit`], the response future and body |
-//! | [`quota`] | [`Quota`]: `Quota::per_second(10).burst(50)`, parsing of `"100/min"` |
-//! | [`algorithm`] | token bucket, GCRA, fixed window, sliding window, sliding log, leaky bucket, and how to choose |
-//! | [`key`] | key extractors: who a request is counted against |
+//! | [`rate_limit`] | [`RateLimitLayer`] and its builder, [`Limit`] and its options (modes, charging, overrides, shaping), [`RateLimit`], the response future and body |
+//! | [`quota`] | [`Quota`]: `Quota::per_second(10).burst(50)`, calendar alignment, parsing of `"100/min"` |
+//! | [`algorithm`] | token bucket, GCRA, fixed window, sliding window, sliding log, leaky bucket, each a pure transition |
+//! | [`key`] | key extractors: who a request is counted against, and [`MissingKey`] |
 //! | [`cost`] | cost functions: how much a request spends |
-//! | [`store`] | where state lives: the in-memory store, Redis (feature `redis`) |
-//! | [`headers`] | `X-RateLimit-*`, IETF `RateLimit` / `RateLimit-Policy`, `Retry-After` |
-//! | [`response`] | rejections: problem+json, gRPC, and the [`Rejection`](response::Rejection) trait |
-//! | [`clock`] | time sources, including a manual clock for tests |
 //! | [`plan`] | plans: which quota applies to a request (per API key, per header, per principal) |
-//! | [`policy`] | limits as data (TOML or any serde format), compiled into [`Limit`]s, and reloads (feature `serde`) |
+//! | [`store`] | where state lives: memory, Redis and Redis Cluster, the hybrid tier; failure policies |
+//! | [`headers`] | `X-RateLimit-*`, IETF `RateLimit` / `RateLimit-Policy`, `Retry-After` |
+//! | [`response`] | refusals: problem+json, gRPC, and the [`Rejection`](response::Rejection) trait |
+//! | [`clock`] | time sources, including [`ManualClock`](clock::ManualClock) for tests |
 //! | [`concurrency`] | a limit on requests in flight per key, released when the response body ends |
 //! | [`outbound`] | client side: keep a client to its upstreams' limits (shaping, `Retry-After`, retries, adaptive rate) |
 //! | [`metrics`] | the metrics recorded with the `metrics` feature: names, labels, `describe()` |
+//! | [`policy`](policy/index.html) | limits, plans and keys as data (TOML or any serde format), compiled into [`Limit`]s; reloads (feature `serde`) |
+//! | [`guide`] | the guides by topic (documentation only) |
 //!
 //! # Features
 //!
+//! No feature is on by default; each one only adds.
+//!
 //! | feature | enables |
 //! |---|---|
-//! | `axum` | [`PeerIp`](key::PeerIp) reads axum's `ConnectInfo`; route keys and cost tables read `MatchedPath` |
-//! | `redis` | the Redis store, single node or Cluster |
-//! | `tonic` | [`PeerIp`](key::PeerIp) and [`ClientIp`](key::ClientIp) read tonic's `TcpConnectInfo`; gRPC rejections carry `grpc-status-details-bin` (`RetryInfo`, `QuotaFailure`) |
-//! | `serde` | [`policy`]: limits, plans and keys described as data in any serde format |
-//! | `toml` | `Policy::from_toml_str` / `from_toml_file` and the policy file watcher (implies `serde`) |
-//! | `metrics` | decisions, near-limit, store latency and errors, breaker state and keys held through the [`metrics`](https://docs.rs/metrics) facade ([`metrics`](mod@metrics)) |
+//! | `axum` | [`PeerIp`](key::PeerIp) and [`ClientIp`](key::ClientIp) read axum's `ConnectInfo`; route keys and cost tables read `MatchedPath` |
+//! | `tonic` | `PeerIp` and `ClientIp` read tonic's `TcpConnectInfo`; gRPC refusals carry `grpc-status-details-bin` (`RetryInfo`, `QuotaFailure`) |
+//! | `redis` | the Redis store (single node or Cluster), the hybrid tier, Redis-shared concurrency slots |
+//! | `serde` | the `policy` module: limits, plans and keys described as data in any serde format |
+//! | `toml` | `Policy::from_toml_str`, `Policy::from_toml_file` and the policy file watcher (implies `serde`) |
+//! | `metrics` | decisions, near-limit, store latency and errors, breaker state and keys held, through the [`metrics`](https://docs.rs/metrics) facade (see [`metrics`](mod@metrics)) |
 //!
 //! # Paths
 //!
@@ -122,10 +117,8 @@
 //!
 //! # Versioning
 //!
-//! `tollgate` follows semantic versioning; while it is `0.x`, a minor release (`0.1` → `0.2`)
-//! may break the API and a patch release does not. The minimum supported Rust version (MSRV) is
-//! the `rust-version` in `Cargo.toml`, checked in CI; raising it is a minor release. See the
-//! README for the feature flags' stability.
+//! Semantic versioning (while `0.x`, a minor release may break the API), MSRV Rust 1.88, and
+//! what the feature flags promise: [`guide::versioning`].
 // docs.rs builds with nightly and `--cfg docsrs`: `doc_cfg` marks each item with the features it
 // needs. `.ci/run` also builds the docs on stable with `--cfg docsrs` to check those cfg paths,
 // adding `--cfg tollgate_docs_stable` to leave out this nightly-only attribute.
@@ -147,6 +140,23 @@ mod error;
 #[cfg(fuzzing)]
 #[doc(hidden)]
 pub mod fuzzing;
+// Documentation only: rendered by rustdoc (`doc`), and compiled as doctests with the features
+// their code blocks need (`doctest`); a build has no such module. Doctests are collected
+// without `cfg(doc)`, so `cargo test` with fewer features skips the guides' blocks.
+#[cfg(any(
+    doc,
+    all(
+        doctest,
+        feature = "axum",
+        feature = "redis",
+        feature = "tonic",
+        feature = "toml",
+        feature = "metrics"
+    )
+))]
+// docs.rs's `doc_cfg` would badge the module with the features of its doctest cfg.
+#[cfg_attr(all(docsrs, not(tollgate_docs_stable)), doc(auto_cfg = false))]
+pub mod guide;
 pub mod headers;
 pub mod key;
 pub mod metrics;
@@ -180,33 +190,6 @@ pub use request::RequestView;
 ))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
-
-/// Compiles and runs every Rust code block of the guides in `docs/guide/` as doctests, as
-/// `ReadmeDoctests` does for the README.
-#[cfg(all(
-    doctest,
-    feature = "axum",
-    feature = "redis",
-    feature = "tonic",
-    feature = "toml",
-    feature = "metrics"
-))]
-pub mod guide_doctests {
-    #[doc = include_str!("../docs/guide/concurrency.md")]
-    pub struct Concurrency;
-    #[doc = include_str!("../docs/guide/grpc.md")]
-    pub struct Grpc;
-    #[doc = include_str!("../docs/guide/hybrid.md")]
-    pub struct Hybrid;
-    #[doc = include_str!("../docs/guide/outbound.md")]
-    pub struct Outbound;
-    #[doc = include_str!("../docs/guide/plans.md")]
-    pub struct Plans;
-    #[doc = include_str!("../docs/guide/redis.md")]
-    pub struct Redis;
-    #[doc = include_str!("../docs/guide/shaping.md")]
-    pub struct Shaping;
-}
 
 #[cfg(test)]
 mod structure_tests;

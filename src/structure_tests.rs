@@ -34,6 +34,8 @@ const FLOORS: &[&str] = &[
     "policy",
     // Test and fuzzing entry points may reach anything.
     "fuzzing",
+    // Documentation: the guides, prose with no items.
+    "guide",
 ];
 
 fn rank(module: &str) -> Option<usize> {
@@ -309,4 +311,138 @@ fn no_source_file_is_longer_than_800_lines_before_its_tests() {
         })
         .collect();
     assert!(long.is_empty(), "{}", long.join("\n"));
+}
+
+/// The guides (`docs/guide/*.md`) read on GitHub and as the modules of `tollgate::guide`:
+/// every guide is one of those modules; their links are reference links (an inline relative
+/// link would point next to the module's page in rustdoc) whose definitions name files that
+/// exist and headings that exist, and every label has its rustdoc definition in `src/guide.rs`.
+#[test]
+fn every_guide_link_works_on_github_and_in_rustdoc() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let guides = root.join("docs/guide");
+    let module = fs::read_to_string(root.join("src/guide.rs")).unwrap();
+    let rustdoc_links: Vec<(&str, &str)> = module
+        .lines()
+        .map(|l| l.trim_start_matches("        \""))
+        .filter_map(|l| l.strip_prefix('[')?.split_once("]: "))
+        .collect();
+    let rustdoc_labels: Vec<&str> = rustdoc_links.iter().map(|(label, _)| *label).collect();
+    let mut problems = Vec::new();
+    // A guide's label leads to that guide's module, at the same heading.
+    for (label, target) in &rustdoc_links {
+        let (file, fragment) = label.split_once('#').unwrap_or((label, ""));
+        if let Some(stem) = file
+            .strip_suffix(".md")
+            .filter(|_| guides.join(file).is_file())
+        {
+            let mut expected = format!("crate::guide::{}", stem.replace('-', "_"));
+            if !fragment.is_empty() {
+                expected = format!("{expected}#{fragment}");
+            }
+            if *target != expected {
+                problems.push(format!(
+                    "src/guide.rs: `{label}` leads to `{target}`, not `{expected}`"
+                ));
+            }
+        }
+    }
+    for entry in fs::read_dir(&guides).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if !name.ends_with(".md") {
+            continue;
+        }
+        if !module.contains(&format!("include_str!(\"../docs/guide/{name}\")")) {
+            problems.push(format!("{name}: not a module of src/guide.rs"));
+        }
+        let text = fs::read_to_string(&path).unwrap();
+        let mut in_code = false;
+        let mut previous = "";
+        for (n, line) in text.lines().enumerate() {
+            let after = std::mem::replace(&mut previous, line);
+            if line.starts_with("```") {
+                in_code = !in_code;
+            }
+            if in_code {
+                continue;
+            }
+            for (at, _) in line.match_indices("](") {
+                let target = &line[at + 2..];
+                if !(target.starts_with("http://")
+                    || target.starts_with("https://")
+                    || target.starts_with('#'))
+                {
+                    problems.push(format!(
+                        "{name}:{}: an inline relative link; write it as a reference link",
+                        n + 1
+                    ));
+                }
+            }
+            let Some((label, target)) = line.strip_prefix('[').and_then(|l| l.split_once("]: "))
+            else {
+                continue;
+            };
+            // A definition cannot interrupt a paragraph: it would be read as text.
+            if !(after.trim().is_empty() || after.starts_with('[') && after.contains("]: ")) {
+                problems.push(format!(
+                    "{name}:{}: a link definition needs a blank line before it",
+                    n + 1
+                ));
+            }
+            if !rustdoc_labels.contains(&label) {
+                problems.push(format!(
+                    "{name}:{}: label `{label}` has no definition in src/guide.rs",
+                    n + 1
+                ));
+            }
+            if target.starts_with("http") || target.starts_with("<http") {
+                continue;
+            }
+            let (file, fragment) = target.split_once('#').unwrap_or((target, ""));
+            let Ok(linked) = fs::read_to_string(guides.join(file)) else {
+                problems.push(format!("{name}:{}: `{file}` does not exist", n + 1));
+                continue;
+            };
+            if !fragment.is_empty()
+                && !linked
+                    .lines()
+                    .filter(|l| l.starts_with('#'))
+                    .any(|l| heading_id(l) == fragment)
+            {
+                problems.push(format!(
+                    "{name}:{}: `{file}` has no heading `#{fragment}`",
+                    n + 1
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The anchor GitHub and rustdoc give a Markdown heading: lower case, spaces as `-`, other
+/// punctuation dropped.
+fn heading_id(heading: &str) -> String {
+    heading
+        .trim_start_matches('#')
+        .trim()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c.to_ascii_lowercase()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn heading_ids_follow_github_and_rustdoc() {
+    assert_eq!(
+        heading_id("## See them: the simulator"),
+        "see-them-the-simulator"
+    );
+    assert_eq!(
+        heading_id("## Memory, eviction and `maxmemory-policy`"),
+        "memory-eviction-and-maxmemory-policy"
+    );
 }
