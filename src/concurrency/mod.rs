@@ -31,10 +31,11 @@
 //! The in-memory table holds one small entry per key with a request in flight or waiting, up
 //! to [`max_keys`](ConcurrencyLimitLayerBuilder::max_keys) keys (a request for a new key
 //! beyond that is refused with `503`); a key with nothing in flight takes no memory. With the
-//! `redis` feature, [`RedisSlots`] shares the slots between instances as leases that expire:
-//! an instance that dies holding slots frees them when their leases run out, while live
-//! requests are renewed by one background task per layer and tokio runtime (a layer used from a
-//! new runtime connects there; one that shut down takes only its own connection with it). Slot
+//! `redis` feature, [`RedisSlots`](struct.RedisSlots.html) shares the slots between instances
+//! as leases that expire: an instance that dies holding slots frees them when their leases run
+//! out, while live requests are renewed by one background task per layer and tokio runtime (a
+//! layer used from a new runtime connects there; one that shut down takes only its own
+//! connection with it). Slot
 //! key names hold client keys only as a keyed hash, at most 58 bytes plus the prefix and the
 //! limit name.
 //!

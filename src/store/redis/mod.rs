@@ -124,18 +124,11 @@
 //! expires once its state equals a fresh key's, and no later than its last write plus the idle
 //! timeout (a write after Redis's clock went back adds the step).
 //!
-//! What Redis does when it reaches `maxmemory` decides whether a flood of distinct keys can
-//! reset a budget:
-//!
-//! - `noeviction` (Redis's default; recommended): nothing is evicted. Redis refuses scripts that
-//!   write, so a request that would be admitted fails and is decided by the limit's
-//!   [`FailurePolicy`] (`Closed`: refused with 503; `Open`: allowed and counted in
-//!   [`RedisStats::fail_open`]; `Local`: the local limiter), while a request that is rejected
-//!   writes nothing and is still rejected by Redis. An exhausted client never regains budget.
-//! - any `allkeys-*` or `volatile-*` policy: Redis may evict limiter keys (they all carry an
-//!   expiry), and an evicted key is a fresh budget. When it connects, the store reads the policy
-//!   with `CONFIG GET maxmemory-policy`, logs a warning for these policies and reports it in
-//!   [`RedisStats::maxmemory_policy`]. A server that refuses `CONFIG` leaves it `None`.
+//! Which `maxmemory-policy` the limiter needs, and why: the [Redis
+//! guide](crate::guide::redis#memory-eviction-and-maxmemory-policy). When it connects, the store
+//! reads the policy with `CONFIG GET maxmemory-policy`, logs a warning for a policy that may
+//! evict limiter keys and reports it in [`RedisStats::maxmemory_policy`] (`None` when the
+//! server refuses `CONFIG`).
 //!
 //! # When Redis cannot decide
 //!
