@@ -4,8 +4,8 @@
 //! over `http` requests: axum routers (`Router::layer`, or per route with `Router::route_layer`),
 //! tonic servers, plain hyper services. Each limit is a [`Quota`] enforced by one of six
 //! [algorithms](algorithm), counted per [key] (peer IP, client IP behind trusted proxies,
-//! API key, principal, route, or one global key) at a [cost] per request, in an in-memory
-//! LRU-bounded [store] or (feature `redis`) a shared Redis. Several limits in one layer
+//! API key, principal, route, or one global key) at a [cost] per request, in a bounded in-memory
+//! [store] or (feature `redis`) a shared Redis. Several limits in one layer
 //! are all-or-nothing: a request refused by one spends nothing from the others.
 //!
 //! Every response carries `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset`
