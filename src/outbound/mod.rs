@@ -142,6 +142,7 @@
 //! ```
 
 mod adaptive;
+mod attempts;
 mod backoff;
 mod budget;
 mod future;
@@ -152,9 +153,12 @@ mod key;
 mod layer;
 pub mod parse;
 mod replay;
+#[cfg(feature = "reqwest")]
+pub mod reqwest;
 mod schedule;
 mod service;
 
+pub use attempts::OutboundInfo;
 pub use backoff::Backoff;
 pub use budget::RetryBudget;
 pub use future::ResponseFuture;
@@ -162,4 +166,4 @@ pub use key::{Authority, UpstreamKey};
 pub use layer::{OutboundLayer, OutboundLayerBuilder};
 pub use replay::{clone_request, is_idempotent, Idempotent, NoReplay, Replay};
 pub use schedule::UpstreamStatus;
-pub use service::{Outbound, OutboundInfo};
+pub use service::Outbound;
