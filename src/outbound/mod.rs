@@ -1,8 +1,9 @@
 //! Client-side rate limiting: keep a client to its upstreams' limits.
 //!
 //! [`OutboundLayer`] wraps any `tower::Service<http::Request<_>>` client (hyper-util's
-//! legacy `Client`, a tonic `Channel`, a `service_fn`) and, per upstream ([`UpstreamKey`]:
-//! the request's authority by default, or a closure):
+//! legacy `Client`, a tonic `Channel`, a `service_fn`), or (feature `reqwest`) a reqwest client
+//! as the `reqwest-middleware` middleware [`reqwest::OutboundMiddleware`], and, per upstream
+//! ([`UpstreamKey`]: the request's authority by default, or a closure):
 //!
 //! - **shapes** its sending to a configured [`Quota`](crate::Quota): a call that does not fit
 //!   *waits* for its slot instead of failing. Slots are reserved on a [GCRA](crate::algorithm::Gcra)
