@@ -107,6 +107,7 @@
 //! | `tonic` | [`PeerIp`](key::PeerIp) and [`ClientIp`](key::ClientIp) read tonic's `TcpConnectInfo`; gRPC rejections carry `grpc-status-details-bin` (`RetryInfo`, `QuotaFailure`) |
 //! | `serde` | [`policy`]: limits, plans and keys described as data in any serde format |
 //! | `toml` | `Policy::from_toml_str` / `from_toml_file` and the policy file watcher (implies `serde`) |
+//! | `reqwest` | [`OutboundMiddleware`](outbound::reqwest::OutboundMiddleware): the [`outbound`] layer as a `reqwest-middleware` middleware, for reqwest 0.12 clients |
 //! | `metrics` | decisions, near-limit, store latency and errors, breaker state and keys held through the [`metrics`](https://docs.rs/metrics) facade ([`metrics`](mod@metrics)) |
 //!
 //! # Paths
@@ -189,7 +190,8 @@ pub struct ReadmeDoctests;
     feature = "redis",
     feature = "tonic",
     feature = "toml",
-    feature = "metrics"
+    feature = "metrics",
+    feature = "reqwest"
 ))]
 pub mod guide_doctests {
     #[doc = include_str!("../docs/guide/concurrency.md")]
