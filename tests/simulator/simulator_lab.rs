@@ -95,6 +95,27 @@ async fn api_answers_the_cli_table_and_picture_over_http() {
         assert_eq!(body["promises"].as_array().unwrap().len(), 6, "{body}");
     }
 
+    // Every scenario the page offers has its own caption saying what to look for.
+    let mut captions = Vec::new();
+    for scenario in lab::PAGE_SCENARIOS {
+        let body: Value = client
+            .get(format!("http://{addr}/api/simulate"))
+            .query(&[("scenario", scenario), ("limit", "5/10s")])
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let caption = body["caption"].as_str().unwrap().to_owned();
+        assert!(
+            caption.starts_with("Traffic: ") && caption.contains("Look for: "),
+            "{scenario}: {caption}"
+        );
+        assert!(!captions.contains(&caption), "{scenario}: {caption}");
+        captions.push(caption);
+    }
+
     for (query, says) in [
         ("scenario=edge&limit=ten%20per%20second", "cannot parse"),
         ("scenario=replay&limit=5/10s", "the page runs edge"),
