@@ -169,9 +169,18 @@ pub(crate) fn peer_ip(req: &RequestView<'_>, by: PeerFor) -> Result<IpAddr, KeyE
 /// axum; otherwise every framework's fix is listed. Without tollgate's `axum` feature, axum's
 /// `ConnectInfo` cannot be read at all, so the first fix listed is to turn the feature on.
 fn no_peer_reason(req: &RequestView<'_>, by: PeerFor) -> &'static str {
+    no_peer_reason_as_built(req, by, cfg!(feature = "axum"))
+}
+
+/// [`no_peer_reason`] for a build with (`axum_feature`) or without tollgate's `axum` feature: a
+/// parameter, so that the tests (which always build with it) check both builds' reasons.
+fn no_peer_reason_as_built(req: &RequestView<'_>, by: PeerFor, axum_feature: bool) -> &'static str {
     let by = by as usize;
     if req.is_grpc() {
         return NO_PEER_GRPC[by];
+    }
+    if !axum_feature {
+        return NO_PEER_ANY_WITHOUT_AXUM[by];
     }
     #[cfg(feature = "axum")]
     if req
@@ -181,11 +190,7 @@ fn no_peer_reason(req: &RequestView<'_>, by: PeerFor) -> &'static str {
     {
         return NO_PEER_AXUM[by];
     }
-    if cfg!(feature = "axum") {
-        NO_PEER_ANY[by]
-    } else {
-        NO_PEER_ANY_WITHOUT_AXUM[by]
-    }
+    NO_PEER_ANY[by]
 }
 
 /// The reason for [`PeerIp`](super::PeerIp) and for [`ClientIp`](super::ClientIp), with `$fix`.
@@ -583,27 +588,40 @@ mod tests {
         }
     }
 
+    /// Forgetting `features = ["axum"]`: axum's `ConnectInfo` may be there but cannot be read
+    /// (nor its `MatchedPath`), and the reason says to turn the feature on. The tests always
+    /// build with the feature (the crate is its own dev-dependency), so the build without it is
+    /// the `axum_feature` parameter.
     #[test]
     fn missing_peer_without_the_axum_feature_says_to_enable_it() {
-        // The reason a build without the `axum` feature gives (checked in every build; the
-        // test below checks that such a build gives it).
-        for reason in NO_PEER_ANY_WITHOUT_AXUM {
+        let plain = http::Request::get("/").body(()).unwrap();
+        let view = RequestView::new(&plain);
+        for (by, name) in [(PeerFor::PeerIp, "PeerIp"), (PeerFor::ClientIp, "ClientIp")] {
+            let reason = no_peer_reason_as_built(&view, by, false);
             for fix in [
                 "`axum` feature",
                 r#"features = ["axum"]"#,
-                "into_make_service_with_connect_info",
+                "into_make_service_with_connect_info::<SocketAddr>()",
+                "`tonic` feature",
             ] {
-                assert!(reason.contains(fix), "{fix}: {reason}");
+                assert!(reason.contains(fix), "{name}, {fix}: {reason}");
             }
+            assert_eq!(
+                reason.contains("trusted proxy"),
+                by == PeerFor::ClientIp,
+                "{reason}"
+            );
+            // With the feature, the reason does not ask for it again.
+            let built = no_peer_reason_as_built(&view, by, true);
+            assert!(!built.contains(r#"features = ["axum"]"#), "{built}");
         }
-        assert!(NO_PEER_ANY_WITHOUT_AXUM[1].contains("trusted proxy"));
-        let plain = http::Request::get("/").body(()).unwrap();
-        let expected = if cfg!(feature = "axum") {
-            NO_PEER_ANY[0]
-        } else {
-            NO_PEER_ANY_WITHOUT_AXUM[0]
-        };
-        assert_eq!(no_peer(&plain).reason(), expected);
+        // What this build answers: PeerIp on a request with no address.
+        let err = no_peer(&plain);
+        assert!(err.is_misconfiguration());
+        assert_eq!(
+            err.reason(),
+            no_peer_reason_as_built(&view, PeerFor::PeerIp, cfg!(feature = "axum"))
+        );
     }
 
     #[cfg(feature = "tonic")]

@@ -195,20 +195,6 @@ mod tests {
         assert!(err.reason().contains("SocketAddr"), "{err}");
     }
 
-    /// Forgetting `features = ["axum"]`: axum's `ConnectInfo` is there but cannot be read, and
-    /// the reason says to turn the feature on.
-    #[cfg(not(feature = "axum"))]
-    #[test]
-    fn without_the_axum_feature_the_reason_says_to_enable_it() {
-        let err = extract(&PeerIp::new(), None).unwrap_err();
-        assert!(err.is_misconfiguration());
-        assert!(err.reason().contains(r#"features = ["axum"]"#), "{err}");
-        assert!(
-            err.reason().contains("into_make_service_with_connect_info"),
-            "{err}"
-        );
-    }
-
     #[cfg(feature = "axum")]
     #[test]
     fn reads_axum_connect_info() {
