@@ -106,9 +106,46 @@ impl StoreError {
 }
 
 impl fmt::Display for StoreError {
+    /// `rate-limit store <kind>: <message>`, each said once:
+    /// `rate-limit store unavailable: redis: Connection refused (os error 111)`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "rate-limit store {:?}: {}", self.kind, self.message)
+        write!(f, "rate-limit store {}: {}", self.kind, self.message)
+    }
+}
+
+impl fmt::Display for StoreErrorKind {
+    /// What happened, in words: `timed out`, `unavailable`, `answered an invalid response`,
+    /// `failed`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StoreErrorKind::Timeout => "timed out",
+            StoreErrorKind::Unavailable => "unavailable",
+            StoreErrorKind::InvalidResponse => "answered an invalid response",
+            StoreErrorKind::Other => "failed",
+        })
     }
 }
 
 impl std::error::Error for StoreError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_error_says_each_thing_once() {
+        let err = StoreError::new(StoreErrorKind::Unavailable, "redis: Connection refused");
+        assert_eq!(
+            err.to_string(),
+            "rate-limit store unavailable: redis: Connection refused"
+        );
+        let err = StoreError::new(StoreErrorKind::Timeout, "redis did not answer within 5ms");
+        assert_eq!(
+            err.to_string(),
+            "rate-limit store timed out: redis did not answer within 5ms"
+        );
+        // A suggested wait changes what clients are told, not the text.
+        let later = err.clone().with_retry_after(Duration::from_secs(1));
+        assert_eq!(later.to_string(), err.to_string());
+    }
+}

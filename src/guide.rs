@@ -65,6 +65,7 @@ macro_rules! guide_links {
 [examples/plans.toml]: https://docs.rs/crate/tollgate/latest/source/examples/plans.toml
 [edge.svg]: https://docs.rs/crate/tollgate/latest/source/docs/simulator/edge.svg
 [burst.svg]: https://docs.rs/crate/tollgate/latest/source/docs/simulator/burst.svg
+[replay-example.log]: https://docs.rs/crate/tollgate/latest/source/docs/simulator/replay-example.log
 [tollgate::key]: crate::key
 [ClientIp]: crate::key::ClientIp
 [tollgate::metrics]: mod@crate::metrics

@@ -102,6 +102,7 @@
 //! | `redis` | the Redis store (single node or Cluster), the hybrid tier, Redis-shared concurrency slots |
 //! | `serde` | the `policy` module: limits, plans and keys described as data in any serde format |
 //! | `toml` | `Policy::from_toml_str`, `Policy::from_toml_file` and the policy file watcher (implies `serde`) |
+//! | `reqwest` | [`OutboundMiddleware`](outbound/reqwest/struct.OutboundMiddleware.html): the [`outbound`] layer as a `reqwest-middleware` middleware, for reqwest 0.12 clients |
 //! | `metrics` | decisions, near-limit, store latency and errors, breaker state and keys held, through the [`metrics`](https://docs.rs/metrics) facade (see [`metrics`](mod@metrics)) |
 //!
 //! # Paths
@@ -151,7 +152,8 @@ pub mod fuzzing;
         feature = "redis",
         feature = "tonic",
         feature = "toml",
-        feature = "metrics"
+        feature = "metrics",
+        feature = "reqwest"
     )
 ))]
 // docs.rs's `doc_cfg` would badge the module with the features of its doctest cfg.

@@ -43,8 +43,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         )?;
         Ok(())
     })
-    .interval(Duration::from_millis(500))?
-    .spawn();
+    .interval(Duration::from_millis(500))
+    .spawn()?;
     // ... and on SIGHUP.
     #[cfg(unix)]
     {

@@ -77,8 +77,10 @@ pub enum Scenario {
     /// An attacker timing bursts at window seams: `count` just before each seam, `count` right
     /// on it, then a trickle at twice the rate until the next seam.
     SeamAttack,
-    /// A user's log: one request per line, `SECONDS [KEY [COST]]`.
+    /// A user's log file: one request per line, `SECONDS [KEY [COST]]`.
     Replay(String),
+    /// A log pasted into the lab page, in the same format as [`Scenario::Replay`]'s file.
+    Pasted(String),
 }
 
 impl Scenario {
@@ -113,7 +115,7 @@ impl Scenario {
             Self::Burst => "burst",
             Self::Steady { .. } => "steady",
             Self::SeamAttack => "seam-attack",
-            Self::Replay(_) => "replay",
+            Self::Replay(_) | Self::Pasted(_) => "replay",
         }
     }
 
@@ -138,7 +140,76 @@ impl Scenario {
                     .map_err(|e| format!("cannot read the replay file {file:?}: {e}"))?;
                 parse_replay(&text, period).map_err(|e| format!("{file}: {e}"))?
             }
+            Self::Pasted(text) => {
+                parse_replay(text, period).map_err(|e| format!("the pasted log, {e}"))?
+            }
         })
+    }
+
+    /// What the traffic is and what to look for in the lanes, for `quota` and the `stream` it
+    /// produced (one short paragraph, shown under the title).
+    pub fn caption(&self, quota: &Quota, stream: &Stream) -> String {
+        let c = quota.count();
+        let p = secs(quota.period_micros());
+        let tenth = secs(quota.period_micros() / 10);
+        match self {
+            Self::Edge => format!(
+                "Traffic: {c} requests in the last {tenth} before the window seams at {p} and \
+                 {} and {c} in the first {tenth} after each. Look for: at the first seam the \
+                 fixed window lets all {} through, twice its limit and exactly its promise; the \
+                 sliding counter lets a few extra through; the sliding log never more than {c} \
+                 in any {p}.",
+                secs(2 * quota.period_micros()),
+                2 * c
+            ),
+            Self::Burst => format!(
+                "Traffic: {} requests at once at {tenth}, then a steady stream at twice the rate \
+                 ({} per {p}) for {}. Look for: the buckets admit a full bucket ({}) at once, \
+                 then one request per refill ({}); the window algorithms admit {c} and then \
+                 wait for their window to move.",
+                2 * c,
+                2 * c,
+                secs(3 * quota.period_micros()),
+                quota.burst_size(),
+                secs(quota.period_micros() / c.max(1)),
+            ),
+            Self::Steady { windows, rate, .. } => {
+                let phases = match rate {
+                    Some(f) => format!("{f}×"),
+                    None => "0.8×, then 1×, then 2×".to_owned(),
+                };
+                format!(
+                    "Traffic: random (Poisson) arrivals on one key at {phases} the rate, {windows} \
+                     periods of {p} each. Look for: below the rate every algorithm admits nearly \
+                     everything; at and above it they admit about as much but disagree on which \
+                     requests, as the last column counts."
+                )
+            }
+            Self::SeamAttack => format!(
+                "Traffic: an attacker sends {c} requests just before each of three window seams \
+                 and {c} right on it, then trickles at twice the rate until the next. Look for: \
+                 the fixed window and the sliding counter let up to {} through in one {p} (they \
+                 promise {c} per aligned window, not per sliding one); the sliding log holds \
+                 {c}; the buckets stay within burst + rate × time.",
+                2 * c
+            ),
+            Self::Replay(_) | Self::Pasted(_) => {
+                let span = match (stream.requests.first(), stream.requests.last()) {
+                    (Some(a), Some(b)) => secs(b.at - a.at),
+                    _ => secs(0),
+                };
+                let keys = match stream.keys.len() {
+                    1 => "one key".to_owned(),
+                    n => format!("{n} keys"),
+                };
+                format!(
+                    "Traffic: your log, {} requests from {keys} over {span}. Look for: where the \
+                     lanes part ways, and the shaded {p} in which each algorithm admitted the \
+                     most (for the key that came closest to the limit).",
+                    stream.requests.len()
+                )
+            }
+        }
     }
 }
 
@@ -208,6 +279,11 @@ pub fn poisson(count: u64, period: u64, factors: &[f64], windows: u64, seed: u64
     s
 }
 
+/// The largest cost a replayed request may have (sums of costs then stay far from overflow).
+pub const MAX_COST: u64 = 1_000_000_000;
+/// The latest time a replayed request may have, in seconds (epoch seconds are about 1.8 × 10^9).
+pub const MAX_SECONDS: u64 = 100_000_000_000;
+
 /// Parses a replay log: one request per line, `SECONDS [KEY [COST]]` (fields split by spaces,
 /// tabs or commas; blank lines and `#` comments skipped). Times are decimal seconds; epoch
 /// seconds work: the clock's origin is the earliest time rounded down to a multiple of `period`
@@ -227,7 +303,10 @@ pub fn parse_replay(text: &str, period: u64) -> Result<Stream, String> {
         let at = fields
             .next()
             .and_then(parse_seconds)
-            .ok_or_else(|| bad("the first field must be a time in decimal seconds (12.5)"))?;
+            .filter(|&at| at <= MAX_SECONDS * SECOND)
+            .ok_or_else(|| {
+                bad("the first field must be a time in decimal seconds (12.5), at most 10^11")
+            })?;
         let key = fields.next().unwrap_or("client");
         if key.len() > 256 {
             return Err(bad("the key is longer than 256 bytes"));
@@ -235,8 +314,12 @@ pub fn parse_replay(text: &str, period: u64) -> Result<Stream, String> {
         let cost = match fields.next() {
             None => 1,
             Some(c) => c
-                .parse()
-                .map_err(|_| bad("the cost (third field) must be a whole number"))?,
+                .parse::<u64>()
+                .ok()
+                .filter(|&c| c <= MAX_COST)
+                .ok_or_else(|| {
+                    bad("the cost (third field) must be a whole number up to 1000000000")
+                })?,
         };
         if fields.next().is_some() {
             return Err(bad("expected at most three fields: SECONDS [KEY [COST]]"));
@@ -437,6 +520,9 @@ pub struct Outcome {
     pub aligned: u64,
     /// The window algorithms' second promise: at most this many in an aligned window.
     pub aligned_bound: Option<u64>,
+    /// The first algorithm (in [`AlgorithmKind::ALL`] order) that decided every request of the
+    /// stream exactly as this one did, if any.
+    pub same_as: Option<AlgorithmKind>,
 }
 
 impl Outcome {
@@ -495,7 +581,12 @@ pub fn analyse(stream: &Stream, quota: &Quota, decisions: &[Vec<bool>]) -> Vec<O
     AlgorithmKind::ALL
         .iter()
         .zip(decisions)
-        .map(|(&kind, d)| Outcome {
+        .enumerate()
+        .map(|(n, (&kind, d))| Outcome {
+            same_as: decisions[..n]
+                .iter()
+                .position(|earlier| earlier == d)
+                .map(|i| AlgorithmKind::ALL[i]),
             kind,
             offered: d.len(),
             admitted: d.iter().filter(|&&a| a).count(),
@@ -521,8 +612,18 @@ pub const HEADER: [&str; 7] = [
     "most in any window",
     "promised",
     "held",
-    "differs from log",
+    "unlike an exact count",
 ];
+
+/// What the table's last column counts, for `quota` (printed under the table).
+pub fn table_note(quota: &Quota) -> String {
+    format!(
+        "unlike an exact count: the requests that an exact count of the last {} (the sliding \
+         log's rule) would have decided the other way, given what the algorithm had admitted \
+         before them.",
+        secs(quota.period_micros())
+    )
+}
 
 /// Seconds, to the millisecond, without trailing zeros ("9.8 s").
 pub fn secs(micros: u64) -> String {
@@ -531,29 +632,134 @@ pub fn secs(micros: u64) -> String {
     format!("{text} s")
 }
 
+/// A percentage with the digits that mean something: "0 %", "25 %", "1.1 %", "0.0031 %" (two
+/// significant digits at most, and never "0 %" for a nonzero share).
+pub fn percent(p: f64) -> String {
+    if p <= 0.0 || !p.is_finite() {
+        return "0 %".to_owned();
+    }
+    let decimals = if p >= 10.0 {
+        0
+    } else {
+        // One decimal at 1 %, two at 0.1 %, ...: two significant digits.
+        (1.0 - p.log10().floor()) as usize
+    };
+    let text = format!("{p:.decimals$}");
+    let text = if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.')
+    } else {
+        &text
+    };
+    format!("{text} %")
+}
+
+/// `count` per `period` as a rate: "0.5/s" when that is exact to the millisecond, otherwise
+/// "(100 per 60 s)".
+fn rate(count: u64, period: u64) -> String {
+    let per_second_milli = u128::from(count) * 1_000_000_000 / u128::from(period.max(1));
+    if per_second_milli * u128::from(period.max(1)) == u128::from(count) * 1_000_000_000 {
+        let text = format!("{:.3}", per_second_milli as f64 / 1000.0);
+        format!("{}/s", text.trim_end_matches('0').trim_end_matches('.'))
+    } else {
+        format!("({count} per {})", secs(period))
+    }
+}
+
+/// The bound `kind` promises at `quota`, explained in one line with the numbers filled in.
+pub fn promise(kind: AlgorithmKind, quota: &Quota) -> String {
+    let q = quota_for(kind, quota);
+    let (c, period) = (q.count(), q.period_micros());
+    let p = secs(period);
+    match kind {
+        AlgorithmKind::FixedWindow => format!(
+            "at most {c} in each aligned window ([0, {p}), [{p}, {}), …), so up to 2 × {c} = {} \
+             in a {p} window that straddles a seam",
+            secs(2 * period),
+            bound(kind, quota)
+        ),
+        AlgorithmKind::SlidingWindow => format!(
+            "at most {c} in each aligned window; its estimate lets up to 2 × {c} = {} through a \
+             {p} window against bursts timed at the seams",
+            bound(kind, quota)
+        ),
+        AlgorithmKind::SlidingLog => format!("at most {c} in any {p} window, counted exactly"),
+        // The buckets, as in `bound`.
+        _ => {
+            format!(
+                "at most burst + rate × t in any window of length t, so {} + {} × {p} = {} in {p}",
+                q.burst_size(),
+                rate(c, period),
+                bound(kind, quota)
+            )
+        }
+    }
+}
+
+/// Why `kind` decided every request as `reference` did.
+pub fn why_same(kind: AlgorithmKind, reference: AlgorithmKind) -> &'static str {
+    use AlgorithmKind::{Gcra, LeakyBucket, TokenBucket};
+    match (reference, kind) {
+        (TokenBucket, Gcra) => {
+            "the same limit expressed two ways: GCRA keeps the token bucket as one timestamp, \
+             the moment the bucket is full again, instead of a token count"
+        }
+        (TokenBucket | Gcra, LeakyBucket) => {
+            "the same limit expressed two ways: a leaky bucket as a meter counts the units \
+             queued where the token bucket counts the tokens left"
+        }
+        _ => "different rules that happen to agree on this traffic",
+    }
+}
+
+/// One sentence per algorithm that decided exactly as an earlier one, saying so and why.
+pub fn same_notes(outcomes: &[Outcome]) -> Vec<String> {
+    outcomes
+        .iter()
+        .filter_map(|o| {
+            let reference = o.same_as?;
+            Some(format!(
+                "{} decided all {} requests exactly as {reference} did ({}).",
+                o.kind,
+                o.offered,
+                why_same(o.kind, reference)
+            ))
+        })
+        .collect()
+}
+
+/// "10 within 1.8 s (from 9 s)", or "5 at once (at 1 s)".
+pub fn worst_text(worst: &Worst) -> String {
+    if worst.units == 0 {
+        "0".to_owned()
+    } else if worst.first == worst.last {
+        format!("{} at once (at {})", worst.units, secs(worst.first))
+    } else {
+        format!(
+            "{} within {} (from {})",
+            worst.units,
+            secs(worst.last - worst.first),
+            secs(worst.first)
+        )
+    }
+}
+
 /// The table's rows, as text: the CLI prints them, the lab page shows them.
 pub fn rows(outcomes: &[Outcome]) -> Vec<[String; 7]> {
     outcomes
         .iter()
         .map(|o| {
-            let worst = if o.worst.units == 0 {
-                "0".to_owned()
-            } else {
-                format!(
-                    "{} within {} (from {})",
-                    o.worst.units,
-                    secs(o.worst.last - o.worst.first),
-                    secs(o.worst.first)
-                )
-            };
             [
                 o.kind.as_str().to_owned(),
                 o.offered.to_string(),
                 o.admitted.to_string(),
-                worst,
-                format!("<= {}", o.bound),
+                worst_text(&o.worst),
+                format!("at most {}", o.bound),
                 if o.held() { "yes" } else { "NO" }.to_owned(),
-                format!("{:.3} %", o.differs_percent()),
+                if o.differs == 0 {
+                    "none".to_owned()
+                } else {
+                    format!("{} ({})", o.differs, percent(o.differs_percent()))
+                },
             ]
         })
         .collect()

@@ -12,7 +12,9 @@
 //! `--store redis`) on a manual clock set to each request's time. The table gives, per
 //! algorithm, the requests offered and admitted, the most admitted in any window of the limit's
 //! period (exact, over every window position), the bound the docs promise, whether it held, and
-//! the share of decisions that differ from the exact sliding log on the same stream.
+//! how many decisions an exact count of the last period would have made the other way; under it,
+//! what to look for in the scenario, the bound each algorithm promises explained, and which
+//! algorithms decided every request alike (and why).
 
 mod engine;
 mod lab;
@@ -162,7 +164,16 @@ async fn run_cli(args: Args) -> Result<ExitCode, String> {
         other => return Err(format!("--store {other:?}: use memory or redis")),
     };
     println!("{}\n", sim.title);
+    println!("{}\n", wrap(&sim.caption));
     print!("{}", render_table(&sim.rows));
+    println!("\n{}", wrap(&sim.note));
+    println!("\npromised:");
+    for line in &sim.promises {
+        println!("  {line}");
+    }
+    for line in &sim.same {
+        println!("\n{}", wrap(line));
+    }
     for o in sim.outcomes.iter().filter(|o| !o.held()) {
         failed = true;
         println!(
@@ -179,6 +190,24 @@ async fn run_cli(args: Args) -> Result<ExitCode, String> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// `text` wrapped at 100 columns.
+fn wrap(text: &str) -> String {
+    let mut out = String::new();
+    let mut width = 0;
+    for word in text.split_whitespace() {
+        if width > 0 && width + 1 + word.chars().count() > 100 {
+            out.push('\n');
+            width = 0;
+        } else if width > 0 {
+            out.push(' ');
+            width += 1;
+        }
+        out.push_str(word);
+        width += word.chars().count();
+    }
+    out
 }
 
 /// Runs the stream through Redis too; returns the Redis simulation and whether every decision

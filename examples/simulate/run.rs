@@ -3,7 +3,10 @@
 
 use tollgate::Quota;
 
-use super::engine::{analyse, decide_memory, describe, rows, Outcome, Scenario, Stream};
+use super::engine::{
+    analyse, decide_memory, describe, promise, rows, same_notes, table_note, Outcome, Scenario,
+    Stream,
+};
 use super::svg;
 
 /// Everything one simulation produced.
@@ -19,6 +22,14 @@ pub struct Simulation {
     pub rows: Vec<[String; 7]>,
     /// The title of the picture and the table.
     pub title: String,
+    /// What the traffic is and what to look for ([`Scenario::caption`]).
+    pub caption: String,
+    /// What the table's last column counts.
+    pub note: String,
+    /// Each algorithm's promise explained in one line, in `AlgorithmKind::ALL` order.
+    pub promises: Vec<String>,
+    /// One sentence per algorithm that decided exactly as an earlier one did.
+    pub same: Vec<String>,
 }
 
 /// Parses a `--limit` value such as `5/10s` or `10/s burst 20`.
@@ -43,6 +54,13 @@ pub fn finish(
     let outcomes = analyse(&stream, quota, &decisions);
     Simulation {
         rows: rows(&outcomes),
+        caption: scenario.caption(quota, &stream),
+        note: table_note(quota),
+        promises: outcomes
+            .iter()
+            .map(|o| format!("{}: {}", o.kind, promise(o.kind, quota)))
+            .collect(),
+        same: same_notes(&outcomes),
         title: format!(
             "scenario {}: {} requests, limit {}",
             scenario.name(),

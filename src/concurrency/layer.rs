@@ -59,8 +59,11 @@ pub(crate) enum Refusal {
     TooManyKeys,
     /// The slot store failed (Redis unreachable) and the layer fails closed.
     Unavailable,
-    /// The request has no key.
-    MissingKey { status: StatusCode },
+    /// The request has no key; `fix` is the extractor's reason when the server is misconfigured.
+    MissingKey {
+        status: StatusCode,
+        fix: Option<&'static str>,
+    },
 }
 
 impl Shared {
@@ -94,11 +97,14 @@ impl Shared {
                 "Service Unavailable",
                 format!("Concurrency limit \"{name}\" cannot reach its slot store; retry shortly."),
             ),
-            Refusal::MissingKey { status } => (
+            Refusal::MissingKey { status, fix } => (
                 status,
                 "urn:tollgate:problem:missing-key",
                 "Concurrency Limit Key Unavailable",
-                format!("Concurrency limit \"{name}\" found no key in the request."),
+                match fix {
+                    Some(fix) => format!("Concurrency limit \"{name}\" cannot identify the client because the server is misconfigured: {fix}."),
+                    None => format!("Concurrency limit \"{name}\" found no key in the request."),
+                },
             ),
         };
         if req.is_grpc() {

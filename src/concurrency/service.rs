@@ -12,6 +12,7 @@ use super::body::{ResponseBody, Slot};
 use super::future::ResponseFuture;
 use super::layer::{ConcurrencyLimitLayer, Refusal, Shared, Slots};
 use super::table::Acquire;
+use crate::key::{report_misconfiguration, Consequence};
 use crate::request::RequestView;
 
 /// Caps the requests in flight per key around `S`; see the [module docs](super).
@@ -87,13 +88,32 @@ where
             Ok(key) => key,
             Err(error) => match shared.on_missing_key.status_for(&error) {
                 None => {
-                    tracing::trace!(policy = %shared.name, reason = %error, "no concurrency key; limit skipped");
+                    if error.is_misconfiguration() {
+                        report_misconfiguration(
+                            "concurrency limit",
+                            shared.name.as_str(),
+                            &error,
+                            Consequence::Skipped,
+                        );
+                    } else {
+                        tracing::trace!(policy = %shared.name, reason = %error, "no concurrency key; limit skipped");
+                    }
                     return ResponseFuture::inner(self.inner.call(req), None);
                 }
                 Some(status) => {
-                    tracing::debug!(policy = %shared.name, reason = %error, %status, "no concurrency key; request refused");
+                    if error.is_misconfiguration() {
+                        report_misconfiguration(
+                            "concurrency limit",
+                            shared.name.as_str(),
+                            &error,
+                            Consequence::Refused,
+                        );
+                    } else {
+                        tracing::debug!(policy = %shared.name, reason = %error, %status, "no concurrency key; request refused");
+                    }
+                    let fix = error.fix();
                     return ResponseFuture::rejected(
-                        shared.refuse(&view, Refusal::MissingKey { status }),
+                        shared.refuse(&view, Refusal::MissingKey { status, fix }),
                     );
                 }
             },

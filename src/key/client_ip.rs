@@ -7,7 +7,7 @@ use http::header::{HeaderName, FORWARDED};
 use http::HeaderMap;
 
 use super::forwarded::{parse_forwarded_element, parse_plain_node, trim_ows, RSplitUnquoted};
-use super::ip::{check_ipv6_prefix, group, peer_ip, Cidr, DEFAULT_IPV6_PREFIX};
+use super::ip::{check_ipv6_prefix, group, peer_ip, Cidr, PeerFor, DEFAULT_IPV6_PREFIX};
 use super::{Key, KeyError, KeyExtractor};
 use crate::error::ConfigError;
 use crate::request::RequestView;
@@ -270,7 +270,7 @@ impl ClientIp {
 
 impl KeyExtractor for ClientIp {
     fn extract<'r>(&self, req: &RequestView<'r>) -> Result<Key<'r>, KeyError> {
-        let peer = peer_ip(req)?;
+        let peer = peer_ip(req, PeerFor::ClientIp)?;
         let client = if self.is_trusted(peer) {
             self.client_behind(peer, req.headers())
         } else {
@@ -679,6 +679,8 @@ mod tests {
             .unwrap();
         let err = client_ip().extract(&RequestView::new(&req)).unwrap_err();
         assert!(err.is_misconfiguration());
+        assert!(err.reason().contains("trusted proxy"), "{err}");
+        assert!(err.reason().contains("SocketAddr"), "{err}");
     }
 
     #[test]

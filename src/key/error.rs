@@ -10,8 +10,11 @@ use std::fmt;
 /// - **the request lacks what the key needs** ([`KeyError::new`]): no `x-api-key` header, an
 ///   over-long one, no authenticated principal. The client can fix this (a `4xx`).
 /// - **the server is misconfigured** ([`KeyError::misconfigured`]): no peer address because the
-///   server was not started with connection info, no matched route because the layer sits outside
-///   the router. No client can fix this (a `5xx`), and it shows up on the first request in testing.
+///   server was not started with connection info (or tollgate's `axum` feature is off), no
+///   matched route because the layer sits outside the router. No client can fix this: the
+///   layer answers `500 Internal Server Error` (see [`MissingKey`](super::MissingKey)) **with
+///   the reason in the body**, so the fix shows on the first request in testing, without a
+///   `tracing` subscriber.
 ///
 /// ```
 /// use tollgate::key::{HeaderKey, KeyExtractor, PeerIp};
@@ -24,8 +27,33 @@ use std::fmt;
 /// assert_eq!(err.reason(), "missing x-api-key header");
 /// assert!(!err.is_misconfiguration());
 ///
+/// // No peer address: the reason names the fix (which feature, which serving call).
 /// let err = PeerIp::new().extract(&view).unwrap_err();
 /// assert!(err.is_misconfiguration(), "{err}");
+/// assert!(err.reason().contains("into_make_service_with_connect_info"), "{err}");
+/// ```
+///
+/// A custom extractor gives its own fix:
+///
+/// ```
+/// use tollgate::key::{Key, KeyError, KeyExtractor};
+/// use tollgate::RequestView;
+///
+/// #[derive(Clone)]
+/// struct Tenant(u64);
+///
+/// fn by_tenant<'r>(req: &RequestView<'r>) -> Result<Key<'r>, KeyError> {
+///     match req.extensions().get::<Tenant>() {
+///         Some(tenant) => Ok(Key::int(tenant.0)),
+///         None => Err(KeyError::misconfigured(
+///             "no Tenant in the request extensions: put the tenant layer before the rate limiter",
+///         )),
+///     }
+/// }
+///
+/// let req = http::Request::get("/").body(()).unwrap();
+/// let err = by_tenant.extract(&RequestView::new(&req)).unwrap_err();
+/// assert!(err.is_misconfiguration());
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyError {
@@ -36,6 +64,9 @@ pub struct KeyError {
 impl KeyError {
     /// A key error caused by the request, with a reason a client can read
     /// (`"missing x-api-key header"`).
+    ///
+    /// The default rejection sends the reason in a `4xx` body (not in a `5xx` one): name what
+    /// is missing, never echo a header's value.
     pub fn new(reason: impl Into<Cow<'static, str>>) -> Self {
         Self {
             reason: reason.into(),
@@ -44,10 +75,16 @@ impl KeyError {
     }
 
     /// A key error caused by the server's setup rather than the request (no peer address, no
-    /// matched route), with a reason that says what to fix.
-    pub fn misconfigured(reason: impl Into<Cow<'static, str>>) -> Self {
+    /// matched route), with a reason that says what is missing and how to fix it.
+    ///
+    /// The default rejection sends the reason in the body of its `500` (problem+json `detail`,
+    /// gRPC status message) and, when no `tracing` subscriber is installed, prints it once to
+    /// stderr: a developer who serves the app wrongly reads the fix in the first response. It is
+    /// a `&'static str` because it describes the setup, which no request changes, and so that
+    /// it cannot carry a header value, a key or anything else from a request.
+    pub fn misconfigured(reason: &'static str) -> Self {
         Self {
-            reason: reason.into(),
+            reason: Cow::Borrowed(reason),
             misconfiguration: true,
         }
     }
@@ -60,6 +97,15 @@ impl KeyError {
     /// Whether the server's setup, not the request, is at fault (see [`KeyError::misconfigured`]).
     pub fn is_misconfiguration(&self) -> bool {
         self.misconfiguration
+    }
+
+    /// The reason of a misconfiguration (what to fix), which responses carry; `None` for an
+    /// error caused by the request.
+    pub(crate) fn fix(&self) -> Option<&'static str> {
+        match (&self.reason, self.misconfiguration) {
+            (Cow::Borrowed(reason), true) => Some(reason),
+            _ => None,
+        }
     }
 }
 

@@ -127,6 +127,15 @@ fn mask32(prefix: u8) -> u32 {
     }
 }
 
+/// Which extractor reads the peer address, for the wording of the reason when there is none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PeerFor {
+    /// [`PeerIp`](super::PeerIp): the peer is the key.
+    PeerIp = 0,
+    /// [`ClientIp`](super::ClientIp): the peer decides whether forwarding headers are trusted.
+    ClientIp = 1,
+}
+
 /// The TCP peer address of a request, as a [`canonical`] address, from the first of:
 ///
 /// - axum's `ConnectInfo<SocketAddr>` (feature `axum`);
@@ -136,7 +145,7 @@ fn mask32(prefix: u8) -> u32 {
 ///
 /// Without any, a [misconfiguration](KeyError::is_misconfiguration) whose reason names the fix
 /// for the framework the request came through.
-pub(crate) fn peer_ip(req: &RequestView<'_>) -> Result<IpAddr, KeyError> {
+pub(crate) fn peer_ip(req: &RequestView<'_>, by: PeerFor) -> Result<IpAddr, KeyError> {
     let extensions = req.extensions();
     #[cfg(feature = "axum")]
     if let Some(info) = extensions.get::<axum::extract::ConnectInfo<SocketAddr>>() {
@@ -151,16 +160,27 @@ pub(crate) fn peer_ip(req: &RequestView<'_>) -> Result<IpAddr, KeyError> {
     }
     match extensions.get::<SocketAddr>() {
         Some(addr) => Ok(canonical(addr.ip())),
-        None => Err(KeyError::misconfigured(no_peer_reason(req))),
+        None => Err(KeyError::misconfigured(no_peer_reason(req, by))),
     }
 }
 
 /// Why there is no peer address, and the fix for the framework `req` came through: a gRPC
 /// request was served by tonic (or another gRPC server), a request with axum's `MatchedPath` by
-/// axum; otherwise every framework's fix is listed.
-fn no_peer_reason(req: &RequestView<'_>) -> &'static str {
+/// axum; otherwise every framework's fix is listed. Without tollgate's `axum` feature, axum's
+/// `ConnectInfo` cannot be read at all, so the first fix listed is to turn the feature on.
+fn no_peer_reason(req: &RequestView<'_>, by: PeerFor) -> &'static str {
+    no_peer_reason_as_built(req, by, cfg!(feature = "axum"))
+}
+
+/// [`no_peer_reason`] for a build with (`axum_feature`) or without tollgate's `axum` feature: a
+/// parameter, so that the tests (which always build with it) check both builds' reasons.
+fn no_peer_reason_as_built(req: &RequestView<'_>, by: PeerFor, axum_feature: bool) -> &'static str {
+    let by = by as usize;
     if req.is_grpc() {
-        return NO_PEER_GRPC;
+        return NO_PEER_GRPC[by];
+    }
+    if !axum_feature {
+        return NO_PEER_ANY_WITHOUT_AXUM[by];
     }
     #[cfg(feature = "axum")]
     if req
@@ -168,34 +188,56 @@ fn no_peer_reason(req: &RequestView<'_>) -> &'static str {
         .get::<axum::extract::MatchedPath>()
         .is_some()
     {
-        return NO_PEER_AXUM;
+        return NO_PEER_AXUM[by];
     }
-    NO_PEER_ANY
+    NO_PEER_ANY[by]
+}
+
+/// The reason for [`PeerIp`](super::PeerIp) and for [`ClientIp`](super::ClientIp), with `$fix`.
+macro_rules! no_peer {
+    ($fix:literal) => {
+        [
+            concat!("no peer address in the request: ", $fix),
+            concat!(
+                "no peer address in the request, which ClientIp needs even behind a proxy (it \
+                 believes forwarding headers only from a peer in its trusted proxy ranges): ",
+                $fix
+            ),
+        ]
+    };
 }
 
 #[cfg(feature = "tonic")]
-const NO_PEER_GRPC: &str = "no peer address in the gRPC request: tonic records it (as \
-    `TcpConnectInfo`) only when its own `Server` accepts plain TCP connections; over TLS, a Unix \
-    socket or a custom `serve_with_incoming` stream, insert the client's `SocketAddr` into the \
-    request extensions";
+const NO_PEER_GRPC: [&str; 2] = no_peer!(
+    "tonic records it (as `TcpConnectInfo`) only when its own `Server` accepts plain TCP \
+     connections; over TLS, a Unix socket or a custom `serve_with_incoming` stream, insert the \
+     client's `SocketAddr` into the request extensions"
+);
 #[cfg(not(feature = "tonic"))]
-const NO_PEER_GRPC: &str = "no peer address in the gRPC request: with a tonic server, enable \
-    tollgate's `tonic` feature so the peer is read from tonic's `TcpConnectInfo`; otherwise \
-    insert the client's `SocketAddr` into the request extensions";
+const NO_PEER_GRPC: [&str; 2] = no_peer!(
+    "with a tonic server, enable tollgate's `tonic` feature (`features = [\"tonic\"]`) so the \
+     peer is read from tonic's `TcpConnectInfo`; otherwise insert the client's `SocketAddr` into \
+     the request extensions"
+);
 
 #[cfg(feature = "axum")]
-const NO_PEER_AXUM: &str = "no peer address in the request: serve the axum app with \
-    `into_make_service_with_connect_info::<SocketAddr>()`";
+const NO_PEER_AXUM: [&str; 2] = no_peer!(
+    "serve the axum app with `into_make_service_with_connect_info::<SocketAddr>()` (not \
+     `axum::serve(listener, app)`)"
+);
 
-#[cfg(feature = "axum")]
-const NO_PEER_ANY: &str = "no peer address in the request: with axum, serve the app with \
-    `into_make_service_with_connect_info::<SocketAddr>()`; with tonic, enable tollgate's `tonic` \
-    feature; with plain hyper, insert the connection's `SocketAddr` into the request extensions";
-#[cfg(not(feature = "axum"))]
-const NO_PEER_ANY: &str = "no peer address in the request: with axum, enable tollgate's `axum` \
-    feature and serve the app with `into_make_service_with_connect_info::<SocketAddr>()`; with \
-    tonic, enable tollgate's `tonic` feature; with plain hyper, insert the connection's \
-    `SocketAddr` into the request extensions";
+const NO_PEER_ANY: [&str; 2] = no_peer!(
+    "with axum, serve the app with `into_make_service_with_connect_info::<SocketAddr>()`; with \
+     tonic, enable tollgate's `tonic` feature; with plain hyper, insert the connection's \
+     `SocketAddr` into the request extensions"
+);
+
+const NO_PEER_ANY_WITHOUT_AXUM: [&str; 2] = no_peer!(
+    "with axum, enable tollgate's `axum` feature (`features = [\"axum\"]`) and serve the app \
+     with `into_make_service_with_connect_info::<SocketAddr>()`; with tonic, enable tollgate's \
+     `tonic` feature; with plain hyper, insert the connection's `SocketAddr` into the request \
+     extensions"
+);
 
 /// A range of addresses, `10.0.0.0/8` or `2001:db8::/32`, used to say which proxies are trusted.
 ///
@@ -521,7 +563,7 @@ mod tests {
     }
 
     fn no_peer(req: &http::Request<()>) -> KeyError {
-        peer_ip(&RequestView::new(req)).unwrap_err()
+        peer_ip(&RequestView::new(req), PeerFor::PeerIp).unwrap_err()
     }
 
     #[test]
@@ -546,6 +588,42 @@ mod tests {
         }
     }
 
+    /// Forgetting `features = ["axum"]`: axum's `ConnectInfo` may be there but cannot be read
+    /// (nor its `MatchedPath`), and the reason says to turn the feature on. The tests always
+    /// build with the feature (the crate is its own dev-dependency), so the build without it is
+    /// the `axum_feature` parameter.
+    #[test]
+    fn missing_peer_without_the_axum_feature_says_to_enable_it() {
+        let plain = http::Request::get("/").body(()).unwrap();
+        let view = RequestView::new(&plain);
+        for (by, name) in [(PeerFor::PeerIp, "PeerIp"), (PeerFor::ClientIp, "ClientIp")] {
+            let reason = no_peer_reason_as_built(&view, by, false);
+            for fix in [
+                "`axum` feature",
+                r#"features = ["axum"]"#,
+                "into_make_service_with_connect_info::<SocketAddr>()",
+                "`tonic` feature",
+            ] {
+                assert!(reason.contains(fix), "{name}, {fix}: {reason}");
+            }
+            assert_eq!(
+                reason.contains("trusted proxy"),
+                by == PeerFor::ClientIp,
+                "{reason}"
+            );
+            // With the feature, the reason does not ask for it again.
+            let built = no_peer_reason_as_built(&view, by, true);
+            assert!(!built.contains(r#"features = ["axum"]"#), "{built}");
+        }
+        // What this build answers: PeerIp on a request with no address.
+        let err = no_peer(&plain);
+        assert!(err.is_misconfiguration());
+        assert_eq!(
+            err.reason(),
+            no_peer_reason_as_built(&view, PeerFor::PeerIp, cfg!(feature = "axum"))
+        );
+    }
+
     #[cfg(feature = "tonic")]
     #[test]
     fn reads_tonic_tcp_connect_info() {
@@ -567,7 +645,10 @@ mod tests {
             .body(())
             .unwrap();
         req.extensions_mut().insert(info);
-        assert_eq!(peer_ip(&RequestView::new(&req)).unwrap(), ip("127.0.0.1"));
+        assert_eq!(
+            peer_ip(&RequestView::new(&req), PeerFor::PeerIp).unwrap(),
+            ip("127.0.0.1")
+        );
     }
 
     #[test]

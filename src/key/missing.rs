@@ -10,16 +10,28 @@ use super::KeyError;
 ///
 /// | | request lacks what the key needs ([`KeyError::new`]) | server misconfigured ([`KeyError::misconfigured`]) |
 /// |---|---|---|
-/// | [`Reject`](MissingKey::Reject) (default) | `400 Bad Request`, body names the limit and the reason | `500 Internal Server Error`, reason logged, not sent |
-/// | [`RejectWith { status }`](MissingKey::RejectWith) | `status` (e.g. `401` for a missing API key) | `500` |
-/// | [`Skip`](MissingKey::Skip) | this limit does not apply; other limits still do | same, logged as a warning |
+/// | [`Reject`](MissingKey::Reject) (default) | `400 Bad Request`, body names the limit and the reason | `500 Internal Server Error`, body names the limit and the fix |
+/// | [`RejectWith { status }`](MissingKey::RejectWith) | `status` (e.g. `401` for a missing API key) | `500`, as above |
+/// | [`Skip`](MissingKey::Skip) | this limit does not apply; other limits still do | same, with a warning |
 ///
 /// Refusing is the default because letting such requests through would silently switch rate
 /// limiting off for them (a client could drop its API key header to escape its limit), and a
-/// misconfiguration (a server run without connection info, a key read outside the router) must
-/// be loud: it fails the first request in testing. Choose [`Skip`](MissingKey::Skip) for limits
-/// that only apply to some requests (a per-user limit, with anonymous traffic limited by another
-/// limit of the same layer).
+/// misconfiguration must be loud: it fails the first request in testing.
+///
+/// **A misconfiguration is never silent.** Forgetting tollgate's `axum` feature (so
+/// [`PeerIp`](super::PeerIp) cannot read axum's `ConnectInfo`), serving with
+/// `axum::serve(listener, app)` instead of
+/// `app.into_make_service_with_connect_info::<SocketAddr>()`, or keying by route outside the
+/// router: the `500`'s problem+json `detail` (a gRPC call's status message) says which limit
+/// failed and how to fix it, in the words of the extractor's [`KeyError::misconfigured`]; a
+/// `tracing` warning is logged on every such request, and when no `tracing` subscriber is
+/// installed, the same is printed once to stderr (once per process for each limit and reason,
+/// up to 16 of them). The body carries only that fixed reason, never a header value or a key.
+/// This is axum's choice for a missing extension (a `500` whose body says "Perhaps you forgot
+/// to add it?"), where tower_governor answers a bare "Unable To Extract Key!".
+///
+/// Choose [`Skip`](MissingKey::Skip) for limits that only apply to some requests (a per-user
+/// limit, with anonymous traffic limited by another limit of the same layer).
 ///
 /// ```
 /// use tollgate::MissingKey;

@@ -138,6 +138,7 @@ mod grpc_method;
 mod header;
 mod ip;
 mod missing;
+mod notice;
 mod peer;
 mod principal;
 mod route;
@@ -157,4 +158,5 @@ pub use principal::Principal;
 pub use route::RouteKey;
 pub use value::{Key, KeyValue};
 
+pub(crate) use notice::{report_misconfiguration, Consequence};
 pub(crate) use route::matched_route;

@@ -1,6 +1,6 @@
 //! [`PeerIp`]: the address of the TCP peer.
 
-use super::ip::{check_ipv6_prefix, group, peer_ip, DEFAULT_IPV6_PREFIX};
+use super::ip::{check_ipv6_prefix, group, peer_ip, PeerFor, DEFAULT_IPV6_PREFIX};
 use super::{Key, KeyError, KeyExtractor};
 use crate::error::ConfigError;
 use crate::request::RequestView;
@@ -21,7 +21,21 @@ use crate::request::RequestView;
 ///   service), and which any other server (tonic over TLS or a Unix socket) can insert too.
 ///
 /// Without any, extraction fails with a [misconfiguration](KeyError::is_misconfiguration) whose
-/// reason names the fix for the framework in use (axum, tonic or hyper).
+/// reason names the fix for the framework in use (axum, tonic or hyper), and the layer answers
+/// every request with `500` and that fix in the body (and, without a `tracing` subscriber, on
+/// stderr once). **With axum, two things are needed**: tollgate's `axum` feature
+/// (`features = ["axum"]`), without which `ConnectInfo` cannot be read, and serving with
+/// `into_make_service_with_connect_info::<SocketAddr>()`, without which axum records no address:
+///
+/// ```no_run
+/// # #[cfg(feature = "axum")]
+/// # async fn serve(app: axum::Router) -> std::io::Result<()> {
+/// use std::net::SocketAddr;
+///
+/// let listener = tokio::net::TcpListener::bind("0.0.0.0:3000").await?;
+/// axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await
+/// # }
+/// ```
 ///
 /// - IPv4 addresses are keys as they are.
 /// - IPv6 addresses are grouped by their first 64 bits, since one host is routinely given a whole
@@ -91,7 +105,7 @@ impl Default for PeerIp {
 impl KeyExtractor for PeerIp {
     #[inline]
     fn extract<'r>(&self, req: &RequestView<'r>) -> Result<Key<'r>, KeyError> {
-        let ip = peer_ip(req)?;
+        let ip = peer_ip(req, PeerFor::PeerIp)?;
         Ok(Key::ip(group(ip, self.ipv6_prefix)))
     }
 }

@@ -36,10 +36,10 @@ pub(crate) struct Retry {
 /// build the layer once and apply it to the client all callers use.
 #[derive(Debug)]
 pub struct OutboundLayer<K = Authority, R = Idempotent> {
-    schedule: Arc<Schedule>,
-    key: Arc<K>,
-    replay: Arc<R>,
-    retry: Retry,
+    pub(super) schedule: Arc<Schedule>,
+    pub(super) key: Arc<K>,
+    pub(super) replay: Arc<R>,
+    pub(super) retry: Retry,
 }
 
 impl<K, R> Clone for OutboundLayer<K, R> {

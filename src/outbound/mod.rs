@@ -1,8 +1,10 @@
 //! Client-side rate limiting: keep a client to its upstreams' limits.
 //!
 //! [`OutboundLayer`] wraps any `tower::Service<http::Request<_>>` client (hyper-util's
-//! legacy `Client`, a tonic `Channel`, a `service_fn`) and, per upstream ([`UpstreamKey`]:
-//! the request's authority by default, or a closure):
+//! legacy `Client`, a tonic `Channel`, a `service_fn`), or (feature `reqwest`) a reqwest client
+//! as the `reqwest-middleware` middleware
+//! [`reqwest::OutboundMiddleware`](reqwest/struct.OutboundMiddleware.html), and, per upstream
+//! ([`UpstreamKey`]: the request's authority by default, or a closure):
 //!
 //! - **shapes** its sending to a configured [`Quota`](crate::Quota): a call that does not fit
 //!   *waits* for its slot instead of failing. Slots are reserved on a [GCRA](crate::algorithm::Gcra)
@@ -142,6 +144,7 @@
 //! ```
 
 mod adaptive;
+mod attempts;
 mod backoff;
 mod budget;
 mod future;
@@ -152,9 +155,12 @@ mod key;
 mod layer;
 pub mod parse;
 mod replay;
+#[cfg(feature = "reqwest")]
+pub mod reqwest;
 mod schedule;
 mod service;
 
+pub use attempts::OutboundInfo;
 pub use backoff::Backoff;
 pub use budget::RetryBudget;
 pub use future::ResponseFuture;
@@ -162,4 +168,4 @@ pub use key::{Authority, UpstreamKey};
 pub use layer::{OutboundLayer, OutboundLayerBuilder};
 pub use replay::{clone_request, is_idempotent, Idempotent, NoReplay, Replay};
 pub use schedule::UpstreamStatus;
-pub use service::{Outbound, OutboundInfo};
+pub use service::Outbound;

@@ -42,9 +42,27 @@ type ApplyFn = dyn Fn(Policy) -> Result<(), Box<dyn Error + Send + Sync>> + Send
 ///     println!("{event}");
 ///     Ok(())
 /// })
-/// .interval(Duration::from_secs(1))?
-/// .spawn();
+/// .interval(Duration::from_secs(1))
+/// .spawn()?;
 /// # Ok(()) }
+/// # }
+/// ```
+///
+/// The builder methods cannot fail; [`spawn`](Self::spawn) checks the configuration and says
+/// what to fix:
+///
+/// ```
+/// # #[cfg(feature = "toml")] {
+/// use std::time::Duration;
+/// use tollgate::policy::{Policy, PolicyWatcher};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let err = PolicyWatcher::new("policy.toml", |_: Policy| Ok(()))
+///     .interval(Duration::ZERO)
+///     .spawn()
+///     .unwrap_err();
+/// assert_eq!(err.field(), "policy_watcher.interval");
+/// # }
 /// # }
 /// ```
 pub struct PolicyWatcher {
@@ -96,16 +114,24 @@ impl PolicyWatcher {
         }
     }
 
-    /// How often the file is read (default 2 s). Zero is an error.
-    pub fn interval(mut self, interval: Duration) -> Result<Self, ConfigError> {
-        if interval.is_zero() {
+    /// How often the file is read (default 2 s). Must not be zero, which
+    /// [`spawn`](Self::spawn) reports.
+    #[must_use]
+    pub fn interval(mut self, interval: Duration) -> Self {
+        self.interval = interval;
+        self
+    }
+
+    /// The configuration is usable: a zero interval would read the file in a busy loop.
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.interval.is_zero() {
             return Err(ConfigError::new(
                 "policy_watcher.interval",
-                "an interval of zero would read the file in a busy loop: use e.g. Duration::from_secs(2)",
+                "an interval of zero would read the file in a busy loop: pass a positive \
+                 duration to PolicyWatcher::interval, e.g. Duration::from_secs(2) (the default)",
             ));
         }
-        self.interval = interval;
-        Ok(self)
+        Ok(())
     }
 
     /// The file watched.
@@ -149,8 +175,14 @@ impl PolicyWatcher {
 
     /// Checks the file every interval on a tokio task, until the returned handle is aborted.
     /// Must be called within a tokio runtime.
-    pub fn spawn(mut self) -> tokio::task::JoinHandle<()> {
-        tokio::spawn(async move {
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the field and the fix when the configuration cannot work (a
+    /// zero [`interval`](Self::interval)); nothing is spawned then.
+    pub fn spawn(mut self) -> Result<tokio::task::JoinHandle<()>, ConfigError> {
+        self.validate()?;
+        Ok(tokio::spawn(async move {
             let mut ticks = tokio::time::interval(self.interval);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             ticks.tick().await; // the first tick is immediate: the baseline was just read
@@ -158,7 +190,7 @@ impl PolicyWatcher {
                 ticks.tick().await;
                 self.check();
             }
-        })
+        }))
     }
 }
 

@@ -13,7 +13,7 @@ use super::snapshot::Snapshot;
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::headers::set_retry_after_if_absent;
-use crate::key::KeyError;
+use crate::key::{report_misconfiguration, Consequence, KeyError};
 use crate::metrics;
 use crate::request::RequestView;
 use crate::response::{RejectReason, Rejected, RejectionBody};
@@ -40,22 +40,28 @@ pub(super) fn missing_key<St>(
     view: RequestView<'_>,
     error: &KeyError,
 ) -> Option<Response<RejectionBody>> {
+    let misconfigured = |consequence| {
+        report_misconfiguration("rate limit", limit.name.as_str(), error, consequence);
+    };
     match limit.on_missing_key.status_for(error) {
         None => {
             if error.is_misconfiguration() {
-                tracing::warn!(policy = %limit.name, reason = %error, "no rate-limit key (server misconfigured); limit skipped");
+                misconfigured(Consequence::Skipped);
             } else {
                 tracing::trace!(policy = %limit.name, reason = %error, "no rate-limit key; limit skipped");
             }
             None
         }
         Some(status) if limit.mode.is_shadow() => {
+            if error.is_misconfiguration() {
+                misconfigured(Consequence::Skipped);
+            }
             tracing::debug!(policy = %limit.name, reason = %error, %status, "no rate-limit key; a shadow limit would have refused the request");
             None
         }
         Some(status) => {
             if error.is_misconfiguration() {
-                tracing::warn!(policy = %limit.name, reason = %error, %status, "no rate-limit key (server misconfigured); request refused");
+                misconfigured(Consequence::Refused);
             } else {
                 tracing::debug!(policy = %limit.name, reason = %error, %status, "no rate-limit key; request refused");
             }
@@ -120,7 +126,7 @@ pub(super) fn refuse_on_error<ReqBody, St: Store>(
         tracing::debug!(policy = %limit.name, cost = applied.cost[i], capacity = quota.burst_size(), "request costs more than the limit holds");
         return shared.rejection.reject(&rejected);
     }
-    tracing::warn!(error = %error, "rate-limit store failed; request refused");
+    tracing::warn!(error = %error, "request refused: the limit fails closed");
     let rejected = Rejected::new(
         view,
         RejectReason::StoreUnavailable { error: &error },

@@ -277,8 +277,13 @@ impl<'a> Rejected<'a> {
 /// limit has plans) and `link` is that plan's link (e.g. where to upgrade), when it has one. A cost
 /// above capacity gets `413 Content Too Large` rather than `429`: `429` tells clients to slow
 /// down and retry, but this request fails however long they wait, and clients do not retry a
-/// `413`. For a missing key caused by server misconfiguration (or answered with a 5xx) the body
-/// does not repeat the extractor's reason, which describes the server's setup; it is logged.
+/// `413`. For a missing key caused by server misconfiguration ([`KeyError::misconfigured`]: no
+/// peer address, no matched route) the `500`'s `detail` (and a gRPC call's status message) names
+/// the limit and the fix the extractor gave (`serve the axum app with
+/// into_make_service_with_connect_info::<SocketAddr>()`), so the first request in testing shows
+/// it; that reason is a `&'static str` describing the setup, never request data. A request's own
+/// missing key answered with a 5xx ([`MissingKey::RejectWith`](crate::key::MissingKey::RejectWith))
+/// does not repeat the reason.
 ///
 /// The problem `type` is `urn:tollgate:problem:<suffix>` unless a base is set with
 /// [`problem_type_base`](Self::problem_type_base).
@@ -422,10 +427,14 @@ impl DefaultRejection {
                 .member_u64("cost", cost)
             }
             RejectReason::MissingKey { policy, error, .. } => {
-                let detail = if status.is_server_error() || error.is_misconfiguration() {
-                    format!("The server could not identify the client for rate limit \"{policy}\".")
-                } else {
-                    format!("Rate limit \"{policy}\" cannot identify the client: {error}.")
+                let detail = match error.fix() {
+                    Some(fix) => format!(
+                        "Rate limit \"{policy}\" cannot identify the client because the server is misconfigured: {fix}."
+                    ),
+                    None if status.is_server_error() => format!(
+                        "The server could not identify the client for rate limit \"{policy}\"."
+                    ),
+                    None => format!("Rate limit \"{policy}\" cannot identify the client: {error}."),
                 };
                 ProblemDetails::new(status, &ty("missing-key"), "Rate Limit Key Unavailable")
                     .detail(&detail)
@@ -470,9 +479,12 @@ impl DefaultRejection {
                 decision.policy(),
                 decision.limit()
             ),
-            RejectReason::MissingKey { policy, .. } => {
-                format!("rate limit \"{policy}\" cannot identify the client")
-            }
+            RejectReason::MissingKey { policy, error, .. } => match error.fix() {
+                Some(fix) => format!(
+                    "rate limit \"{policy}\" cannot identify the client because the server is misconfigured: {fix}"
+                ),
+                None => format!("rate limit \"{policy}\" cannot identify the client"),
+            },
             RejectReason::StoreUnavailable { .. } => String::from("rate limiter unavailable"),
             RejectReason::UnknownPlan { policy, .. } => {
                 format!("rate limit \"{policy}\" has no plan for this client")
@@ -754,6 +766,53 @@ mod tests {
                 "{status}"
             );
         }
+    }
+
+    #[test]
+    fn a_misconfiguration_names_the_limit_and_the_fix() {
+        let fix = "no peer address in the request: serve the axum app with \
+                   `into_make_service_with_connect_info::<SocketAddr>()`";
+        let err = KeyError::misconfigured(fix);
+        let decisions = Decisions::new();
+        let reason = RejectReason::MissingKey {
+            policy: Name::new("per-ip"),
+            error: &err,
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let req = http::Request::get("/").body(()).unwrap();
+        let response = DefaultRejection::new().reject(&Rejected::new(
+            RequestView::new(&req),
+            reason,
+            &decisions,
+        ));
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let v = json(response);
+        assert_eq!(
+            v["detail"],
+            format!(
+                "Rate limit \"per-ip\" cannot identify the client because the server is \
+                 misconfigured: {fix}."
+            )
+        );
+
+        let grpc = http::Request::post("/p.S/M")
+            .header("content-type", "application/grpc")
+            .body(())
+            .unwrap();
+        let response = DefaultRejection::new().reject(&Rejected::new(
+            RequestView::new(&grpc),
+            reason,
+            &decisions,
+        ));
+        let message = response.headers()["grpc-message"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert!(message.contains("per-ip"), "{message}");
+        assert!(
+            message.contains("into_make_service_with_connect_info"),
+            "{message}"
+        );
     }
 
     #[test]

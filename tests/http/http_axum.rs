@@ -9,7 +9,7 @@ use reqwest::StatusCode;
 use tollgate::clock::ManualClock;
 use tollgate::cost::ConstantCost;
 use tollgate::headers::ResetFormat;
-use tollgate::key::{GlobalKey, PeerIp};
+use tollgate::key::{ClientIp, GlobalKey, PeerIp};
 use tollgate::store::memory::MemoryBackend;
 use tollgate::{Decision, Limit, Quota, RateLimitLayer};
 
@@ -242,4 +242,42 @@ async fn missing_connect_info_is_a_loud_500() {
     assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
     let body: serde_json::Value = res.json().await.unwrap();
     assert_eq!(body["type"], "urn:tollgate:problem:missing-key");
+    // The body names the limit and the fix, so no log subscriber is needed to find it.
+    let detail = body["detail"].as_str().unwrap();
+    assert!(detail.contains("\"per-ip\""), "{detail}");
+    assert!(
+        detail.contains("into_make_service_with_connect_info::<SocketAddr>()"),
+        "{detail}"
+    );
+}
+
+#[tokio::test]
+async fn missing_connect_info_for_client_ip_names_the_trusted_proxy_check() {
+    let layer = RateLimitLayer::new(
+        Limit::new("per-client", Quota::per_minute(10))
+            .key(ClientIp::trusting(["10.0.0.0/8"]).unwrap()),
+    )
+    .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let res = client()
+        .get(format!("http://{addr}/"))
+        .header("x-forwarded-for", "203.0.113.9")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let body: serde_json::Value = res.json().await.unwrap();
+    let detail = body["detail"].as_str().unwrap();
+    assert!(detail.contains("trusted proxy"), "{detail}");
+    assert!(
+        detail.contains("into_make_service_with_connect_info"),
+        "{detail}"
+    );
+    // Nothing from the request is echoed.
+    assert!(!detail.contains("203.0.113.9"), "{detail}");
 }

@@ -58,9 +58,8 @@ async fn changes_are_applied_and_broken_files_refused() {
         applied.send(quota).unwrap();
         Ok(())
     })
-    .interval(Duration::from_millis(5))
-    .unwrap();
-    let task = watcher.spawn();
+    .interval(Duration::from_millis(5));
+    let task = watcher.spawn().unwrap();
 
     std::fs::write(&file.0, policy_text(3)).unwrap();
     assert_eq!(next(&mut reloads).await, "3/min");
@@ -106,9 +105,8 @@ async fn a_layer_reloads_from_its_file_and_keeps_what_was_spent() {
         applied.send(event.to_string()).unwrap();
         Ok(())
     })
-    .interval(Duration::from_millis(5))
-    .unwrap();
-    let task = watcher.spawn();
+    .interval(Duration::from_millis(5));
+    let task = watcher.spawn().unwrap();
     assert_eq!(status().await, StatusCode::OK);
     assert_eq!(status().await, StatusCode::OK);
     assert_eq!(status().await, StatusCode::TOO_MANY_REQUESTS);
@@ -154,11 +152,25 @@ fn check_reports_why_a_version_was_refused() {
     // An unreadable file is reported and does not count as seen.
     std::fs::remove_file(&file.0).unwrap();
     assert!(matches!(refusing.check(), WatchOutcome::Refused(_)));
-    assert_eq!(
-        PolicyWatcher::new(&file.0, |_: Policy| Ok(()))
-            .interval(Duration::ZERO)
-            .unwrap_err()
-            .field(),
-        "policy_watcher.interval"
-    );
+}
+
+/// An invalid interval does not break the builder chain: `spawn` refuses it, names the field
+/// and says what to pass instead, and spawns nothing.
+#[tokio::test]
+async fn a_zero_interval_is_refused_when_spawning() {
+    let file = TempFile::new("zero", &policy_text(2));
+    let err = PolicyWatcher::new(&file.0, |_: Policy| Ok(()))
+        .interval(Duration::ZERO)
+        .spawn()
+        .unwrap_err();
+    assert_eq!(err.field(), "policy_watcher.interval");
+    assert!(err.message().contains("busy loop"), "{err}");
+    assert!(err.message().contains("PolicyWatcher::interval"), "{err}");
+    // The last interval set counts: a zero one replaced by a valid one spawns.
+    let task = PolicyWatcher::new(&file.0, |_: Policy| Ok(()))
+        .interval(Duration::ZERO)
+        .interval(Duration::from_millis(5))
+        .spawn()
+        .unwrap();
+    task.abort();
 }

@@ -6,9 +6,10 @@
 //! well under a second.
 
 use crate::sim::engine::{
-    analyse, bound, decide_memory, disagreements, parse_replay, poisson, worst_window, Outcome,
-    Request, Scenario, Stream, SECOND,
+    analyse, bound, decide_memory, disagreements, parse_replay, percent, poisson, promise, rows,
+    same_notes, worst_window, Outcome, Request, Scenario, Stream, SECOND,
 };
+use crate::sim::run::simulate;
 use tollgate::algorithm::AlgorithmKind;
 use tollgate::Quota;
 
@@ -264,4 +265,101 @@ fn replay_parses_user_logs_and_says_what_is_wrong() {
     assert!(parse_replay(&long, 10 * SECOND)
         .unwrap_err()
         .contains("256 bytes"));
+}
+
+/// The words around the numbers: percentages keep two significant digits at most and never
+/// round a nonzero share to 0; each promise is spelled out with the limit's numbers; lanes that
+/// decided alike name the first one and say why.
+#[test]
+fn the_table_and_lanes_explain_themselves() {
+    for (p, text) in [
+        (0.0, "0 %"),
+        (25.0, "25 %"),
+        (100.0, "100 %"),
+        (16.901, "17 %"),
+        (1.068, "1.1 %"),
+        (0.5, "0.5 %"),
+        (0.003_14, "0.0031 %"),
+        (0.000_025, "0.000025 %"),
+    ] {
+        assert_eq!(percent(p), text, "{p}");
+    }
+
+    let quota: Quota = "5/10s".parse().unwrap();
+    assert_eq!(
+        promise(AlgorithmKind::TokenBucket, &quota),
+        "at most burst + rate × t in any window of length t, so 5 + 0.5/s × 10 s = 10 in 10 s"
+    );
+    let per_minute: Quota = "100/min".parse().unwrap();
+    assert!(
+        promise(AlgorithmKind::Gcra, &per_minute)
+            .ends_with("100 + (100 per 60 s) × 60 s = 200 in 60 s"),
+        "a rate that is no exact decimal per second stays a fraction"
+    );
+    assert!(promise(AlgorithmKind::FixedWindow, &quota).contains("2 × 5 = 10"));
+
+    let (_, _, outcomes) = run(&Scenario::Edge, &quota);
+    let same: Vec<_> = outcomes.iter().map(|o| (o.kind, o.same_as)).collect();
+    use AlgorithmKind::*;
+    assert_eq!(
+        same,
+        [
+            (TokenBucket, None),
+            (Gcra, Some(TokenBucket)),
+            (FixedWindow, None),
+            (SlidingWindow, None),
+            (SlidingLog, Some(TokenBucket)),
+            (LeakyBucket, Some(TokenBucket)),
+        ]
+    );
+    let notes = same_notes(&outcomes);
+    assert_eq!(notes.len(), 3);
+    assert!(
+        notes[0].contains("the same limit expressed two ways"),
+        "{notes:?}"
+    );
+    assert!(
+        notes[1].contains("happen to agree on this traffic"),
+        "{notes:?}"
+    );
+    let fixed = rows(&outcomes)[2].clone();
+    assert_eq!(fixed[6], "5 (25 %)");
+    assert_eq!(rows(&outcomes)[0][6], "none");
+}
+
+/// The time axis spans the traffic, not the scenario's nominal length: edge traffic at 5 per
+/// 10 s fills 9 s to 20.8 s, so the axis has ticks there and none at 0 s or 30 s; two requests
+/// at 3605 s (5 s into their window: a replay's clock starts at the window seam before its first
+/// request) get an axis around 5 s.
+#[test]
+fn the_time_axis_fits_the_traffic() {
+    // The SVG's text elements, one per line.
+    let ticks = |svg: &str| -> Vec<String> {
+        svg.lines()
+            .filter(|l| l.ends_with(" s") && l.split(' ').next().unwrap().parse::<f64>().is_ok())
+            .map(str::to_owned)
+            .collect()
+    };
+    let quota: Quota = "5/10s".parse().unwrap();
+    let sim = simulate(&Scenario::Edge, &quota).unwrap();
+    assert_eq!(
+        sim.stream.end,
+        30 * SECOND,
+        "the scenario nominally spans 30 s"
+    );
+    let ticks_edge = ticks(&sim.svg(&quota).unwrap());
+    assert!(ticks_edge.iter().any(|t| t == "10.0 s"), "{ticks_edge:?}");
+    assert!(ticks_edge.iter().any(|t| t == "20.0 s"), "{ticks_edge:?}");
+    assert!(
+        ticks_edge.iter().all(|t| t != "0.0 s" && t != "30.0 s"),
+        "{ticks_edge:?}"
+    );
+
+    let sim = simulate(&Scenario::Pasted("3605 a\n3605.5 a\n".into()), &quota).unwrap();
+    let ticks_late = ticks(&sim.svg(&quota).unwrap());
+    assert!(!ticks_late.is_empty());
+    for tick in &ticks_late {
+        let at: f64 = tick.trim_end_matches(" s").parse().unwrap();
+        assert!((4.9..=5.6).contains(&at), "{ticks_late:?}");
+    }
 }

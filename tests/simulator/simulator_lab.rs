@@ -1,9 +1,11 @@
 //! The simulator's lab page (`cargo run --example simulate -- --serve`): its JSON API through a
 //! real server and client and through `oneshot`, and the page itself in headless Chromium,
-//! driven over WebDriver (chromedriver, plain HTTP with reqwest): the page loads, changing the
-//! scenario or the limit redraws, and the table shows exactly the rows the CLI prints for the
-//! same inputs. The browser test skips, saying so, when Chromium or chromedriver is missing
-//! (`.ci/run` installs them).
+//! driven over WebDriver (chromedriver, plain HTTP with reqwest): the page loads with its legend,
+//! a caption and the promises explained, changing the scenario or the limit redraws, a pasted
+//! log is plotted (a malformed one says which line is wrong), and the table shows exactly the
+//! rows the CLI prints for the same inputs. Every HTTP call has a timeout, so a hung server
+//! fails the test instead of stalling it. The browser test skips, saying so, when Chromium or
+//! chromedriver is missing (`.ci/run` installs them).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -16,10 +18,27 @@ use crate::sim::run::{parse_limit, simulate};
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
+/// The sample log of the guide, as `--scenario replay` reads it.
+const REPLAY_EXAMPLE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/docs/simulator/replay-example.log"
+);
+
+/// The longest any one HTTP exchange of these tests may take.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(HTTP_TIMEOUT)
+        .build()
+        .unwrap()
+}
+
 /// The rows the CLI prints for `scenario` at `limit`.
 fn cli_rows(scenario: &str, limit: &str) -> Vec<Vec<String>> {
     let quota = parse_limit(limit).unwrap();
-    let sim = simulate(&Scenario::parse(scenario, None).unwrap(), &quota).unwrap();
+    let file = (scenario == "replay").then_some(REPLAY_EXAMPLE);
+    let sim = simulate(&Scenario::parse(scenario, file).unwrap(), &quota).unwrap();
     sim.rows.iter().map(|r| r.to_vec()).collect()
 }
 
@@ -48,7 +67,7 @@ async fn serve_lab() -> SocketAddr {
 #[tokio::test]
 async fn api_answers_the_cli_table_and_picture_over_http() {
     let addr = serve_lab().await;
-    let client = reqwest::Client::new();
+    let client = client();
     let page = client.get(format!("http://{addr}/")).send().await.unwrap();
     assert_eq!(page.status(), 200);
     assert!(page
@@ -71,6 +90,30 @@ async fn api_answers_the_cli_table_and_picture_over_http() {
         let svg = body["svg"].as_str().unwrap();
         assert!(svg.starts_with("<svg"), "{svg:.80}");
         assert!(svg.contains("fixed_window: admitted"));
+        assert!(svg.contains("admitted request") && svg.contains("refused request"));
+        assert!(body["caption"].as_str().unwrap().contains("Look for:"));
+        assert_eq!(body["promises"].as_array().unwrap().len(), 6, "{body}");
+    }
+
+    // Every scenario the page offers has its own caption saying what to look for.
+    let mut captions = Vec::new();
+    for scenario in lab::PAGE_SCENARIOS {
+        let body: Value = client
+            .get(format!("http://{addr}/api/simulate"))
+            .query(&[("scenario", scenario), ("limit", "5/10s")])
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let caption = body["caption"].as_str().unwrap().to_owned();
+        assert!(
+            caption.starts_with("Traffic: ") && caption.contains("Look for: "),
+            "{scenario}: {caption}"
+        );
+        assert!(!captions.contains(&caption), "{scenario}: {caption}");
+        captions.push(caption);
     }
 
     for (query, says) in [
@@ -87,6 +130,61 @@ async fn api_answers_the_cli_table_and_picture_over_http() {
         let body: Value = response.json().await.unwrap();
         assert!(body["error"].as_str().unwrap().contains(says), "{body}");
     }
+}
+
+/// A pasted log is decided exactly as `--scenario replay FILE` decides the file; a bad one gets
+/// a 400 that says what is wrong, whatever the bytes.
+#[tokio::test]
+async fn api_replays_a_pasted_log() {
+    let addr = serve_lab().await;
+    let client = client();
+    let replay = |body: Vec<u8>, limit: &str| {
+        client
+            .post(format!("http://{addr}/api/replay"))
+            .query(&[("limit", limit)])
+            .body(body)
+            .send()
+    };
+    let log = std::fs::read(REPLAY_EXAMPLE).unwrap();
+    for limit in ["5/10s", "3/s burst 6"] {
+        let response = replay(log.clone(), limit).await.unwrap();
+        assert_eq!(response.status(), 200, "{limit}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(json_rows(&body["rows"]), cli_rows("replay", limit));
+        assert!(body["title"]
+            .as_str()
+            .unwrap()
+            .starts_with("scenario replay"));
+        let caption = body["caption"].as_str().unwrap();
+        assert!(caption.contains("44 requests from 2 keys"), "{caption}");
+    }
+
+    let many = "1 a\n".repeat(lab::MAX_LOG_REQUESTS + 1);
+    let huge = "1 a\n".repeat(lab::MAX_LOG_BYTES / 4 + 1);
+    for (body, says) in [
+        (
+            b"9.4 script\nnine script\n".to_vec(),
+            "line 2: the first field",
+        ),
+        (b"1 a\n2 a -3\n".to_vec(), "line 2: the cost"),
+        (b"1 a 99999999999\n".to_vec(), "up to 1000000000"),
+        (b"99999999999999 a\n".to_vec(), "at most 10^11"),
+        (b"18446744073709.551615\n".to_vec(), "at most 10^11"),
+        (b"# only a comment\n\n".to_vec(), "no requests"),
+        (b"".to_vec(), "no requests"),
+        (vec![b'1', b' ', 0xff, 0xfe], "not UTF-8"),
+        (many.into_bytes(), "plots up to 50000"),
+        (huge.into_bytes(), "larger than 1024 KiB"),
+    ] {
+        let shown = String::from_utf8_lossy(&body[..body.len().min(40)]).into_owned();
+        let response = replay(body, "5/10s").await.unwrap();
+        assert_eq!(response.status(), 400, "{shown:?}");
+        let answer: Value = response.json().await.unwrap();
+        let error = answer["error"].as_str().unwrap();
+        assert!(error.contains(says), "{shown:?}: {error}");
+    }
+    let response = replay(log, "ten per second").await.unwrap();
+    assert_eq!(response.status(), 400);
 }
 
 #[tokio::test]
@@ -148,7 +246,7 @@ impl Driver {
             child,
             base: format!("http://127.0.0.1:{port}"),
             session: None,
-            client: reqwest::Client::new(),
+            client: client(),
             profile,
         };
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -281,6 +379,19 @@ impl Driver {
         }
     }
 
+    /// The text of the first element matching `css`, its runs of white space made one space.
+    async fn text(&self, css: &str) -> String {
+        let v = self
+            .script(&format!(
+                "return document.querySelector({}).textContent.replace(/\\s+/g, ' ').trim()",
+                json!(css)
+            ))
+            .await;
+        v.as_str()
+            .unwrap_or_else(|| panic!("no text in {css:?}: {v}"))
+            .to_owned()
+    }
+
     async fn table(&self) -> Vec<Vec<String>> {
         json_rows(
             &self
@@ -304,11 +415,9 @@ impl Drop for Driver {
                     .build()
                     .unwrap();
                 rt.block_on(async {
-                    let _ = tokio::time::timeout(
-                        Duration::from_secs(10),
-                        reqwest::Client::new().delete(url).send(),
-                    )
-                    .await;
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(10), client().delete(url).send())
+                            .await;
                 });
             })
             .join();
@@ -346,6 +455,45 @@ async fn lab_page_in_headless_chromium() {
         picture.contains("fixed_window: admitted 15 of 20") && picture.contains("10 within 1.8 s"),
         "{picture}"
     );
+    assert!(
+        picture.contains("gcra, the same decisions as token_bucket"),
+        "{picture}"
+    );
+
+    // The legend names every mark, the caption says what to look for, and every algorithm's
+    // promise is explained with the limit's numbers.
+    let legend = wd.text("#legend").await;
+    for mark in [
+        "a dot",
+        "a cross",
+        "the blue line",
+        "the black line",
+        "dashed",
+        "shaded",
+    ] {
+        assert!(
+            legend.contains(mark),
+            "the legend explains {mark:?}: {legend}"
+        );
+    }
+    let caption = wd.text("#caption").await;
+    assert!(
+        caption.starts_with("Traffic: 5 requests") && caption.contains("Look for:"),
+        "{caption}"
+    );
+    let promises = wd.text("#promises").await;
+    assert!(
+        promises.contains("token_bucket: at most burst + rate × t")
+            && promises.contains("5 + 0.5/s × 10 s = 10 in 10 s")
+            && promises.contains("sliding_log: at most 5 in any 10 s"),
+        "{promises}"
+    );
+    let same = wd.text("#same").await;
+    assert!(
+        same.contains("gcra decided all 20 requests exactly as token_bucket did")
+            && same.contains("the same limit expressed two ways"),
+        "{same}"
+    );
 
     // Changing the scenario redraws.
     wd.click("#scenario option[value='burst']").await;
@@ -357,6 +505,11 @@ async fn lab_page_in_headless_chromium() {
     assert!(
         title.as_str().unwrap().starts_with("scenario burst"),
         "{title}"
+    );
+    let caption = wd.text("#caption").await;
+    assert!(
+        caption.starts_with("Traffic: 10 requests at once"),
+        "{caption}"
     );
 
     // So does a new limit (Enter submits the form).
@@ -371,4 +524,29 @@ async fn lab_page_in_headless_chromium() {
         .script("return document.getElementById('error').textContent")
         .await;
     assert!(error.as_str().unwrap().contains("cannot parse"), "{error}");
+
+    // A pasted log is plotted at the limit in the field, as the CLI replays the file.
+    wd.type_into("#limit", "5/10s").await;
+    wd.click("#replay-box summary").await;
+    let log = std::fs::read_to_string(REPLAY_EXAMPLE).unwrap();
+    wd.type_into("#log", &log).await;
+    wd.click("#replay").await;
+    wd.rendered("replay|5/10s").await;
+    assert_eq!(wd.table().await, cli_rows("replay", "5/10s"));
+    assert_eq!(wd.text("#error").await, "");
+    let caption = wd.text("#caption").await;
+    assert!(
+        caption.contains("your log, 44 requests from 2 keys"),
+        "{caption}"
+    );
+
+    // A malformed one says which line is wrong.
+    wd.type_into("#log", "9.4 script\nnine script\n").await;
+    wd.click("#replay").await;
+    wd.rendered("replay|5/10s|error").await;
+    let error = wd.text("#error").await;
+    assert!(
+        error.contains("line 2: the first field must be a time"),
+        "{error}"
+    );
 }

@@ -4,6 +4,8 @@
 mod config;
 mod nested;
 mod responses;
+#[cfg(feature = "redis")]
+mod store_logs;
 mod test_store;
 
 use std::convert::Infallible;

@@ -246,7 +246,7 @@ async fn missing_key_default_is_400_or_500_by_cause() {
     assert!(body["detail"].as_str().unwrap().contains("x-client"));
 
     // No peer address: the server was started without connection info. Even a limit told to
-    // answer 401 answers 500, and the body does not describe the server's setup.
+    // answer 401 answers 500, and the body names the limit and the fix.
     for outcome in [
         MissingKey::Reject,
         MissingKey::reject_with(StatusCode::UNAUTHORIZED),
@@ -269,8 +269,10 @@ async fn missing_key_default_is_400_or_500_by_cause() {
         );
         let body = body_json(res).await;
         assert_eq!(body["policy"], "per-ip");
+        let detail = body["detail"].as_str().unwrap();
+        assert!(detail.contains("\"per-ip\""), "{body}");
         assert!(
-            !body["detail"].as_str().unwrap().contains("connect"),
+            detail.contains("into_make_service_with_connect_info"),
             "{body}"
         );
     }

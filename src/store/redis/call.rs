@@ -314,12 +314,12 @@ impl Inner {
                 let timed_out = matches!(e, CallError::Timeout);
                 let err = e.into_store_error(timeout);
                 crate::metrics::record_store_error(err.kind());
-                tracing::warn!(error = %err, node = addr.as_deref().unwrap_or(""), "redis rate-limit call failed");
+                tracing::warn!(error = %err, node = addr.as_deref(), "redis rate-limit call failed");
                 self.stats.on_failure(timed_out);
                 if breaker.on_failure(self.breaker_threshold, &self.stats) {
                     tracing::warn!(
                         threshold = self.breaker_threshold,
-                        node = addr.as_deref().unwrap_or(""),
+                        node = addr.as_deref(),
                         "redis circuit breaker opened; deciding by failure policy until a probe succeeds"
                     );
                     self.spawn_probe(&breaker, addr);

@@ -61,6 +61,9 @@ impl<C: Clock> LocalStore for MemoryStore<C> {
     }
 }
 
+/// Why Redis could not decide when no call was made.
+const BREAKER_OPEN: &str = "redis circuit breaker open after repeated failures";
+
 /// What is known when Redis could not decide some (or all) limits.
 pub(super) struct Fallback {
     limits: [usize; MAX_LIMITS],
@@ -91,9 +94,6 @@ impl Inner {
         checks: &[LocalCheck<'_>],
     ) -> Result<Decisions, StoreError> {
         let error = fb.error.take();
-        let reason = error
-            .as_ref()
-            .map_or_else(|| "circuit breaker open".to_owned(), ToString::to_string);
         let mut closed: Option<Duration> = None;
         let mut local_positions: Vec<usize> = Vec::new();
         let mut opened = 0;
@@ -117,18 +117,16 @@ impl Inner {
         }
         if let Some(retry_after) = closed {
             self.stats.add_fail_closed();
-            tracing::warn!(reason = %reason, "redis could not decide; failing closed");
-            let kind = error
-                .as_ref()
-                .map_or(StoreErrorKind::Unavailable, StoreError::kind);
-            let err = StoreError::new(kind, format!("the rate limiter is unavailable: {reason}"))
+            // The layer logs the refusal with this error; the call that failed logged its node.
+            let err = error
+                .unwrap_or_else(|| StoreError::new(StoreErrorKind::Unavailable, BREAKER_OPEN))
                 .with_retry_after(retry_after);
             return Err(err);
         }
         if opened > 0 {
             self.stats.add_fail_open(opened);
-            if error.is_some() {
-                tracing::warn!(reason = %reason, limits = opened, "redis could not decide; failing open");
+            if let Some(error) = &error {
+                tracing::warn!(error = %error, limits = opened, "redis could not decide; failing open");
             }
         }
         if local_positions.is_empty() {

@@ -157,7 +157,7 @@ impl RedisStore {
             }
             Err(err) => {
                 crate::metrics::record_store_error(err.kind());
-                tracing::warn!(error = %err, node = addr.as_deref().unwrap_or(""), "redis lease call failed");
+                tracing::warn!(error = %err, node = addr.as_deref(), "redis lease call failed");
                 inner
                     .stats
                     .on_failure(err.kind() == StoreErrorKind::Timeout);

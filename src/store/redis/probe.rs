@@ -69,7 +69,7 @@ impl Inner {
                 if ok {
                     breaker.close(&inner.stats);
                     tracing::info!(
-                        node = addr.as_deref().unwrap_or(""),
+                        node = addr.as_deref(),
                         "redis answered a probe; circuit breaker closed"
                     );
                     return;
