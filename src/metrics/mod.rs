@@ -4,7 +4,9 @@
 //! With the `metrics` feature the layer and the stores record the metrics below into whatever
 //! recorder the application installs (`metrics-exporter-prometheus`, `metrics-exporter-statsd`,
 //! ...). tollgate never installs an exporter itself. Without the feature nothing is recorded and
-//! the recording compiles to nothing.
+//! the recording compiles to nothing. The facade is `metrics` 0.24: a recorder built on another
+//! major version (`metrics-exporter-prometheus` before 0.18, say) compiles but receives nothing
+//! from tollgate.
 //!
 //! | name | type | labels | what |
 //! |---|---|---|---|
