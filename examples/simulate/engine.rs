@@ -618,7 +618,8 @@ pub const HEADER: [&str; 7] = [
 /// What the table's last column counts, for `quota` (printed under the table).
 pub fn table_note(quota: &Quota) -> String {
     format!(
-        "unlike an exact count: the requests that an exact count of the last {} (the sliding \
+        "held: whether the most admitted in any window stayed within what the algorithm promises. \
+         Unlike an exact count: the requests that an exact count of the last {} (the sliding \
          log's rule) would have decided the other way, given what the algorithm had admitted \
          before them.",
         secs(quota.period_micros())

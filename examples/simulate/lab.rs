@@ -91,10 +91,11 @@ async fn replay(RawQuery(query): RawQuery, body: Body) -> Response {
 async fn run(scenario: Result<Scenario, String>, limit: String) -> Response {
     let work = move || {
         let scenario = scenario?;
-        let quota = parse_limit(&limit)?;
+        // The CLI's messages name its flag; the page's field is "limit".
+        let quota = parse_limit(&limit).map_err(|e| e.replacen("--limit: ", "limit: ", 1))?;
         // Keep one page request to a bounded amount of work.
         if quota.count() > 10_000 {
-            return Err("--limit: the page runs counts up to 10,000; use the CLI for more".into());
+            return Err("limit: the page runs counts up to 10,000; use the CLI for more".into());
         }
         let stream = scenario.stream(&quota)?;
         if matches!(scenario, Scenario::Pasted(_)) && stream.requests.len() > MAX_LOG_REQUESTS {
@@ -213,6 +214,9 @@ your own request log.</p>
     <li><svg width="24" height="14"><rect width="24" height="14" fill="#ffdc78"
       fill-opacity="0.35"/></svg>the shaded band: the period in which it admitted the most</li>
   </ul>
+  <p>Requests sent at the same instant draw one mark on top of another (a dot under a cross
+  when some were admitted and some refused); the blue line's step at that instant says how many
+  were admitted. The vertical axis counts admitted requests in the last period.</p>
 </section>
 <div id="picture"></div>
 <table id="table"><thead></thead><tbody></tbody></table>
