@@ -465,7 +465,10 @@ impl RedisBackend {
         match &self.target {
             TargetSpec::Node(url) => {
                 let info = self.connection_info("redis.url", url)?;
-                Ok((Target::Node(self.client(info, "redis.url")?), false))
+                Ok((
+                    Target::Node(Box::new(self.client(info, "redis.url")?)),
+                    false,
+                ))
             }
             TargetSpec::Cluster(nodes) => {
                 let Some(first) = nodes.first() else {
@@ -512,6 +515,15 @@ impl RedisBackend {
         field: &'static str,
         url: &str,
     ) -> Result<redis::ConnectionInfo, ConfigError> {
+        if !cfg!(feature = "redis-tls") && url.starts_with("rediss://") {
+            return Err(ConfigError::new(
+                field,
+                format!(
+                    "{:?} asks for TLS (rediss://), which needs tollgate's `redis-tls` feature",
+                    redact_url(url)
+                ),
+            ));
+        }
         let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(|e| {
             ConfigError::new(
                 field,
@@ -521,17 +533,7 @@ impl RedisBackend {
                 ),
             )
         })?;
-        if let redis::ConnectionAddr::TcpTls { .. } = info.addr() {
-            if !cfg!(feature = "redis-tls") {
-                return Err(ConfigError::new(
-                    field,
-                    format!(
-                        "{:?} asks for TLS (rediss://), which needs tollgate's `redis-tls` feature",
-                        redact_url(url)
-                    ),
-                ));
-            }
-        } else if self.has_tls_files() {
+        if self.has_tls_files() && !matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
             return Err(ConfigError::new(
                 field,
                 format!(
@@ -857,6 +859,38 @@ mod tests {
         let q = local_quota(&window, 0.5).unwrap();
         assert!(!q.has_explicit_burst());
         assert_eq!(q.count(), 50);
+    }
+
+    #[test]
+    fn urls_are_printed_without_their_credentials() {
+        for (url, shown) in [
+            ("redis://user:pw@h:6379/0", "redis://***@h:6379/0"),
+            ("rediss://:pw@h:6380", "rediss://***@h:6380"),
+            ("redis://u:p@ss@h:1?x=@", "redis://***@h:1?x=@"),
+            ("redis://h:6379/0#a@b", "redis://h:6379/0#a@b"),
+            ("user:pw@h", "***@h"),
+        ] {
+            assert_eq!(redact_url(url), shown);
+        }
+        let backend = RedisBackend::cluster(["redis://u:secret@a:1", "redis://b:2"])
+            .credentials("u", "other-secret");
+        let debug = format!("{backend:?}");
+        assert!(!debug.contains("secret"), "{debug}");
+        assert!(
+            debug.contains("***@a:1") && debug.contains("redis://b:2"),
+            "{debug}"
+        );
+    }
+
+    #[cfg(not(feature = "redis-tls"))]
+    #[test]
+    fn a_tls_url_without_the_feature_is_a_config_error() {
+        let err = RedisBackend::new("rediss://u:secret@h:6380")
+            .build(&[spec("a").on_store_error(FailurePolicy::Open)])
+            .unwrap_err();
+        assert_eq!(err.field(), "redis.url");
+        assert!(err.message().contains("redis-tls"), "{err}");
+        assert!(!err.message().contains("secret"), "{err}");
     }
 
     #[test]
