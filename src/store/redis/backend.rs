@@ -128,7 +128,8 @@ impl fmt::Debug for RedisBackend {
 }
 
 impl RedisBackend {
-    /// A single Redis node at `url` (`redis://[user:password@]host:port[/db]`). The URL is
+    /// A single Redis node at `url` (`redis://[user:password@]host:port[/db]`, or `rediss://`
+    /// for TLS with the `redis-tls` feature). The URL is
     /// checked when the layer is built. Building inside a tokio runtime starts connecting and
     /// loads the script in the background; otherwise the first request connects.
     pub fn new(url: impl Into<String>) -> Self {
