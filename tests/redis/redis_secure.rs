@@ -179,6 +179,42 @@ async fn an_acl_user_with_the_documented_permissions_decides_every_algorithm() {
     assert!(!logs.text().contains(PASSWORD));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_acl_user_decides_on_a_cluster() {
+    let cluster = crate::harness::redis_cluster::RedisCluster::start();
+    for node in &cluster.nodes {
+        let mut conn = node.conn();
+        admin(&mut conn, &documented_acl_line());
+        admin(
+            &mut conn,
+            &["ACL", "SETUSER", "default", "off"].map(String::from),
+        );
+    }
+    let limits = all_algorithms();
+    let store = RedisBackend::cluster(cluster.urls())
+        .credentials("tollgate", PASSWORD)
+        .timeout(Duration::from_secs(3))
+        .build(&limits)
+        .unwrap();
+    // Batches of many clients (keys of every master, as one call per master) and one client's
+    // limits together: the ACL covers `CLUSTER SLOTS` and the keys a master's batch passes as
+    // arguments.
+    let n = limits.len();
+    let decisions = futures_util::future::join_all((0..30).map(|i| {
+        let store = &store;
+        async move {
+            let key = Key::string(format!("client-{i}"));
+            let checks: Vec<_> = (0..n).map(|l| LimitCheck::new(l, key.clone(), 1)).collect();
+            decide(store, &checks).await
+        }
+    }))
+    .await;
+    for d in decisions {
+        assert!(d.unwrap().allowed(), "{:?}", store.stats());
+    }
+    assert_eq!(store.stats().errors(), 0, "{:?}", store.stats());
+}
+
 #[test]
 fn the_documented_acl_line_names_every_command_the_scripts_send() {
     let line = documented_acl_line().join(" ").to_lowercase();
