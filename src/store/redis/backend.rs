@@ -203,7 +203,6 @@ impl RedisBackend {
     /// # }
     /// ```
     #[cfg(feature = "redis-tls")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis-tls")))]
     pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls.root = Some(pem.into());
         self
@@ -213,7 +212,6 @@ impl RedisBackend {
     /// `rediss://` connections: for servers that authenticate clients by certificate (Redis's
     /// `tls-auth-clients yes`, its default).
     #[cfg(feature = "redis-tls")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis-tls")))]
     pub fn tls_client_certificate(
         mut self,
         cert_pem: impl Into<Vec<u8>>,
