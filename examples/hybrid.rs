@@ -66,8 +66,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let listener = tokio::net::TcpListener::bind(format!("127.0.0.1:{port}")).await?;
     let addr = listener.local_addr()?;
     println!("listening on http://{addr}");
+    // The URL may hold a password: print where it points, not who connects.
+    let host = redis_url
+        .rsplit_once('@')
+        .map_or(redis_url.as_str(), |(_, host)| host);
     println!(
-        "state in Redis at {redis_url}, local tier on; when Redis is unreachable: FAIL_MODE={mode}"
+        "state in Redis at {host}, local tier on; when Redis is unreachable: FAIL_MODE={mode}"
     );
     println!(
         "try: for i in $(seq 6); do curl -si http://{addr}/ | grep -iE '^(HTTP|x-ratelimit|retry-after)'; done"

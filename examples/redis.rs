@@ -14,7 +14,8 @@
 //! Ten requests spread over two instances get exactly five `200`s: the bucket lives in Redis, not
 //! in either process. The rest are `429` with `Retry-After` and a problem+json body.
 //!
-//! - `REDIS_URL` (default `redis://127.0.0.1:6379`): where the state lives.
+//! - `REDIS_URL` (default `redis://127.0.0.1:6379`): where the state lives; credentials go in it
+//!   (`redis://user:password@host:6379`), and `rediss://` needs the `redis-tls` feature.
 //! - `FAIL_MODE=open|closed|local` (default `closed`): what happens when Redis is unreachable —
 //!   let requests through (logged and counted), refuse them with `503` and `Retry-After`, or
 //!   decide with a local in-memory limiter holding half the quota.
@@ -57,7 +58,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let listener = tokio::net::TcpListener::bind(format!("127.0.0.1:{port}")).await?;
     let addr = listener.local_addr()?;
     println!("listening on http://{addr}");
-    println!("state in Redis at {redis_url}; when Redis is unreachable: FAIL_MODE={mode}");
+    // The URL may hold a password: print where it points, not who connects.
+    let host = redis_url
+        .rsplit_once('@')
+        .map_or(redis_url.as_str(), |(_, host)| host);
+    println!("state in Redis at {host}; when Redis is unreachable: FAIL_MODE={mode}");
     println!(
         "try: for i in $(seq 6); do curl -si http://{addr}/ | grep -iE '^(HTTP|x-ratelimit|retry-after)'; done"
     );

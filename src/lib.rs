@@ -100,6 +100,7 @@
 //! | `axum` | [`PeerIp`](key::PeerIp) and [`ClientIp`](key::ClientIp) read axum's `ConnectInfo`; route keys and cost tables read `MatchedPath` |
 //! | `tonic` | `PeerIp` and `ClientIp` read tonic's `TcpConnectInfo`; gRPC refusals carry `grpc-status-details-bin` (`RetryInfo`, `QuotaFailure`) |
 //! | `redis` | the Redis store (single node or Cluster), the hybrid tier, Redis-shared concurrency slots |
+//! | `redis-tls` | `rediss://` URLs: TLS to Redis with rustls, and the CA and client certificates of [`RedisBackend`](store/redis/struct.RedisBackend.html) (implies `redis`) |
 //! | `serde` | the `policy` module: limits, plans and keys described as data in any serde format |
 //! | `toml` | `Policy::from_toml_str`, `Policy::from_toml_file` and the policy file watcher (implies `serde`) |
 //! | `reqwest` | [`OutboundMiddleware`](outbound/reqwest/struct.OutboundMiddleware.html): the [`outbound`] layer as a `reqwest-middleware` middleware, for reqwest 0.12 clients |
@@ -150,6 +151,7 @@ pub mod fuzzing;
         doctest,
         feature = "axum",
         feature = "redis",
+        feature = "redis-tls",
         feature = "tonic",
         feature = "toml",
         feature = "metrics",

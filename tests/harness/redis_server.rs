@@ -34,7 +34,7 @@ pub fn require(binary: &str) {
 /// A port that is free on 127.0.0.1, and so is port + 10000 (the Cluster bus). Both lie below
 /// Linux's ephemeral range (32768 and up), so no outgoing connection's local port, nor a listener
 /// bound to port 0, can take one between this check and the server binding it.
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     let seed = std::process::id()
         .wrapping_mul(2_654_435_761)
         .wrapping_add(COUNTER.fetch_add(1, Ordering::SeqCst).wrapping_mul(7_919))

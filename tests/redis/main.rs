@@ -11,4 +11,5 @@ mod redis_distributed;
 mod redis_expiry;
 mod redis_failures;
 mod redis_keys;
+mod redis_secure;
 mod store_metrics;

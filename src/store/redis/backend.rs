@@ -53,22 +53,71 @@ pub struct RedisBackend {
     max_in_flight: usize,
     local: Option<LocalBuilder>,
     stats: RedisStats,
+    credentials: Option<Credentials>,
+    #[cfg(feature = "redis-tls")]
+    tls: TlsFiles,
+}
+
+/// A username and password for Redis `AUTH`; never printed.
+#[derive(Clone)]
+struct Credentials {
+    username: String,
+    password: String,
+}
+
+/// PEM certificates for `rediss://` connections; printed only as whether each is set.
+#[cfg(feature = "redis-tls")]
+#[derive(Clone, Default)]
+struct TlsFiles {
+    root: Option<Vec<u8>>,
+    client: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 pub(super) type LocalBuilder =
     Box<dyn FnOnce(&[LimitSpec]) -> Result<Box<dyn LocalStore>, ConfigError> + Send>;
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 enum TargetSpec {
     Node(String),
     Cluster(Vec<String>),
 }
 
+/// URLs with their credentials replaced by `***`.
+impl fmt::Debug for TargetSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TargetSpec::Node(url) => f.debug_tuple("Node").field(&redact_url(url)).finish(),
+            TargetSpec::Cluster(nodes) => f
+                .debug_tuple("Cluster")
+                .field(&nodes.iter().map(|n| redact_url(n)).collect::<Vec<_>>())
+                .finish(),
+        }
+    }
+}
+
+/// `url` with the user information (`user:password@`) replaced by `***@`, for errors and
+/// `Debug` output.
+pub(crate) fn redact_url(url: &str) -> String {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let rest = &url[start..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{}***{}", &url[..start], &rest[at..]),
+        None => url.to_owned(),
+    }
+}
+
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisBackend")
-            .field("target", &self.target)
-            .field("prefix", &self.prefix)
+        let mut d = f.debug_struct("RedisBackend");
+        d.field("target", &self.target).field(
+            "credentials",
+            &self.credentials.as_ref().map(|_| "<redacted>"),
+        );
+        #[cfg(feature = "redis-tls")]
+        d.field("tls_root_certificate", &self.tls.root.is_some())
+            .field("tls_client_certificate", &self.tls.client.is_some());
+        d.field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
             .field("breaker_threshold", &self.breaker_threshold)
             .field("probe_interval", &self.probe_interval)
@@ -79,7 +128,8 @@ impl fmt::Debug for RedisBackend {
 }
 
 impl RedisBackend {
-    /// A single Redis node at `url` (`redis://[user:password@]host:port[/db]`). The URL is
+    /// A single Redis node at `url` (`redis://[user:password@]host:port[/db]`, or `rediss://`
+    /// for TLS with the `redis-tls` feature). The URL is
     /// checked when the layer is built. Building inside a tokio runtime starts connecting and
     /// loads the script in the background; otherwise the first request connects.
     pub fn new(url: impl Into<String>) -> Self {
@@ -113,7 +163,62 @@ impl RedisBackend {
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             local: None,
             stats: RedisStats::default(),
+            credentials: None,
+            #[cfg(feature = "redis-tls")]
+            tls: TlsFiles::default(),
         }
+    }
+
+    /// Authenticates as `username` with `password` (a Redis 6 ACL user; `"default"` for a server
+    /// configured with only `requirepass`), instead of credentials in the URL. On a Cluster,
+    /// every node is authenticated alike. Neither appears in `Debug` output, errors or logs.
+    /// The commands and keys the user needs: [ACLs](crate::guide::redis#acls).
+    ///
+    /// ```
+    /// use tollgate::store::redis::RedisBackend;
+    ///
+    /// let password = std::env::var("REDIS_PASSWORD").unwrap_or_default();
+    /// let backend = RedisBackend::new("redis://10.0.0.5:6379").credentials("tollgate", password);
+    /// assert!(!format!("{backend:?}").contains("REDIS_PASSWORD"));
+    /// ```
+    pub fn credentials(mut self, username: impl Into<String>, password: impl Into<String>) -> Self {
+        self.credentials = Some(Credentials {
+            username: username.into(),
+            password: password.into(),
+        });
+        self
+    }
+
+    /// Trusts the certificate authority in `pem` (PEM, one or more certificates) for
+    /// `rediss://` connections, instead of the system's roots: for servers with a private CA.
+    ///
+    /// ```no_run
+    /// use tollgate::store::redis::RedisBackend;
+    ///
+    /// # fn demo() -> std::io::Result<()> {
+    /// let backend = RedisBackend::new("rediss://redis.internal:6380")
+    ///     .tls_root_certificate(std::fs::read("/etc/redis/ca.crt")?);
+    /// # let _ = backend;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "redis-tls")]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.root = Some(pem.into());
+        self
+    }
+
+    /// Presents the client certificate `cert_pem` with its private key `key_pem` (both PEM) on
+    /// `rediss://` connections: for servers that authenticate clients by certificate (Redis's
+    /// `tls-auth-clients yes`, its default).
+    #[cfg(feature = "redis-tls")]
+    pub fn tls_client_certificate(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.client = Some((cert_pem.into(), key_pem.into()));
+        self
     }
 
     /// The namespace every key starts with (default `tollgate`): 1 to 64 characters of letters,
@@ -233,49 +338,7 @@ impl Backend for RedisBackend {
     type Store = RedisStore;
 
     fn build(self, limits: &[LimitSpec]) -> Result<RedisStore, ConfigError> {
-        let (target, cluster) =
-            match &self.target {
-                TargetSpec::Node(url) => (
-                    Target::Node(redis::Client::open(url.as_str()).map_err(|e| {
-                        ConfigError::new(
-                            "redis.url",
-                            format!("{url:?} is not a Redis URL ({e}); use redis://host:port"),
-                        )
-                    })?),
-                    false,
-                ),
-                TargetSpec::Cluster(nodes) => {
-                    if nodes.is_empty() {
-                        return Err(ConfigError::new(
-                            "redis.cluster",
-                            "no cluster nodes given; pass at least one redis://host:port",
-                        ));
-                    }
-                    let client =
-                        redis::cluster::ClusterClient::builder(nodes.iter().map(String::as_str))
-                            .retries(2)
-                            .build()
-                            .map_err(|e| {
-                                ConfigError::new(
-                            "redis.cluster",
-                            format!("invalid cluster nodes {nodes:?} ({e}); use redis://host:port"),
-                        )
-                            })?;
-                    // A probe connects to one node directly, with the first seed's settings
-                    // (credentials, TLS); the builder above has checked every seed.
-                    let seed = redis::IntoConnectionInfo::into_connection_info(nodes[0].as_str())
-                        .map_err(|e| {
-                        ConfigError::new(
-                            "redis.cluster",
-                            format!(
-                                "invalid cluster node {:?} ({e}); use redis://host:port",
-                                nodes[0]
-                            ),
-                        )
-                    })?;
-                    (Target::Cluster(Box::new(client), Box::new(seed)), true)
-                }
-            };
+        let (target, cluster) = self.connect_target()?;
         let keys = KeyEncoder::new(&self.prefix, &self.hash_secret, self.readable_keys)?;
         self.validate()?;
         let compiled = compile_limits(limits)?;
@@ -396,6 +459,156 @@ pub(crate) fn build_local(
 }
 
 impl RedisBackend {
+    /// The client for the configured node or Cluster, with credentials and TLS applied.
+    fn connect_target(&self) -> Result<(Target, bool), ConfigError> {
+        match &self.target {
+            TargetSpec::Node(url) => {
+                let info = self.connection_info("redis.url", url)?;
+                Ok((
+                    Target::Node(Box::new(self.client(info, "redis.url")?)),
+                    false,
+                ))
+            }
+            TargetSpec::Cluster(nodes) => {
+                let Some(first) = nodes.first() else {
+                    return Err(ConfigError::new(
+                        "redis.cluster",
+                        "no cluster nodes given; pass at least one redis://host:port",
+                    ));
+                };
+                let infos = nodes
+                    .iter()
+                    .map(|n| self.connection_info("redis.cluster", n))
+                    .collect::<Result<Vec<_>, _>>()?;
+                #[allow(unused_mut)]
+                let mut builder = redis::cluster::ClusterClient::builder(infos).retries(2);
+                #[cfg(feature = "redis-tls")]
+                if let Some(certs) = self.tls_certificates() {
+                    builder = builder.certs(certs);
+                }
+                let client = builder.build().map_err(|e| {
+                    ConfigError::new(
+                        "redis.cluster",
+                        format!(
+                            "invalid cluster nodes {:?} ({e}); use redis://host:port",
+                            nodes.iter().map(|n| redact_url(n)).collect::<Vec<_>>()
+                        ),
+                    )
+                })?;
+                // A probe connects to one node directly, with the first seed's settings
+                // (credentials, TLS).
+                let seed = self.connection_info("redis.cluster", first)?;
+                let seed = self
+                    .client(seed, "redis.cluster")?
+                    .get_connection_info()
+                    .clone();
+                Ok((Target::Cluster(Box::new(client), Box::new(seed)), true))
+            }
+        }
+    }
+
+    /// `url` parsed, with the builder's credentials; errors name `field` and never print the
+    /// URL's credentials.
+    fn connection_info(
+        &self,
+        field: &'static str,
+        url: &str,
+    ) -> Result<redis::ConnectionInfo, ConfigError> {
+        if !cfg!(feature = "redis-tls") && url.starts_with("rediss://") {
+            return Err(ConfigError::new(
+                field,
+                format!(
+                    "{:?} asks for TLS (rediss://), which needs tollgate's `redis-tls` feature",
+                    redact_url(url)
+                ),
+            ));
+        }
+        let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(|e| {
+            ConfigError::new(
+                field,
+                format!(
+                    "{:?} is not a Redis URL ({e}); use redis://host:port, or rediss://host:port for TLS",
+                    redact_url(url)
+                ),
+            )
+        })?;
+        if self.has_tls_files() && !matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
+            return Err(ConfigError::new(
+                field,
+                format!(
+                    "TLS certificates were given but {:?} is not a TLS URL; use rediss://host:port",
+                    redact_url(url)
+                ),
+            ));
+        }
+        Ok(match &self.credentials {
+            Some(c) => {
+                let settings = info
+                    .redis_settings()
+                    .clone()
+                    .set_username(&c.username)
+                    .set_password(&c.password);
+                info.set_redis_settings(settings)
+            }
+            None => info,
+        })
+    }
+
+    /// A client for one node.
+    fn client(
+        &self,
+        info: redis::ConnectionInfo,
+        field: &'static str,
+    ) -> Result<redis::Client, ConfigError> {
+        #[cfg(feature = "redis-tls")]
+        if matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
+            install_crypto_provider();
+            if let Some(certs) = self.tls_certificates() {
+                return redis::Client::build_with_tls(info, certs).map_err(|e| {
+                    ConfigError::new(
+                        "redis.tls",
+                        format!("the TLS certificates could not be used ({e}); give PEM files"),
+                    )
+                });
+            }
+        }
+        redis::Client::open(info).map_err(|e| {
+            ConfigError::new(
+                field,
+                format!("not a usable Redis address ({e}); use redis://host:port"),
+            )
+        })
+    }
+
+    fn has_tls_files(&self) -> bool {
+        #[cfg(feature = "redis-tls")]
+        {
+            self.tls.root.is_some() || self.tls.client.is_some()
+        }
+        #[cfg(not(feature = "redis-tls"))]
+        {
+            false
+        }
+    }
+
+    #[cfg(feature = "redis-tls")]
+    fn tls_certificates(&self) -> Option<redis::TlsCertificates> {
+        if !self.has_tls_files() {
+            return None;
+        }
+        Some(redis::TlsCertificates {
+            client_tls: self
+                .tls
+                .client
+                .as_ref()
+                .map(|(cert, key)| redis::ClientTlsConfig {
+                    client_cert: cert.clone(),
+                    client_key: key.clone(),
+                }),
+            root_cert: self.tls.root.clone(),
+        })
+    }
+
     /// Checks every knob: a value that would switch limiting off, hang, or overflow is a
     /// [`ConfigError`] naming the field and what to use instead.
     fn validate(&self) -> Result<(), ConfigError> {
@@ -454,6 +667,18 @@ impl RedisBackend {
             ));
         }
         Ok(())
+    }
+}
+
+/// Makes rustls's `ring` provider the process default unless one is installed: rustls needs
+/// one, and cannot choose by itself when another crate of the build enables a second provider.
+/// rustls deprecates it for lacking post-quantum key exchange; an application that wants that
+/// installs `aws-lc-rs`'s provider before building the store, and this leaves it in place.
+#[cfg(feature = "redis-tls")]
+#[allow(deprecated)]
+fn install_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
     }
 }
 
@@ -633,6 +858,38 @@ mod tests {
         let q = local_quota(&window, 0.5).unwrap();
         assert!(!q.has_explicit_burst());
         assert_eq!(q.count(), 50);
+    }
+
+    #[test]
+    fn urls_are_printed_without_their_credentials() {
+        for (url, shown) in [
+            ("redis://user:pw@h:6379/0", "redis://***@h:6379/0"),
+            ("rediss://:pw@h:6380", "rediss://***@h:6380"),
+            ("redis://u:p@ss@h:1?x=@", "redis://***@h:1?x=@"),
+            ("redis://h:6379/0#a@b", "redis://h:6379/0#a@b"),
+            ("user:pw@h", "***@h"),
+        ] {
+            assert_eq!(redact_url(url), shown);
+        }
+        let backend = RedisBackend::cluster(["redis://u:secret@a:1", "redis://b:2"])
+            .credentials("u", "other-secret");
+        let debug = format!("{backend:?}");
+        assert!(!debug.contains("secret"), "{debug}");
+        assert!(
+            debug.contains("***@a:1") && debug.contains("redis://b:2"),
+            "{debug}"
+        );
+    }
+
+    #[cfg(not(feature = "redis-tls"))]
+    #[test]
+    fn a_tls_url_without_the_feature_is_a_config_error() {
+        let err = RedisBackend::new("rediss://u:secret@h:6380")
+            .build(&[spec("a").on_store_error(FailurePolicy::Open)])
+            .unwrap_err();
+        assert_eq!(err.field(), "redis.url");
+        assert!(err.message().contains("redis-tls"), "{err}");
+        assert!(!err.message().contains("secret"), "{err}");
     }
 
     #[test]

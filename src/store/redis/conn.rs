@@ -24,7 +24,7 @@ use crate::error::{StoreError, StoreErrorKind};
 /// Where the store connects, validated at build time.
 #[derive(Debug, Clone)]
 pub(crate) enum Target {
-    Node(redis::Client),
+    Node(Box<redis::Client>),
     /// A Cluster: its client, and the first seed node's connection settings (credentials, TLS),
     /// with which a [`NodeProbe`] connects to one node directly.
     Cluster(
@@ -60,7 +60,7 @@ impl Conn {
                     .set_number_of_retries(1)
                     .set_min_delay(Duration::from_millis(10))
                     .set_max_delay(Duration::from_millis(200));
-                ConnectionManager::new_lazy_with_config(client.clone(), config).map(Conn::Node)
+                ConnectionManager::new_lazy_with_config((**client).clone(), config).map(Conn::Node)
             }
             Target::Cluster(client, _) => {
                 let config = redis::cluster::ClusterConfig::new()
@@ -393,7 +393,9 @@ mod tests {
         batching: (usize, usize),
         test: impl AsyncFnOnce(&LinkConfig<'_>, &Links, &RedisStats),
     ) {
-        let target = Target::Node(redis::Client::open("redis://127.0.0.1:1").unwrap());
+        let target = Target::Node(Box::new(
+            redis::Client::open("redis://127.0.0.1:1").unwrap(),
+        ));
         let stats = RedisStats::default();
         let cfg = LinkConfig {
             target: &target,
@@ -451,7 +453,9 @@ mod tests {
         // IPv6 as `CLUSTER SLOTS` names it; no probe for what is not host:port, nor for a node.
         assert!(NodeProbe::new(&target, "::1:7002", Duration::from_millis(10)).is_some());
         assert!(NodeProbe::new(&target, "10.0.0.2", Duration::from_millis(10)).is_none());
-        let node = Target::Node(redis::Client::open("redis://127.0.0.1:1").unwrap());
+        let node = Target::Node(Box::new(
+            redis::Client::open("redis://127.0.0.1:1").unwrap(),
+        ));
         assert!(NodeProbe::new(&node, "127.0.0.1:1", Duration::from_millis(10)).is_none());
     }
 

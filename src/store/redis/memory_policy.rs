@@ -14,15 +14,20 @@ pub(crate) fn evicts_limiter_keys(policy: &str) -> bool {
 }
 
 /// Reads `maxmemory-policy` (on one node; in a Cluster every master should be configured alike)
-/// and records it in `stats`; warns when it can evict limiter keys. A server that refuses `CONFIG` (renamed
-/// or ACL-restricted, as on some managed services) is logged at debug level and left unknown.
+/// and records it in `stats`; warns when it can evict limiter keys. A server that refuses `CONFIG`
+/// (renamed or denied by an ACL, as on managed services) leaves the policy unknown
+/// ([`RedisStats::maxmemory_policy`](super::RedisStats::maxmemory_policy) is `None`) with one
+/// warning per connection that says what to check by hand; decisions are unaffected.
 pub(crate) async fn check(conn: &Conn, stats: &RedisStats) {
     let mut cmd = redis::cmd("CONFIG");
     cmd.arg("GET").arg("maxmemory-policy");
     let policy = match conn.query(&cmd).await {
         Ok(value) => parse(&value),
         Err(e) => {
-            tracing::debug!(error = %e, "could not read maxmemory-policy");
+            tracing::warn!(
+                error = %e,
+                "could not read maxmemory-policy (CONFIG GET is renamed or not permitted, as on managed Redis services); rate limiting works, but check by hand that the server's maxmemory-policy is noeviction: an evicted limiter key is a fresh budget"
+            );
             return;
         }
     };
