@@ -510,6 +510,8 @@ impl<C: Clock> Store for MemoryStore<C> {
     type Future = MemoryFuture;
 
     #[inline(always)]
+    // Without the `metrics` feature the timer is `()`.
+    #[cfg_attr(not(feature = "metrics"), allow(clippy::let_unit_value))]
     fn check(&self, checks: &[LimitCheck<'_>]) -> Checked<MemoryFuture> {
         let timer = crate::metrics::memory_check_start();
         let decisions = self.check_all(checks);
