@@ -6,7 +6,7 @@
 # the test suite replays it.
 #
 #   fuzz/smoke.sh          # build, then run every target
-#   fuzz/smoke.sh build    # only build (CI builds while other steps run, then runs)
+#   fuzz/smoke.sh build    # only build
 #   fuzz/smoke.sh run      # run (builds first if the build is missing or stale)
 set -euo pipefail
 cd "$(dirname "$0")"
