@@ -25,3 +25,13 @@ pub async fn serve(app: Router) -> SocketAddr {
 pub async fn serve_url(app: Router) -> String {
     format!("http://{}", serve(app).await)
 }
+
+/// Serves `app` as `axum::serve(listener, app)` does, without connection info (the mistake the
+/// misconfiguration tests make on purpose), and returns its address.
+#[allow(dead_code)] // not every test file uses it
+pub async fn serve_without_connect_info(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}

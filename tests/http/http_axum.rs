@@ -13,7 +13,7 @@ use tollgate::key::{ClientIp, GlobalKey, PeerIp};
 use tollgate::store::memory::MemoryBackend;
 use tollgate::{Decision, Limit, Quota, RateLimitLayer};
 
-use crate::harness::http_server::serve_url as serve;
+use crate::harness::http_server::{serve_url as serve, serve_without_connect_info};
 
 fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
@@ -231,9 +231,7 @@ async fn missing_connect_info_is_a_loud_500() {
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(layer);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let addr = serve_without_connect_info(app).await;
     let res = client()
         .get(format!("http://{addr}/"))
         .send()
@@ -261,9 +259,7 @@ async fn missing_connect_info_for_client_ip_names_the_trusted_proxy_check() {
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(layer);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let addr = serve_without_connect_info(app).await;
     let res = client()
         .get(format!("http://{addr}/"))
         .header("x-forwarded-for", "203.0.113.9")
