@@ -368,8 +368,8 @@ pub struct Failover {
     pub decisions_before_kill: usize,
     /// The window `decisions_before_kill` counts.
     pub lag_window: Duration,
-    /// The replica's replication lag just before the kill, in bytes (`master_repl_offset` of
-    /// the master less the replica's `slave_repl_offset`).
+    /// The replica's replication lag just before the kill, in bytes: `master_repl_offset` of
+    /// the master less the replica's `slave_repl_offset`, read just before (an upper bound).
     pub lag_bytes: Option<i64>,
     /// Each store's statistics at the end (`RedisStats`, as `Debug`).
     pub stats: Vec<String>,
@@ -434,13 +434,14 @@ pub async fn kill_a_master_under_load(
 
     let load = Load::start(&stores, &by_master, dead);
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    let master_offset = info_field(
-        &cluster.nodes[masters[0]].cmd::<String>(&["INFO", "replication"]),
-        "master_repl_offset",
-    );
+    // The replica's offset first: the lag read is then at least the lag at either reading.
     let replica_offset = info_field(
         &cluster.nodes[replica].cmd::<String>(&["INFO", "replication"]),
         "slave_repl_offset",
+    );
+    let master_offset = info_field(
+        &cluster.nodes[masters[0]].cmd::<String>(&["INFO", "replication"]),
+        "master_repl_offset",
     );
     let killed_at = load.now();
     cluster.nodes[masters[0]].kill();
