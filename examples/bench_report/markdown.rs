@@ -418,7 +418,11 @@ mod tests {
         let mut failover = section("failover", vec![]);
         failover.parent = Some("redis".into());
         let doc = document(
-            &[failover, section("redis", vec![]), section("hybrid", vec![])],
+            &[
+                failover,
+                section("redis", vec![]),
+                section("hybrid", vec![]),
+            ],
             "docs/benchmarks",
             &Previous::default(),
         );
@@ -438,7 +442,11 @@ mod tests {
         let rerun = document(&[http], dir, &Previous::parse(&full));
         let kept = "\n**Kept from the previous report** (not rerun for this one): `memory`.\n";
         assert!(rerun.contains(kept), "{rerun}");
-        assert_eq!(rerun.replace(kept, ""), full, "the memory section and its summary row kept");
+        assert_eq!(
+            rerun.replace(kept, ""),
+            full,
+            "the memory section and its summary row kept"
+        );
         assert!(!rerun.contains("- `memory`: "), "kept, not missing");
         // With results for a section, the previous text of it is not used.
         let mut newer = section("memory", vec![ratio("m", "c", 3.0, 1.0)]);
