@@ -69,26 +69,6 @@ pub fn ledger() -> Quota {
     Quota::per_hour(1).burst(LEDGER)
 }
 
-/// The Cluster hash slot of `key` (CRC16-XMODEM of its hash tag, mod 16384).
-pub fn slot(key: &str) -> u16 {
-    let tag = match (key.find('{'), key.find('}')) {
-        (Some(a), Some(b)) if b > a + 1 => &key[a + 1..b],
-        _ => key,
-    };
-    let mut crc: u16 = 0;
-    for &b in tag.as_bytes() {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc & 16383
-}
-
 /// The port of the master serving each slot, from `CLUSTER SLOTS`.
 pub fn slot_owners(node: &RedisServer) -> Vec<u16> {
     let value: redis::Value = node.cmd(&["CLUSTER", "SLOTS"]);
@@ -113,18 +93,26 @@ pub fn slot_owners(node: &RedisServer) -> Vec<u16> {
     owners
 }
 
-/// `per_master` client keys for each master port, by the slot of their Redis key.
+/// `per_master` client keys for each master port, by the slot Redis (`node`) computes for
+/// their Redis key.
 pub fn clients_by_master(
     store: &RedisStore,
-    owners: &[u16],
+    node: &RedisServer,
     masters: &[u16],
     per_master: usize,
 ) -> HashMap<u16, Vec<String>> {
+    let owners = slot_owners(node);
+    let mut conn = node.conn();
     let mut by: HashMap<u16, Vec<String>> = masters.iter().map(|&p| (p, Vec::new())).collect();
     for i in 0.. {
         let client = format!("client-{i}");
         let key = store.redis_key(0, &Key::string(client.clone())).unwrap();
-        if let Some(v) = by.get_mut(&owners[slot(&key) as usize])
+        let slot: usize = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(&key)
+            .query(&mut conn)
+            .expect("CLUSTER KEYSLOT");
+        if let Some(v) = by.get_mut(&owners[slot])
             && v.len() < per_master
         {
             v.push(client);
@@ -424,10 +412,14 @@ pub async fn kill_a_master_under_load(
     assert_eq!(masters.len(), 3, "3 masters and 3 replicas");
     let prefix = prefix("failover");
     let stores = [0, 1].map(|_| store(&cluster.urls(), &prefix, ledger()));
-    let owners = slot_owners(&cluster.nodes[masters[0]]);
     let ports: Vec<u16> = masters.iter().map(|&i| cluster.nodes[i].port()).collect();
     let dead = ports[0];
-    let by_master = clients_by_master(&stores[0], &owners, &ports, clients_per_master);
+    let by_master = clients_by_master(
+        &stores[0],
+        &cluster.nodes[masters[0]],
+        &ports,
+        clients_per_master,
+    );
     warm(&stores[0], by_master.values().flatten()).await;
     warm(&stores[1], by_master.values().flatten()).await;
     let replica = cluster.replica_of(dead);

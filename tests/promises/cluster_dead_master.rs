@@ -37,8 +37,8 @@ use tollgate::store::redis::RedisStore;
 use tollgate::Quota;
 
 use crate::harness::cluster_failover::{
-    self as failover, clients_by_master, decided, per_window, recovery, show, slot_owners, warm,
-    Load, Sample, STORE_TIMEOUT,
+    self as failover, clients_by_master, decided, per_window, recovery, show, warm, Load, Sample,
+    STORE_TIMEOUT,
 };
 use crate::harness::redis_cluster::RedisCluster;
 use crate::harness::redis_server::RedisServer;
@@ -79,10 +79,9 @@ async fn healthy_masters_keep_deciding_when_one_master_is_killed() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut cluster = RedisCluster::start_with(&args);
     let store = store(&cluster.urls());
-    let owners = slot_owners(&cluster.nodes[0]);
     let ports: Vec<u16> = cluster.nodes.iter().map(RedisServer::port).collect();
     let dead = ports[0];
-    let by_master = clients_by_master(&store, &owners, &ports, CLIENTS / 3);
+    let by_master = clients_by_master(&store, &cluster.nodes[0], &ports, CLIENTS / 3);
     warm(&store, by_master.values().flatten()).await;
 
     let load = Load::start(std::slice::from_ref(&store), &by_master, dead);
@@ -269,10 +268,9 @@ async fn healthy_masters_decide_after_a_burst_at_the_kill_and_a_pause() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut cluster = RedisCluster::start_with(&args);
     let store = store(&cluster.urls());
-    let owners = slot_owners(&cluster.nodes[0]);
     let ports: Vec<u16> = cluster.nodes.iter().map(RedisServer::port).collect();
     let dead = ports[0];
-    let by_master = clients_by_master(&store, &owners, &ports, CLIENTS / 3);
+    let by_master = clients_by_master(&store, &cluster.nodes[0], &ports, CLIENTS / 3);
     warm(&store, by_master.values().flatten()).await;
 
     // One burst of 270 concurrent checks, the master killed while it is in flight, then nothing.
