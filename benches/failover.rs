@@ -219,9 +219,9 @@ fn main() {
     section.parent("redis");
     section.table(summary).table(each);
     section.note(
-        "The store cannot decide a dead master's keys before Redis promotes its replica (about \
-         twice the node timeout after the kill on loopback): a shorter `cluster-node-timeout` \
-         shortens that gap, at the cost of failovers on shorter stalls.",
+        "The store cannot decide a dead master's keys before Redis promotes its replica: the \
+         node timeout after the kill plus the replica's election delay (0.5–1 s). A shorter \
+         `cluster-node-timeout` shortens that gap, at the cost of failovers on shorter stalls.",
     );
     section.note(
         "The healthy masters' keys stall for up to a second in some runs, and the dead master's \
