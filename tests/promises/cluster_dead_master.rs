@@ -17,7 +17,7 @@
 //!   of an app), each check one unit of a 1,000,000-unit token bucket that does not refill
 //!   during the test (so `remaining` counts the decisions Redis kept for a key): the dead
 //!   master's keys are decided by Redis again within 2.5 s of Redis promoting the replica
-//!   (0.15–0.35 s measured in most runs, up to 1.9 s when a Cluster connection wedges at the
+//!   (0.1–0.4 s measured in most runs, up to 1.9 s when a Cluster connection wedges at the
 //!   promotion; Redis promotes it 2.1–2.7 s after the kill with a 1 s node timeout), at least
 //!   95 % of their checks in the last second; the limit stays shared through the promoted
 //!   replica: every key is decided again, none with its count gone, no two checks told the same
