@@ -56,6 +56,10 @@ const SERVE_LAG: Duration = Duration::from_millis(2500);
 /// The longest the healthy masters' keys may stay below 95 % decided after a kill.
 const HEALTHY_GAP: Duration = Duration::from_millis(1500);
 
+/// The tests of this module each run hundreds of clients against a Cluster they kill a master
+/// of: one at a time, so that none measures while another loads the machine.
+static ONE_KILL_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn cluster_args() -> Vec<String> {
     failover::cluster_args(NODE_TIMEOUT)
 }
@@ -75,6 +79,7 @@ fn connections_received(node: &RedisServer) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthy_masters_keep_deciding_when_one_master_is_killed() {
+    let _alone = ONE_KILL_AT_A_TIME.lock().await;
     let args = cluster_args();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut cluster = RedisCluster::start_with(&args);
@@ -181,6 +186,7 @@ async fn healthy_masters_keep_deciding_when_one_master_is_killed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_promoted_replica_takes_over_the_dead_masters_keys_and_their_counts() {
+    let _alone = ONE_KILL_AT_A_TIME.lock().await;
     let f = failover::kill_a_master_under_load(NODE_TIMEOUT, CLIENTS / 3).await;
     let ms = |d: Option<Duration>| d.map_or("never".into(), |d| format!("{} ms", d.as_millis()));
     println!(
@@ -264,6 +270,7 @@ async fn a_promoted_replica_takes_over_the_dead_masters_keys_and_their_counts() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthy_masters_decide_after_a_burst_at_the_kill_and_a_pause() {
+    let _alone = ONE_KILL_AT_A_TIME.lock().await;
     let args = cluster_args();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut cluster = RedisCluster::start_with(&args);
