@@ -9,6 +9,7 @@ use super::conn::Target;
 use super::fallback::{local_share, LocalStore};
 use super::keys::{encode_name, KeyEncoder};
 use super::script::{limit_info, LimitInfo, LuaScript};
+use super::sentinel::SentinelTarget;
 use super::slots::SlotCache;
 use super::stats::RedisStats;
 use super::store::{Inner, RedisStore};
@@ -54,6 +55,7 @@ pub struct RedisBackend {
     local: Option<LocalBuilder>,
     stats: RedisStats,
     credentials: Option<Credentials>,
+    sentinel_credentials: Option<Credentials>,
     #[cfg(feature = "redis-tls")]
     tls: TlsFiles,
 }
@@ -80,6 +82,8 @@ pub(super) type LocalBuilder =
 enum TargetSpec {
     Node(String),
     Cluster(Vec<String>),
+    /// Sentinels (`host:port` or URLs) and the master name they monitor the primary as.
+    Sentinel(Vec<String>, String),
 }
 
 /// URLs with their credentials replaced by `***`.
@@ -90,6 +94,11 @@ impl fmt::Debug for TargetSpec {
             TargetSpec::Cluster(nodes) => f
                 .debug_tuple("Cluster")
                 .field(&nodes.iter().map(|n| redact_url(n)).collect::<Vec<_>>())
+                .finish(),
+            TargetSpec::Sentinel(sentinels, master) => f
+                .debug_tuple("Sentinel")
+                .field(&sentinels.iter().map(|n| redact_url(n)).collect::<Vec<_>>())
+                .field(master)
                 .finish(),
         }
     }
@@ -114,6 +123,9 @@ impl fmt::Debug for RedisBackend {
             "credentials",
             &self.credentials.as_ref().map(|_| "<redacted>"),
         );
+        if self.sentinel_credentials.is_some() {
+            d.field("sentinel_credentials", &"<redacted>");
+        }
         #[cfg(feature = "redis-tls")]
         d.field("tls_root_certificate", &self.tls.root.is_some())
             .field("tls_client_certificate", &self.tls.client.is_some());
@@ -147,6 +159,50 @@ impl RedisBackend {
         ))
     }
 
+    /// The primary of `master`, found through `sentinels` (`host:port`, or `redis://host:port` /
+    /// `rediss://host:port` URLs; any subset of the Sentinels that monitor it): the store asks
+    /// them which node is the primary, checks with `ROLE` that the node it reaches is a master,
+    /// and asks again when it loses the connection, when the node answers `READONLY`, and when
+    /// a Sentinel announces a failover (`+switch-master`). The primary is authenticated with
+    /// [`credentials`](Self::credentials), the Sentinels with
+    /// [`sentinel_credentials`](Self::sentinel_credentials) (or credentials in their URLs); with
+    /// `rediss://` Sentinels the primary is reached over TLS too, with the same
+    /// certificates. What a failover costs: [Sentinel](crate::guide::redis#sentinel).
+    ///
+    /// ```
+    /// use tollgate::store::redis::RedisBackend;
+    ///
+    /// let backend = RedisBackend::sentinel(["10.0.0.1:26379", "10.0.0.2:26379"], "mymaster")
+    ///     .credentials("tollgate", "node-password")
+    ///     .sentinel_credentials("default", "sentinel-password");
+    /// assert!(!format!("{backend:?}").contains("password"));
+    /// ```
+    pub fn sentinel<I, S>(sentinels: I, master: impl Into<String>) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::with_target(TargetSpec::Sentinel(
+            sentinels.into_iter().map(Into::into).collect(),
+            master.into(),
+        ))
+    }
+
+    /// Authenticates to the Sentinels (not the primary) as `username` with `password`: for
+    /// Sentinels configured with `requirepass` (user `"default"`) or an ACL user. Credentials in
+    /// a Sentinel's URL take precedence. Never printed.
+    pub fn sentinel_credentials(
+        mut self,
+        username: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
+        self.sentinel_credentials = Some(Credentials {
+            username: username.into(),
+            password: password.into(),
+        });
+        self
+    }
+
     fn with_target(target: TargetSpec) -> Self {
         Self {
             target,
@@ -164,6 +220,7 @@ impl RedisBackend {
             local: None,
             stats: RedisStats::default(),
             credentials: None,
+            sentinel_credentials: None,
             #[cfg(feature = "redis-tls")]
             tls: TlsFiles::default(),
         }
@@ -504,7 +561,69 @@ impl RedisBackend {
                     .clone();
                 Ok((Target::Cluster(Box::new(client), Box::new(seed)), true))
             }
+            TargetSpec::Sentinel(sentinels, master) => Ok((
+                Target::Sentinel(Box::new(self.sentinel_target(sentinels, master)?)),
+                false,
+            )),
         }
+    }
+
+    /// The Sentinels' clients and the primary's settings; a [`ConfigError`] for no Sentinels, an
+    /// empty master name or an address that is neither `host:port` nor a Redis URL.
+    fn sentinel_target(
+        &self,
+        sentinels: &[String],
+        master: &str,
+    ) -> Result<SentinelTarget, ConfigError> {
+        const FIELD: &str = "redis.sentinel";
+        if sentinels.is_empty() {
+            return Err(ConfigError::new(
+                FIELD,
+                "no sentinels given; pass at least one host:port, e.g. \"10.0.0.1:26379\"",
+            ));
+        }
+        if master.trim().is_empty() {
+            return Err(ConfigError::new(
+                "redis.sentinel.master",
+                "the master name is empty; use the name the sentinels monitor the primary as (`sentinel monitor <name> ...`), e.g. \"mymaster\"",
+            ));
+        }
+        let clients = sentinels
+            .iter()
+            .map(|addr| {
+                let url = sentinel_url(addr).ok_or_else(|| {
+                    ConfigError::new(
+                        FIELD,
+                        format!(
+                            "{:?} is not a sentinel address; use host:port (e.g. \"10.0.0.1:26379\") or redis://host:port",
+                            redact_url(addr)
+                        ),
+                    )
+                })?;
+                let own = redis::IntoConnectionInfo::into_connection_info(url.as_str())
+                    .is_ok_and(|i| i.redis_settings().password().is_some());
+                let credentials = if own {
+                    None
+                } else {
+                    self.sentinel_credentials.as_ref()
+                };
+                let info = self.connection_info_as(FIELD, &url, credentials)?;
+                self.client(info, FIELD)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // The primary is reached as the Sentinels are (TLS or not), at an address they name.
+        let scheme = if sentinels[0].starts_with("rediss://") {
+            "rediss"
+        } else {
+            "redis"
+        };
+        let node = self.connection_info(FIELD, &format!("{scheme}://127.0.0.1:6379"))?;
+        let node = self.client(node, FIELD)?.get_connection_info().clone();
+        Ok(SentinelTarget {
+            sentinels: clients,
+            master: master.to_owned(),
+            node,
+        })
     }
 
     /// `url` parsed, with the builder's credentials; errors name `field` and never print the
@@ -513,6 +632,16 @@ impl RedisBackend {
         &self,
         field: &'static str,
         url: &str,
+    ) -> Result<redis::ConnectionInfo, ConfigError> {
+        self.connection_info_as(field, url, self.credentials.as_ref())
+    }
+
+    /// [`connection_info`](Self::connection_info) authenticated with `credentials`.
+    fn connection_info_as(
+        &self,
+        field: &'static str,
+        url: &str,
+        credentials: Option<&Credentials>,
     ) -> Result<redis::ConnectionInfo, ConfigError> {
         if !cfg!(feature = "redis-tls") && url.starts_with("rediss://") {
             return Err(ConfigError::new(
@@ -541,7 +670,7 @@ impl RedisBackend {
                 ),
             ));
         }
-        Ok(match &self.credentials {
+        Ok(match credentials {
             Some(c) => {
                 let settings = info
                     .redis_settings()
@@ -668,6 +797,18 @@ impl RedisBackend {
         }
         Ok(())
     }
+}
+
+/// A Sentinel's URL: `addr` itself when it is a Redis URL, `redis://addr` when it is
+/// `host:port`; `None` for anything else.
+fn sentinel_url(addr: &str) -> Option<String> {
+    if addr.contains("://") {
+        return Some(addr.to_owned());
+    }
+    let (host, port) = addr.rsplit_once(':')?;
+    port.parse::<u16>().ok()?;
+    let plain = !host.is_empty() && !host.contains(['/', '@', '?', '#']);
+    plain.then(|| format!("redis://{addr}"))
 }
 
 /// Makes rustls's `ring` provider the process default unless one is installed: rustls needs

@@ -239,6 +239,7 @@ mod memory_policy;
 mod probe;
 mod routing;
 pub(crate) mod script;
+mod sentinel;
 mod slots;
 mod stats;
 mod store;
