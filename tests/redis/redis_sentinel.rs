@@ -10,7 +10,8 @@
 //!   election and promotion);
 //! - the limit is still shared through the promoted replica: on a fresh key of capacity 50, the
 //!   two stores together admit at most 50, and exactly 50 unless the failure policy decided some
-//!   checks; the key lives on the promoted node;
+//!   checks; the key lives on the promoted node, and each store counts the new primary in
+//!   `RedisStats::reconnects`;
 //! - decisions lost (admitted on the old primary, but not in the promoted replica's state) are
 //!   at most **2 %** of the decisions admitted before the kill (on loopback the replica trails
 //!   by well under a millisecond, and the measured loss is typically 0 to a few decisions).
@@ -246,6 +247,13 @@ async fn a_failover_under_load_is_followed_within_10s_and_the_limit_stays_shared
         "{fresh} admitted, {closed} decided by the failure policy"
     );
     assert_eq!(on_promoted, 1, "the fresh key lives on the promoted node");
+    for store in &stores {
+        assert!(
+            store.stats().reconnects() >= 1,
+            "the new primary counts as a reconnect: {:?}",
+            store.stats()
+        );
+    }
 }
 
 #[test]
