@@ -256,6 +256,53 @@ async fn a_failover_under_load_is_followed_within_10s_and_the_limit_stays_shared
     }
 }
 
+/// A manual failover (`SENTINEL FAILOVER`): the old primary stays up as a replica (writes to it
+/// answer `READONLY`) and the Sentinels announce `+switch-master`; the store moves to the
+/// promoted node (a write there is decided by Redis within 10 s of the old primary's
+/// demotion) and keeps the key's state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demoted_primary_is_left_for_the_promoted_one() {
+    let set = RedisSentinel::start(1);
+    let store = instance(&set, &prefix("sentinel-demote"), &[counter("demote", 1000)]);
+    let first = one(&store, "k", 1).await.unwrap();
+    assert_eq!(first.remaining(), 999);
+    let old = set.primary().port();
+    let _: String = set.sentinels[0].cmd(&["SENTINEL", "FAILOVER", MASTER]);
+    let promoted = tokio::task::block_in_place(|| set.wait_failover(old, Duration::from_secs(30)));
+    // The Sentinels then make the old primary a replica of the promoted one.
+    let demoted = Instant::now();
+    while set.node(old).cmd::<Vec<redis::Value>>(&["ROLE"]).first()
+        != Some(&redis::Value::BulkString(b"slave".to_vec()))
+    {
+        assert!(
+            demoted.elapsed() < Duration::from_secs(30),
+            "the old primary was not demoted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let start = Instant::now();
+    let again = loop {
+        if let Ok(d) = one(&store, "k", 1).await {
+            break d;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            store.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        again.remaining(),
+        998,
+        "the promoted node holds the key's state"
+    );
+    println!(
+        "sentinel manual failover: {old} -> {promoted}, decided {:?} after the demotion",
+        start.elapsed()
+    );
+}
+
 #[test]
 fn bad_sentinel_settings_are_config_errors_that_never_print_credentials() {
     let limits = [counter("a", 1)];
