@@ -18,6 +18,8 @@ pub struct RedisSentinel {
     /// The nodes: the first is the initial primary, the others its replicas.
     pub nodes: Vec<RedisServer>,
     pub sentinels: Vec<RedisServer>,
+    /// The nodes' and the Sentinels' passwords, once [`secure`](Self::secure) set them.
+    passwords: Option<(String, String)>,
 }
 
 impl RedisSentinel {
@@ -42,11 +44,62 @@ impl RedisSentinel {
         let sentinels = (0..SENTINELS)
             .map(|_| RedisServer::start_configured(Some(&config), &["--sentinel"]))
             .collect();
-        let set = Self { nodes, sentinels };
+        let set = Self {
+            nodes,
+            sentinels,
+            passwords: None,
+        };
         set.wait(Duration::from_secs(60), "the sentinels to be ready", |s| {
             s.ready(replicas)
         });
         set
+    }
+
+    /// Makes the nodes require `node` (`requirepass`, with `masterauth` for the replicas and
+    /// `auth-pass` for the Sentinels) and the Sentinels require `sentinel` (user `default`,
+    /// also the password they use with each other).
+    pub fn secure(&mut self, node: &str, sentinel: &str) {
+        for s in &self.sentinels {
+            let _: () = s.cmd(&["SENTINEL", "SET", MASTER, "auth-pass", node]);
+        }
+        for n in &self.nodes {
+            let _: () = n.cmd(&["CONFIG", "SET", "masterauth", node]);
+            let _: () = n.cmd(&["CONFIG", "SET", "requirepass", node]);
+        }
+        let acl = format!(">{sentinel}");
+        for s in &self.sentinels {
+            let _: () = s.cmd(&["SENTINEL", "CONFIG", "SET", "sentinel-pass", sentinel]);
+            let _: () = s.cmd(&["ACL", "SETUSER", "default", "resetpass", &acl]);
+        }
+        self.passwords = Some((node.to_owned(), sentinel.to_owned()));
+    }
+
+    /// Runs a command on `server` (a node or a Sentinel), with its password once secured.
+    pub fn cmd<T: redis::FromRedisValue>(&self, server: &RedisServer, args: &[&str]) -> T {
+        self.try_cmd(server, args)
+            .unwrap_or_else(|e| panic!("{args:?} on {}: {e}", server.addr()))
+    }
+
+    fn try_cmd<T: redis::FromRedisValue>(
+        &self,
+        server: &RedisServer,
+        args: &[&str],
+    ) -> redis::RedisResult<T> {
+        let sentinel = self.sentinels.iter().any(|s| s.port() == server.port());
+        let url = match &self.passwords {
+            Some((node, s)) => {
+                let password = if sentinel { s } else { node };
+                format!("redis://:{password}@{}", server.addr())
+            }
+            None => server.url(),
+        };
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        let mut conn =
+            redis::Client::open(url)?.get_connection_with_timeout(Duration::from_secs(1))?;
+        cmd.query(&mut conn)
     }
 
     /// The Sentinels as `host:port`, as `RedisBackend::sentinel` takes them.
@@ -59,12 +112,9 @@ impl RedisSentinel {
         self.sentinels
             .iter()
             .map(|s| {
-                let mut cmd = redis::cmd("SENTINEL");
-                cmd.arg("get-master-addr-by-name").arg(MASTER);
-                let conn = redis::Client::open(s.url())
-                    .ok()?
-                    .get_connection_with_timeout(Duration::from_secs(1));
-                let addr: Option<(String, u16)> = cmd.query(&mut conn.ok()?).ok()?;
+                let addr: Option<(String, u16)> = self
+                    .try_cmd(s, &["SENTINEL", "get-master-addr-by-name", MASTER])
+                    .ok()?;
                 addr.map(|(_, port)| port)
             })
             .collect()
@@ -108,7 +158,7 @@ impl RedisSentinel {
             match named[0] {
                 Some(p) if p != old && named.iter().all(|n| *n == Some(p)) => {
                     promoted = p;
-                    s.node(p).cmd::<Vec<redis::Value>>(&["ROLE"]).first()
+                    s.cmd::<Vec<redis::Value>>(s.node(p), &["ROLE"]).first()
                         == Some(&redis::Value::BulkString(b"master".to_vec()))
                 }
                 _ => false,
@@ -127,7 +177,7 @@ impl RedisSentinel {
             .find(|n| n.port() != primary.port())
             .expect("a replica");
         let offset = |node: &RedisServer, name: &str| -> i64 {
-            let info: String = node.cmd(&["INFO", "replication"]);
+            let info: String = self.cmd(node, &["INFO", "replication"]);
             info.lines()
                 .find_map(|l| l.strip_prefix(name))
                 .and_then(|v| v.trim().parse().ok())
@@ -143,13 +193,15 @@ impl RedisSentinel {
             return false;
         }
         let links_up = self.nodes[1..].iter().all(|n| {
-            let info: String = n.cmd(&["INFO", "replication"]);
+            let info: String = self.cmd(n, &["INFO", "replication"]);
             info.contains("master_link_status:up")
         });
         links_up
             && self.sentinels.iter().all(|s| {
-                let known_replicas: Vec<redis::Value> = s.cmd(&["SENTINEL", "replicas", MASTER]);
-                let known_sentinels: Vec<redis::Value> = s.cmd(&["SENTINEL", "sentinels", MASTER]);
+                let known_replicas: Vec<redis::Value> =
+                    self.cmd(s, &["SENTINEL", "replicas", MASTER]);
+                let known_sentinels: Vec<redis::Value> =
+                    self.cmd(s, &["SENTINEL", "sentinels", MASTER]);
                 known_replicas.len() == replicas && known_sentinels.len() == SENTINELS - 1
             })
     }

@@ -32,6 +32,7 @@ use tollgate::Quota;
 
 use crate::harness::redis_sentinel::{RedisSentinel, MASTER};
 use crate::harness::stores::{decide, node_store, one, prefix, spec};
+use crate::redis_secure::Logs;
 
 /// A Sentinel set the tests that kill nothing share.
 fn shared() -> &'static RedisSentinel {
@@ -221,7 +222,7 @@ async fn a_failover_under_load_is_followed_within_10s_and_the_limit_stays_shared
     let fresh_key = stores[0]
         .redis_key(1, &Key::string("fresh-after-failover"))
         .unwrap();
-    let on_promoted: i64 = set.node(promoted).cmd(&["EXISTS", &fresh_key]);
+    let on_promoted: i64 = set.cmd(set.node(promoted), &["EXISTS", &fresh_key]);
 
     println!(
         "sentinel failover: sentinels switched {sentinels_switched:?} after the kill; stores decided again after {again:?}; \
@@ -267,11 +268,13 @@ async fn a_demoted_primary_is_left_for_the_promoted_one() {
     let first = one(&store, "k", 1).await.unwrap();
     assert_eq!(first.remaining(), 999);
     let old = set.primary().port();
-    let _: String = set.sentinels[0].cmd(&["SENTINEL", "FAILOVER", MASTER]);
+    let _: String = set.cmd(&set.sentinels[0], &["SENTINEL", "FAILOVER", MASTER]);
     let promoted = tokio::task::block_in_place(|| set.wait_failover(old, Duration::from_secs(30)));
     // The Sentinels then make the old primary a replica of the promoted one.
     let demoted = Instant::now();
-    while set.node(old).cmd::<Vec<redis::Value>>(&["ROLE"]).first()
+    while set
+        .cmd::<Vec<redis::Value>>(set.node(old), &["ROLE"])
+        .first()
         != Some(&redis::Value::BulkString(b"slave".to_vec()))
     {
         assert!(
@@ -301,6 +304,57 @@ async fn a_demoted_primary_is_left_for_the_promoted_one() {
         "sentinel manual failover: {old} -> {promoted}, decided {:?} after the demotion",
         start.elapsed()
     );
+}
+
+const NODE_PASSWORD: &str = "node-pw-51f0c2d9-never-printed";
+const SENTINEL_PASSWORD: &str = "sentinel-pw-8e27ab46-never-printed";
+
+/// Sentinels and nodes with passwords of their own: the store decides with both right, and
+/// with either wrong its checks go to the failure policy, with neither password in an error or
+/// a log line.
+#[tokio::test]
+async fn the_primary_and_the_sentinels_authenticate_with_their_own_passwords() {
+    let mut set = RedisSentinel::start(1);
+    set.secure(NODE_PASSWORD, SENTINEL_PASSWORD);
+    let logs = Logs::default();
+    let _guard = logs.install();
+    let limits = [counter("auth", 10)];
+    let backend = |node: &str, sentinel: &str| {
+        sentinel_backend(&set)
+            .prefix(prefix("sentinel-auth"))
+            .credentials("default", node)
+            .sentinel_credentials("default", sentinel)
+            .timeout(Duration::from_secs(1))
+            .connect_timeout(Duration::from_millis(300))
+            .build(&limits)
+            .unwrap()
+    };
+    let store = backend(NODE_PASSWORD, SENTINEL_PASSWORD);
+    assert_eq!(one(&store, "k", 1).await.unwrap().remaining(), 9);
+    for (node, sentinel) in [
+        (NODE_PASSWORD, "wrong-sentinel-password"),
+        ("wrong-node-password", SENTINEL_PASSWORD),
+    ] {
+        let store = backend(node, sentinel);
+        let err = one(&store, "k", 1).await.unwrap_err();
+        assert!(!err.to_string().contains("never-printed"), "{err}");
+        assert!(!format!("{store:?}").contains("never-printed"));
+    }
+    // The URL form of a Sentinel's password works too.
+    let url = format!("redis://:{SENTINEL_PASSWORD}@{}", set.sentinels[1].addr());
+    let store = RedisBackend::sentinel([url], MASTER)
+        .prefix(prefix("sentinel-auth-url"))
+        .credentials("default", NODE_PASSWORD)
+        .timeout(Duration::from_secs(1))
+        .build(&limits)
+        .unwrap();
+    assert!(one(&store, "k", 1).await.unwrap().allowed());
+    let text = logs.text();
+    assert!(
+        text.contains("redis primary found"),
+        "the resolver logs: {text}"
+    );
+    assert!(!text.contains("never-printed"), "{text}");
 }
 
 #[test]

@@ -4,6 +4,7 @@
 //! connection or meets `READONLY`, and when a Sentinel announces `+switch-master`.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -51,7 +52,7 @@ impl fmt::Debug for SentinelTarget {
 /// The primary as last resolved: its address and a connection to it.
 #[derive(Clone)]
 struct Primary {
-    addr: String,
+    addr: Arc<str>,
     conn: MultiplexedConnection,
     /// Counts the resolutions: a call that fails on generation `g` asks for a new primary only
     /// while `g` is current, so a burst of failing calls resolves once.
@@ -85,6 +86,7 @@ impl SentinelConn {
             primary: tx,
             stale: stale_rx,
             generation: 0,
+            last: None,
         };
         tokio::spawn(resolver.run());
         Self {
@@ -143,6 +145,8 @@ struct Resolver {
     primary: watch::Sender<Option<Primary>>,
     stale: mpsc::UnboundedReceiver<u64>,
     generation: u64,
+    /// The primary last found.
+    last: Option<Arc<str>>,
 }
 
 /// Why the resolver woke up.
@@ -209,13 +213,14 @@ impl Resolver {
             }
             match self.resolve().await {
                 Ok((addr, conn)) => {
-                    let previous = self.primary.borrow().as_ref().map(|p| p.addr.clone());
+                    let addr: Arc<str> = addr.into();
                     if self.generation > 0 {
                         self.stats.add_reconnect();
                     }
-                    if previous.as_deref() != Some(&addr) {
-                        tracing::info!(master = %self.target.master, primary = %addr, "redis primary resolved through the sentinels");
+                    if self.last.as_ref() != Some(&addr) {
+                        tracing::info!(master = %self.target.master, primary = %addr, previous = self.last.as_deref(), "redis primary found through the sentinels");
                     }
+                    self.last = Some(addr.clone());
                     self.generation += 1;
                     self.primary.send_replace(Some(Primary {
                         addr,
