@@ -117,6 +117,9 @@ impl SentinelConn {
     }
 
     async fn primary(&self) -> Result<Primary, RedisError> {
+        if let Some(primary) = self.primary.borrow().as_ref() {
+            return Ok(primary.clone());
+        }
         let mut rx = self.primary.clone();
         let wait = rx.wait_for(Option::is_some);
         match tokio::time::timeout(self.connect_timeout, wait).await {
