@@ -1022,6 +1022,76 @@ mod tests {
         );
     }
 
+    /// The Sentinels and the primary they name, as `sentinel_target` builds them.
+    fn sentinel_target_of(backend: &RedisBackend) -> SentinelTarget {
+        let TargetSpec::Sentinel(sentinels, master) = &backend.target else {
+            panic!("a sentinel backend");
+        };
+        backend.sentinel_target(sentinels, master).unwrap()
+    }
+
+    #[test]
+    fn sentinels_get_their_own_credentials_and_the_primary_the_nodes() {
+        use redis::ConnectionAddr;
+        let backend = RedisBackend::sentinel(
+            [
+                "10.0.0.1:26379",
+                "redis://u:url-pw@10.0.0.2:26380",
+                "[::1]:26381",
+            ],
+            "mymaster",
+        )
+        .credentials("node", "node-pw")
+        .sentinel_credentials("sentinel", "sentinel-pw");
+        let target = sentinel_target_of(&backend);
+        assert_eq!(target.master, "mymaster");
+        let settings = |i: usize| {
+            let info = target.sentinels[i].get_connection_info();
+            let s = info.redis_settings();
+            (
+                info.addr().clone(),
+                s.username().map(str::to_owned),
+                s.password().map(str::to_owned),
+            )
+        };
+        assert_eq!(
+            settings(0),
+            (
+                ConnectionAddr::Tcp("10.0.0.1".into(), 26379),
+                Some("sentinel".into()),
+                Some("sentinel-pw".into())
+            )
+        );
+        assert_eq!(
+            settings(1),
+            (
+                ConnectionAddr::Tcp("10.0.0.2".into(), 26380),
+                Some("u".into()),
+                Some("url-pw".into())
+            ),
+            "credentials in a sentinel's URL take precedence"
+        );
+        assert_eq!(settings(2).0, ConnectionAddr::Tcp("::1".into(), 26381));
+        let node = target.node.redis_settings();
+        assert_eq!(
+            (node.username(), node.password()),
+            (Some("node"), Some("node-pw"))
+        );
+        assert!(matches!(target.node.addr(), ConnectionAddr::Tcp(..)));
+        let debug = format!("{target:?} {backend:?}");
+        assert!(!debug.contains("-pw"), "{debug}");
+    }
+
+    #[cfg(feature = "redis-tls")]
+    #[test]
+    fn tls_sentinels_mean_a_tls_primary() {
+        let target = sentinel_target_of(&RedisBackend::sentinel(["rediss://10.0.0.1:26379"], "m"));
+        assert!(matches!(
+            target.node.addr(),
+            redis::ConnectionAddr::TcpTls { .. }
+        ));
+    }
+
     #[cfg(not(feature = "redis-tls"))]
     #[test]
     fn a_tls_url_without_the_feature_is_a_config_error() {
