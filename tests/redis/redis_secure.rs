@@ -377,7 +377,7 @@ async fn renamed_or_forbidden_admin_commands_leave_decisions_working_with_a_warn
 /// TLS: a CA, a server and a client certificate made with `openssl`, and a server with a TLS
 /// port (its plain port is only the harness's readiness check).
 #[cfg(feature = "redis-tls")]
-mod tls {
+pub(crate) mod tls {
     use std::path::Path;
     use std::process::Command;
 
@@ -385,7 +385,7 @@ mod tls {
     use crate::harness::redis_server::free_port;
 
     /// Why TLS cannot be tested here, if it cannot.
-    fn unsupported() -> Option<String> {
+    pub(crate) fn unsupported() -> Option<String> {
         if Command::new("openssl").arg("version").output().is_err() {
             return Some("the openssl CLI is missing".into());
         }
@@ -414,7 +414,7 @@ mod tls {
     }
 
     /// Writes ca.crt, server.{crt,key} (for 127.0.0.1) and client.{crt,key} into `dir`.
-    fn make_certificates(dir: &Path) {
+    pub(crate) fn make_certificates(dir: &Path) {
         let ec = [
             "-newkey",
             "ec",
