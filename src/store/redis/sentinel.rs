@@ -4,13 +4,14 @@
 //! connection or meets `READONLY`, and when a Sentinel announces `+switch-master`.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{watch, Notify};
 
 use super::conn::with_addr;
 use super::stats::RedisStats;
@@ -64,8 +65,8 @@ struct Primary {
 #[derive(Clone)]
 pub(crate) struct SentinelConn {
     primary: watch::Receiver<Option<Primary>>,
-    /// Asks the resolver task to resolve again (the generation that failed).
-    stale: mpsc::UnboundedSender<u64>,
+    /// Asks the resolver task to resolve again.
+    failed: Arc<Failed>,
     /// How long a call waits for a primary while none is known.
     connect_timeout: Duration,
 }
@@ -78,20 +79,20 @@ impl SentinelConn {
         stats: &RedisStats,
     ) -> Self {
         let (tx, rx) = watch::channel(None);
-        let (stale, stale_rx) = mpsc::unbounded_channel();
+        let failed = Arc::new(Failed::default());
         let resolver = Resolver {
             target: target.clone(),
             connect_timeout,
             stats: stats.clone(),
             primary: tx,
-            stale: stale_rx,
+            failed: failed.clone(),
             generation: 0,
             last: None,
         };
         tokio::spawn(resolver.run());
         Self {
             primary: rx,
-            stale,
+            failed,
             connect_timeout,
         }
     }
@@ -111,7 +112,7 @@ impl SentinelConn {
             && needs_new_primary(e)
         {
             tracing::debug!(primary = %primary.addr, error = %e, "redis primary failed; asking the sentinels again");
-            let _ = self.stale.send(primary.generation);
+            self.failed.report(primary.generation);
         }
         result
     }
@@ -146,16 +147,30 @@ struct Resolver {
     connect_timeout: Duration,
     stats: RedisStats,
     primary: watch::Sender<Option<Primary>>,
-    stale: mpsc::UnboundedReceiver<u64>,
+    failed: Arc<Failed>,
     generation: u64,
     /// The primary last found.
     last: Option<Arc<str>>,
 }
 
+/// The latest generation a call failed on, and the resolver's wake-up.
+#[derive(Default)]
+struct Failed {
+    generation: AtomicU64,
+    wake: Notify,
+}
+
+impl Failed {
+    fn report(&self, generation: u64) {
+        self.generation.fetch_max(generation, Ordering::Relaxed);
+        self.wake.notify_one();
+    }
+}
+
 /// Why the resolver woke up.
 enum Wake {
-    /// A call failed on this generation.
-    Stale(u64),
+    /// A call failed (on the current primary, or on one already replaced).
+    Failed,
     /// A Sentinel announced a new primary for the master (or the subscription ended, and one
     /// may have been missed).
     Switched,
@@ -177,7 +192,8 @@ impl Resolver {
             loop {
                 let wake = match announcements.as_mut() {
                     Some(stream) => tokio::select! {
-                        g = self.stale.recv() => g.map_or(Wake::Closed, Wake::Stale),
+                        () = self.failed.wake.notified() => Wake::Failed,
+                        () = self.primary.closed() => Wake::Closed,
                         msg = stream.next() => match msg {
                             Some(msg) if announces(&msg, &self.target.master) => Wake::Switched,
                             Some(_) => continue,
@@ -188,7 +204,8 @@ impl Resolver {
                         },
                     },
                     None => tokio::select! {
-                        g = self.stale.recv() => g.map_or(Wake::Closed, Wake::Stale),
+                        () = self.failed.wake.notified() => Wake::Failed,
+                        () = self.primary.closed() => Wake::Closed,
                         // Without a subscription, try to subscribe again now and then.
                         () = tokio::time::sleep(self.connect_timeout.max(MAX_RETRY_DELAY)) => {
                             announcements = self.subscribe().await;
@@ -198,8 +215,12 @@ impl Resolver {
                 };
                 match wake {
                     Wake::Closed => return,
-                    Wake::Stale(g) if g != self.generation => continue,
-                    Wake::Stale(_) | Wake::Switched => break,
+                    Wake::Failed
+                        if self.failed.generation.load(Ordering::Relaxed) < self.generation =>
+                    {
+                        continue;
+                    }
+                    Wake::Failed | Wake::Switched => break,
                 }
             }
             // Calls wait for the new primary rather than fail on the old one.
