@@ -242,6 +242,7 @@ mod probe;
 mod routing;
 pub(crate) mod script;
 mod sentinel;
+mod sentinel_backend;
 mod slots;
 mod stats;
 mod store;
