@@ -378,14 +378,14 @@ async fn renamed_or_forbidden_admin_commands_leave_decisions_working_with_a_warn
 /// port (its plain port is only the harness's readiness check).
 #[cfg(feature = "redis-tls")]
 pub(crate) mod tls {
-    use std::path::Path;
+    use std::path::{Path, PathBuf};
     use std::process::Command;
 
     use super::*;
     use crate::harness::redis_server::free_port;
 
     /// Why TLS cannot be tested here, if it cannot.
-    pub(crate) fn unsupported() -> Option<String> {
+    fn unsupported() -> Option<String> {
         if Command::new("openssl").arg("version").output().is_err() {
             return Some("the openssl CLI is missing".into());
         }
@@ -414,7 +414,7 @@ pub(crate) mod tls {
     }
 
     /// Writes ca.crt, server.{crt,key} (for 127.0.0.1) and client.{crt,key} into `dir`.
-    pub(crate) fn make_certificates(dir: &Path) {
+    fn make_certificates(dir: &Path) {
         let ec = [
             "-newkey",
             "ec",
@@ -472,32 +472,67 @@ pub(crate) mod tls {
         }
     }
 
+    /// A CA, a server and a client certificate ([`make_certificates`]) in a temporary directory
+    /// of their own, removed on drop.
+    pub(crate) struct TestCertificates {
+        dir: PathBuf,
+    }
+
+    impl TestCertificates {
+        /// The certificates for `test`, or `None` (saying why on stderr) where TLS cannot be
+        /// tested.
+        pub(crate) fn make(test: &str) -> Option<Self> {
+            if let Some(reason) = unsupported() {
+                eprintln!("skipping {test}: {reason}");
+                return None;
+            }
+            let dir = std::env::temp_dir().join(format!(
+                "tollgate-{test}-{}-{}",
+                std::process::id(),
+                free_port()
+            ));
+            std::fs::create_dir_all(&dir).unwrap();
+            make_certificates(&dir);
+            Some(Self { dir })
+        }
+
+        /// The contents of `name` (`ca.crt`, `client.crt`, `client.key`, ...).
+        pub(crate) fn read(&self, name: &str) -> Vec<u8> {
+            std::fs::read(self.dir.join(name)).unwrap()
+        }
+
+        /// `redis-server` arguments serving TLS on `port` with the server certificate, trusting
+        /// the CA for client certificates.
+        pub(crate) fn server_args(&self, port: &str) -> Vec<String> {
+            let file = |name: &str| self.dir.join(name).display().to_string();
+            vec![
+                "--tls-port".into(),
+                port.into(),
+                "--tls-cert-file".into(),
+                file("server.crt"),
+                "--tls-key-file".into(),
+                file("server.key"),
+                "--tls-ca-cert-file".into(),
+                file("ca.crt"),
+            ]
+        }
+    }
+
+    impl Drop for TestCertificates {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
     #[tokio::test]
     async fn rediss_urls_decide_over_tls_and_check_the_servers_certificate() {
-        if let Some(reason) = unsupported() {
-            eprintln!("skipping the TLS test: {reason}");
+        let Some(certs) = TestCertificates::make("tls") else {
             return;
-        }
-        let dir = std::env::temp_dir().join(format!(
-            "tollgate-tls-{}-{}",
-            std::process::id(),
-            free_port()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        make_certificates(&dir);
-        let file = |name: &str| dir.join(name).display().to_string();
-        let read = |name: &str| std::fs::read(dir.join(name)).unwrap();
+        };
+        let read = |name: &str| certs.read(name);
         let tls_port = free_port().to_string();
-        let server = RedisServer::start_with(&[
-            "--tls-port",
-            &tls_port,
-            "--tls-cert-file",
-            &file("server.crt"),
-            "--tls-key-file",
-            &file("server.key"),
-            "--tls-ca-cert-file",
-            &file("ca.crt"),
-        ]);
+        let args = certs.server_args(&tls_port);
+        let server = RedisServer::start_with(&args.iter().map(String::as_str).collect::<Vec<_>>());
         let mut conn = server.conn();
         admin(&mut conn, &documented_acl_line());
         let logs = Logs::default();
@@ -529,7 +564,6 @@ pub(crate) mod tls {
             "the log names the certificate error:\n{text}"
         );
         assert!(!text.contains(PASSWORD));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

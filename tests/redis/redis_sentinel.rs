@@ -363,41 +363,23 @@ async fn the_primary_and_the_sentinels_authenticate_with_their_own_passwords() {
 #[tokio::test]
 async fn tls_sentinels_name_a_primary_reached_over_tls() {
     use crate::harness::redis_server::{free_port, RedisServer};
-    use crate::redis_secure::tls::{make_certificates, unsupported};
-    if let Some(reason) = unsupported() {
-        eprintln!("skipping the Sentinel TLS test: {reason}");
+    use crate::redis_secure::tls::TestCertificates;
+    let Some(certs) = TestCertificates::make("sentinel-tls") else {
         return;
-    }
-    let dir = std::env::temp_dir().join(format!(
-        "tollgate-sentinel-tls-{}-{}",
-        std::process::id(),
-        free_port()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    make_certificates(&dir);
-    let file = |name: &str| dir.join(name).display().to_string();
-    let read = |name: &str| std::fs::read(dir.join(name)).unwrap();
+    };
+    let read = |name: &str| certs.read(name);
+    // The Sentinel's own connections to the primary go over TLS too.
     let tls = |port: &str| {
-        [
-            "--tls-port".to_owned(),
-            port.to_owned(),
-            "--tls-cert-file".into(),
-            file("server.crt"),
-            "--tls-key-file".into(),
-            file("server.key"),
-            "--tls-ca-cert-file".into(),
-            file("ca.crt"),
-            // The Sentinel's own connections to the primary go over TLS too.
-            "--tls-replication".into(),
-            "yes".into(),
-        ]
+        let mut args = certs.server_args(port);
+        args.extend(["--tls-replication".into(), "yes".into()]);
+        args
     };
     let node_port = free_port().to_string();
     let node_args = tls(&node_port);
     let _primary =
         RedisServer::start_with(&node_args.iter().map(String::as_str).collect::<Vec<_>>());
     let sentinel_port = free_port().to_string();
-    let mut sentinel_args = tls(&sentinel_port).to_vec();
+    let mut sentinel_args = tls(&sentinel_port);
     sentinel_args.push("--sentinel".into());
     let config = format!("sentinel monitor {MASTER} 127.0.0.1 {node_port} 1\n");
     let _sentinel = RedisServer::start_configured(
@@ -413,7 +395,6 @@ async fn tls_sentinels_name_a_primary_reached_over_tls() {
         .unwrap();
     let d = one(&store, "k", 1).await.unwrap();
     assert_eq!(d.remaining(), 9);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
