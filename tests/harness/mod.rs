@@ -4,6 +4,7 @@
 //! - `redis_server`: real `redis-server` processes on free loopback ports (`RedisServer`), to
 //!   kill, pause and restart.
 //! - `redis_cluster`: a 3-master Redis Cluster of them (`RedisCluster`).
+//! - `redis_sentinel`: a primary, replicas and three Sentinels of them (`RedisSentinel`).
 //! - `stores`: building memory, node and cluster stores for a test, and deciding through the
 //!   `Store` trait (`decide`, `one`, `spec`, `prefix`).
 //! - `rng`: a deterministic pseudo-random stream (`Rng`).
@@ -16,6 +17,8 @@ pub mod http_server;
 pub mod isolated;
 #[cfg(feature = "redis")]
 pub mod redis_cluster;
+#[cfg(feature = "redis")]
+pub mod redis_sentinel;
 #[cfg(feature = "redis")]
 pub mod redis_server;
 pub mod rng;
