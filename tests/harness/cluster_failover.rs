@@ -390,11 +390,16 @@ impl Failover {
     /// The smallest fraction of the healthy masters' checks decided in one window (0 for a
     /// window without checks).
     pub fn healthy_worst_window(&self) -> f64 {
-        self.healthy
-            .iter()
-            .map(|(_, f, _)| f.unwrap_or(0.0))
-            .fold(1.0, f64::min)
+        worst_window(&self.healthy)
     }
+}
+
+/// The smallest fraction of checks decided in one of `windows` (0 for a window without checks).
+pub fn worst_window(windows: &[Window]) -> f64 {
+    windows
+        .iter()
+        .map(|(_, f, _)| f.unwrap_or(0.0))
+        .fold(1.0, f64::min)
 }
 
 /// Starts a 6-node Cluster (3 masters, a replica each, `cluster-node-timeout` of

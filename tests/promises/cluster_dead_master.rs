@@ -6,8 +6,9 @@
 //! 50 ms), a 100 ms store timeout, one master SIGKILLed mid-traffic. Decided means decided by
 //! Redis (allowed or rejected), not by the failure policy; figures per 100 ms window.
 //!
-//! - 3 masters: from 2 s after the kill on, at least 95 % of the healthy masters' checks are
-//!   decided (100 % measured), and all 60 of a round after 2 s without traffic; each healthy
+//! - 3 masters: in every 100 ms window from the kill on, at least 95 % of the healthy masters'
+//!   checks are decided (100 % measured in every window), and all 60 of a round after 2 s
+//!   without traffic; each healthy
 //!   master accepts at most 10 new connections in the 4 s after the kill (no reconnection to
 //!   every node per probe); the dead master's keys get their failure policy (`Closed`), none
 //!   later than the store timeout plus scheduling slack;
@@ -16,17 +17,18 @@
 //! - 3 masters and 3 replicas, the clients' checks sent to two stores in turn (two instances
 //!   of an app), each check one unit of a 1,000,000-unit token bucket that does not refill
 //!   during the test (so `remaining` counts the decisions Redis kept for a key): the dead
-//!   master's keys are decided by Redis again within 2.5 s of Redis promoting the replica
-//!   (0.1–0.4 s measured in most runs, up to 1.9 s when a Cluster connection wedges at the
-//!   promotion; Redis promotes it 2.1–2.7 s after the kill with a 1 s node timeout), at least
-//!   95 % of their checks in the last second; the limit stays shared through the promoted
+//!   master's keys are decided by Redis again within the node timeout plus 2 s of the kill
+//!   (plus 150 ms of slack: 3.15 s) and within 1 s of Redis promoting the replica (Redis
+//!   promotes it 2.1–2.7 s after the kill with a 1 s node timeout; the store follows at its
+//!   next slot-map refresh, 0.1–0.2 s measured), at least 95 % of their checks in the last
+//!   second; the limit stays shared through the promoted
 //!   replica: every key is decided again, none with its count gone, no two checks told the same
 //!   `remaining`. What the promotion loses (writes not yet replicated when the master died): at
 //!   most the decisions of the last replication lag, asserted as at most the dead master's
 //!   decisions in the 500 ms before the kill (0 measured in every run: on loopback the replica
-//!   is not measurably behind). The healthy masters' keys are never below 95 % decided for more
-//!   than 1.5 s (0.8 s measured, while a wedged Cluster connection is replaced), at least 65 %
-//!   decided over the 5 s after the kill and 95 % in its last second.
+//!   is not measurably behind). The healthy masters' keys never stop: every 100 ms window from
+//!   the kill on has decisions on them, at least 95 % of their checks decided in each (100 %
+//!   measured in every window), and 95 % in the last second.
 //!
 //! `cargo test --all-features --test promises -- cluster_dead_master --nocapture` prints the
 //! figures.
@@ -37,8 +39,8 @@ use tollgate::store::redis::RedisStore;
 use tollgate::Quota;
 
 use crate::harness::cluster_failover::{
-    self as failover, clients_by_master, decided, per_window, recovery, show, warm, Load, Sample,
-    STORE_TIMEOUT,
+    self as failover, clients_by_master, decided, per_window, recovery, show, warm, worst_window,
+    Load, Sample, STORE_TIMEOUT,
 };
 use crate::harness::redis_cluster::RedisCluster;
 use crate::harness::redis_server::RedisServer;
@@ -50,11 +52,14 @@ const NODE_TIMEOUT: Duration = Duration::from_millis(1000);
 const MARGIN: Duration = Duration::from_millis(150);
 /// Concurrent clients, spread evenly over the masters.
 const CLIENTS: usize = 270;
-/// How soon after Redis promotes a replica the store must serve the keys on it: a probe
-/// interval or so, or up to 2 s when the Cluster connection wedges at the promotion.
-const SERVE_LAG: Duration = Duration::from_millis(2500);
-/// The longest the healthy masters' keys may stay below 95 % decided after a kill.
-const HEALTHY_GAP: Duration = Duration::from_millis(1500);
+/// How soon after Redis promotes a replica the store must serve the keys on it: a slot-map
+/// refresh, at most one probe interval after the last one, plus scheduling slack.
+const SERVE_LAG: Duration = Duration::from_millis(1000);
+/// How soon after the kill the dead master's keys must be decided again (issue 32, item 2b):
+/// the node timeout plus 2 s, plus scheduling slack.
+const DECIDED_AGAIN: Duration = Duration::from_millis(1000 + 2000 + 150);
+/// The least fraction of the healthy masters' checks decided in any 100 ms window after a kill.
+const HEALTHY_EVERY_WINDOW: f64 = 0.95;
 
 /// The tests of this module each run hundreds of clients against a Cluster they kill a master
 /// of: one at a time, so that none measures while another loads the machine.
@@ -164,10 +169,12 @@ async fn healthy_masters_keep_deciding_when_one_master_is_killed() {
     }
     println!("after 2 s without traffic: {idle_decided} of 60 healthy-master keys decided");
 
+    // The healthy masters never stop: every window from the kill on has decisions on them.
     assert!(
-        recovered.is_some_and(|d| d <= Duration::from_secs(2)) || after_2s >= 0.95,
-        "healthy-master keys decided from 2 s to 4 s after the kill: {:.1} %",
-        after_2s * 100.0
+        worst_window(&healthy) >= HEALTHY_EVERY_WINDOW,
+        "a window below {:.0} % decided on the healthy masters: {}",
+        HEALTHY_EVERY_WINDOW * 100.0,
+        show(&healthy)
     );
     // A dead master never makes the store reconnect to every node (each reconnection holds
     // every call until it is done).
@@ -220,30 +227,30 @@ async fn a_promoted_replica_takes_over_the_dead_masters_keys_and_their_counts() 
         f.keys_reset,
         f.split_counts,
     );
-    // The store cannot serve the keys before Redis promotes the replica (about 2 s after the
-    // kill with a 1 s node timeout; later on a loaded machine): it follows within a probe
-    // interval or so, or once a Cluster connection that wedged at the promotion is replaced.
+    // The store cannot serve the keys before Redis promotes the replica (about 2.1-2.7 s
+    // after the kill with a 1 s node timeout): it follows at its next slot-map refresh.
     let redis_promoted = f.promoted_by_redis.expect("Redis promoted the replica");
-    let bound = redis_promoted + SERVE_LAG;
+    let bound = DECIDED_AGAIN.min(redis_promoted + SERVE_LAG);
     assert!(
         f.decided_again.is_some_and(|d| d <= bound),
-        "the promoted replica did not decide the dead master's keys within {bound:?} ({} after \
-         Redis promoted it at {redis_promoted:?})",
+        "the promoted replica did not decide the dead master's keys within {bound:?} of the \
+         kill ({} after the kill; Redis promoted it at {redis_promoted:?})",
         ms(f.decided_again)
     );
     assert!(f.dead_at_end >= 0.95, "the promoted replica keeps deciding");
-    // The healthy masters stall while the Cluster connections recover from the kill (up to
-    // about 0.7 s measured, once more at the promotion in some runs), then decide again.
-    assert!(
-        f.healthy_longest_gap() <= HEALTHY_GAP,
-        "the healthy masters' keys were below 95 % decided for {:?}: {}",
-        f.healthy_longest_gap(),
+    // The healthy masters never stop: each goes over its own connection, which neither the
+    // dead master nor the slot-map refreshes hold.
+    assert_eq!(
+        f.healthy_stops(),
+        0,
+        "windows without a healthy-master decision: {}",
         show(&f.healthy)
     );
     assert!(
-        f.healthy_decided >= 0.65,
-        "healthy-master keys decided after the kill: {:.1} %",
-        f.healthy_decided * 100.0
+        f.healthy_worst_window() >= HEALTHY_EVERY_WINDOW,
+        "a window with {:.0} % of the healthy masters' checks decided: {}",
+        f.healthy_worst_window() * 100.0,
+        show(&f.healthy)
     );
     assert!(
         f.healthy_at_end >= 0.95,
