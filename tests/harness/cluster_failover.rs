@@ -361,6 +361,9 @@ pub struct Failover {
     pub lag_bytes: Option<i64>,
     /// Each store's statistics at the end (`RedisStats`, as `Debug`).
     pub stats: Vec<String>,
+    /// Calls that timed out, summed over the stores (the machine did not keep up, or a store
+    /// stalled).
+    pub timeouts: u64,
 }
 
 impl Failover {
@@ -513,6 +516,7 @@ pub async fn kill_a_master_under_load(
         lag_window,
         lag_bytes: master_offset.zip(replica_offset).map(|(m, r)| m - r),
         stats: stores.iter().map(|s| format!("{:?}", s.stats())).collect(),
+        timeouts: stores.iter().map(|s| s.stats().timeouts()).sum(),
     }
 }
 
