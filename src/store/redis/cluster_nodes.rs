@@ -21,6 +21,10 @@ use tokio::sync::OnceCell;
 use super::conn::{with_addr, Conn};
 use super::slots::SlotCache;
 
+/// How long a call may wait for its answer on a master's connection before the connection is
+/// dropped (as the redis-rs Cluster connection's default); calls end at their own deadline.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// One master's connection, made on first use; replaced when it fails.
 type Cell = Arc<OnceCell<MultiplexedConnection>>;
 
@@ -170,7 +174,7 @@ impl ClusterNodes {
         let client = redis::Client::open(with_addr(&self.seed, host.to_owned(), port))?;
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(None);
+            .set_response_timeout(Some(RESPONSE_TIMEOUT));
         match tokio::time::timeout(
             self.connect_timeout,
             client.get_multiplexed_async_connection_with_config(&config),

@@ -1,5 +1,5 @@
-//! The connections: one multiplexed connection per store and tokio runtime (or the Cluster
-//! connection), with its batchers; script calls with `EVALSHA` and a reload on `NOSCRIPT`; and a
+//! The connections: one multiplexed connection per store and tokio runtime (for a Cluster, one
+//! per master, see [`ClusterNodes`]), with its batchers; script calls with `EVALSHA` and a reload on `NOSCRIPT`; and a
 //! breaker probe's own connection to one Cluster node.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -104,9 +104,7 @@ impl Conn {
     /// replace the connection (the hybrid test
     /// `a_stalled_master_does_not_make_a_healthy_masters_probe_replace_the_connection`).
     ///
-    /// A Cluster node is probed with a [`NodeProbe`] first: a command routed to a node the
-    /// Cluster connection has no live connection to makes it reconnect to every seed and read
-    /// the slot map again, holding every other call meanwhile.
+    /// A Cluster node is probed with a [`NodeProbe`] first, on a connection of the probe's own.
     pub(crate) async fn responsive(&self, slot: Option<u16>) -> bool {
         let mut echo = redis::cmd("ECHO");
         echo.arg("tollgate");
