@@ -291,8 +291,12 @@ fn main() {
     let switched = std::mem::take(&mut *SENTINELS_SWITCHED.lock().unwrap());
     if let Some((m, x)) = median_max(switched.into_iter().map(Some).collect()) {
         section.note(format!(
-            "Sentinel: every Sentinel named the promoted replica {} / {} (median / max) after \
-             the kill (polled every 50 ms).",
+            "Sentinel: the stores decide again only once a Sentinel names the promoted replica: \
+             the one leading the failover does once the replica's `INFO` (polled every second \
+             during a failover) shows the promotion, the others when they hear of it; a store asks the Sentinels in turn (retrying at most every \
+             200 ms) and takes the first node named that answers `ROLE` as a master. Every \
+             Sentinel named the promoted replica {} / {} (median / max) after the kill (polled \
+             every 50 ms).",
             ms(m),
             ms(x)
         ));
