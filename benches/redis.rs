@@ -353,9 +353,20 @@ fn main() {
             "cluster" => cluster_point(true, c),
             "cluster-direct" => cluster_point(false, c),
             "direct" => rt.block_on(bench_store(&sampler, &url, false, c)).0,
-            _ => rt.block_on(bench_store(&sampler, &url, true, c)).0,
+            _ => {
+                let (mut r, mean) = rt.block_on(bench_store(&sampler, &url, true, c));
+                r.mean_batch = mean;
+                r
+            }
         };
-        println!("{only} at {c}: {}", show(r));
+        let floor_sha: String = server.cmd(&["SCRIPT", "LOAD", FLOOR_SCRIPT]);
+        let (_, floor_cpu) = redis_floor(&server, &floor_sha);
+        println!(
+            "{only} at {c}: {}  mean batch {:.1}; floor {floor_cpu:.2} µs per key: {:.2}x",
+            show(r),
+            r.mean_batch,
+            r.redis_us / floor_cpu
+        );
         return;
     }
     let rounds: usize = std::env::var("BENCH_ROUNDS")

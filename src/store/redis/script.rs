@@ -155,6 +155,44 @@ pub(crate) struct LuaScript {
     sha: String,
     /// Where the driver starts in `code`.
     driver_at: usize,
+    /// How to read the compact records of a batch reply, when limit 0 has them.
+    compact: Option<CompactForm>,
+}
+
+/// Limit 0's parameters, to read a batch reply's compact records: one negative integer
+/// `-1 - x` for a check that `tb_fast` allowed, `x` being the token bucket's deficit after the
+/// charge (`docs/internals/redis-script.md`, "The check call").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CompactForm {
+    unit: u64,
+    per: u64,
+    cap: u64,
+}
+
+impl CompactForm {
+    /// The compact form of limit 0 when its algorithm has one (the token bucket's `tb_fast`).
+    fn of(limits: &[(AlgorithmKind, ScriptParams)]) -> Option<Self> {
+        match limits.first() {
+            Some(&(AlgorithmKind::TokenBucket, p)) => {
+                let [unit, per, cap] = p.p;
+                (unit >= 1 && per >= 1).then_some(Self { unit, per, cap })
+            }
+            _ => None,
+        }
+    }
+
+    /// The five reply integers of the compact record `record` (negative), as the script's
+    /// general path reports the same allowed check: remaining `floor((cap - x) / unit)` and
+    /// reset `ceil(x / per)` µs; `None` when it is not a deficit this limit can have.
+    pub(crate) fn expand(&self, record: i64) -> Option<[i64; 5]> {
+        let after = u64::try_from(record.checked_neg()?.checked_sub(1)?).ok()?;
+        if after > self.cap {
+            return None;
+        }
+        let remaining = (self.cap - after) / self.unit;
+        let reset = after.div_ceil(self.per);
+        Some([1, i64::try_from(remaining).ok()?, i64::try_from(reset).ok()?, 0, 0])
+    }
 }
 
 /// How far past `ttl_ms` the TTL-keeping writes of `tb_fast` may be: (the cell, the longest
@@ -238,6 +276,7 @@ impl LuaScript {
             code,
             sha,
             driver_at,
+            compact: CompactForm::of(limits),
         }
     }
 
@@ -253,7 +292,13 @@ impl LuaScript {
             code,
             sha,
             driver_at: self.driver_at,
+            compact: self.compact,
         }
+    }
+
+    /// How to read the compact records of this script's batch replies, if it sends any.
+    pub(crate) fn compact(&self) -> Option<&CompactForm> {
+        self.compact.as_ref()
     }
 
     /// The script source.
@@ -345,6 +390,10 @@ pub(crate) fn pack_args<'g>(
         }
     }
     if kind == CallKind::Batch {
+        if each_of_limit_0(groups.clone()) {
+            cmd.arg("B");
+            return;
+        }
         cmd.arg("b");
         for l in groups.flat_map(|g| &g.limits) {
             match (l.limit, l.quota) {
@@ -385,6 +434,22 @@ pub(crate) fn pack_args<'g>(
             cmd.arg(l.cost);
         }
     }
+}
+
+/// Whether a batch can go as `'B'`: every check is of limit 0 at its own quota, at cost 1, and
+/// no key comes twice (the script then reads each key's state by its position).
+fn each_of_limit_0<'g>(groups: impl Iterator<Item = &'g Group>) -> bool {
+    let mut keys: Vec<&str> = Vec::with_capacity(64);
+    for g in groups {
+        for (k, l) in g.keys.iter().zip(&g.limits) {
+            if l.limit != 0 || l.cost != 1 || l.quota.is_some() {
+                return false;
+            }
+            keys.push(k);
+        }
+    }
+    keys.sort_unstable();
+    keys.windows(2).all(|w| w[0] != w[1])
 }
 
 /// One group's reply integers: its `now`, then 5 per limit. A group of one limit (the common
@@ -621,7 +686,7 @@ mod tests {
         }
         assert!(at("local function CONFIG(i)") < at("local function LIMIT(i)"));
         assert!(at("local function batch_paths()") < at("= batch_paths()"));
-        assert!(at("local PREFETCH, FAST,") < at("local packed = FAST"));
+        assert!(at("local PREFETCH, FAST,") < at("r = FAST(key"));
     }
 
     #[test]

@@ -23,6 +23,11 @@ local function cdiv(a, b)
   return q
 end
 
+-- The struct format of `n` little-endian 64-bit integers.
+local function int_format(n)
+  return '<' .. string.rep('i8', n)
+end
+
 -- Small integer arguments ('0', '1', ...) without strtod, which dominates the cost of tonumber.
 local function int(s)
   if s == '1' then
