@@ -153,8 +153,24 @@ fn configure(backend: RedisBackend, batching: bool) -> RedisStore {
         Name::new("bench"),
         Quota::per_second(1_000).burst(100_000),
         AlgorithmKind::TokenBucket,
-    )
-    .on_store_error(FailurePolicy::Open);
+    );
+    configure_limit(backend, batching, spec)
+}
+
+/// The default store with one fixed window of `count` a minute: 10 000 000 never refuses (the
+/// bench's keys see about 1 000 a minute each), 1 refuses all but each key's first check of a
+/// minute.
+fn fixed_window_store(url: &str, count: u64) -> RedisStore {
+    let spec = LimitSpec::new(
+        Name::new("bench"),
+        Quota::per_minute(count),
+        AlgorithmKind::FixedWindow,
+    );
+    configure_limit(RedisBackend::new(url), true, spec)
+}
+
+fn configure_limit(backend: RedisBackend, batching: bool, spec: LimitSpec) -> RedisStore {
+    let spec = spec.on_store_error(FailurePolicy::Open);
     let env = |name: &str, default: usize| {
         std::env::var(name)
             .ok()
@@ -235,6 +251,42 @@ async fn bench_eval(sample: &Sampler, url: &str, concurrency: usize) -> Result {
     })
     .await
 }
+
+/// envoy ratelimit's fixed window: per decision, `INCRBY key 1` and `EXPIRE key 60` in one
+/// pipeline over one multiplexed connection, on a key named after the minute (as envoy's
+/// `<domain>_<key>_<value>_<window start>`); allowed while the count is at most the limit.
+async fn bench_envoy(sample: &Sampler, url: &str, concurrency: usize) -> Result {
+    let client = redis::Client::open(url).unwrap();
+    let conn = client.get_multiplexed_async_connection().await.unwrap();
+    drive(sample, concurrency, move |k| {
+        let mut conn = conn.clone();
+        async move {
+            let minute = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs()
+                / 60
+                * 60;
+            let key = format!("bench_fixed_window_{k}_{minute}");
+            let (count,): (u64,) = redis::pipe()
+                .cmd("INCRBY")
+                .arg(&key)
+                .arg(1)
+                .cmd("EXPIRE")
+                .arg(&key)
+                .arg(60)
+                .ignore()
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            std::hint::black_box(count <= ENVOY_LIMIT);
+        }
+    })
+    .await
+}
+
+/// The envoy-style point's limit: never reached, like the store's 10 000 000 a minute.
+const ENVOY_LIMIT: u64 = 10_000_000;
 
 /// `redis-benchmark` with the seeds' script by EVALSHA; returns requests per second and
 /// redis-server CPU µs per request.
@@ -342,7 +394,8 @@ fn main() {
         r.mean_batch = mean;
         r
     };
-    // For profiling one point: BENCH_ONLY=eval|direct|batched|cluster|cluster-direct BENCH_C=64.
+    // For profiling one point, with the floor after it:
+    // BENCH_ONLY=eval|direct|batched|cluster|cluster-direct|envoy|fixed|fixed-refusing BENCH_C=64.
     if let Ok(only) = std::env::var("BENCH_ONLY") {
         let c = std::env::var("BENCH_C")
             .ok()
@@ -353,6 +406,14 @@ fn main() {
             "cluster" => cluster_point(true, c),
             "cluster-direct" => cluster_point(false, c),
             "direct" => rt.block_on(bench_store(&sampler, &url, false, c)).0,
+            "envoy" => rt.block_on(bench_envoy(&sampler, &url, c)),
+            "fixed" | "fixed-refusing" => {
+                let count = if only == "fixed" { 10_000_000 } else { 1 };
+                let store = rt.block_on(async { fixed_window_store(&url, count) });
+                let (mut r, mean) = rt.block_on(bench_built(&sampler, store, c));
+                r.mean_batch = mean;
+                r
+            }
             _ => {
                 let (mut r, mean) = rt.block_on(bench_store(&sampler, &url, true, c));
                 r.mean_batch = mean;
@@ -390,6 +451,8 @@ fn main() {
     let mut floors = Vec::new();
     // points[round][(concurrency index, variant)]
     let mut points: Vec<Vec<(usize, Variant, Result)>> = Vec::new();
+    // Each round's fixed-window points.
+    let mut fixed_rounds: Vec<FixedWindowRound> = Vec::new();
     // (concurrency, batched, result) of every round's Cluster points.
     let mut cluster_points: Vec<(usize, bool, Result)> = Vec::new();
     for round in 0..rounds {
@@ -440,6 +503,26 @@ fn main() {
             "  (c) floor, {FLOOR_BATCH} keys per call, -P 16: {floor:>8.0} keys/s (redis {floor_cpu:.2} µs CPU per key)"
         );
         floors.push((floor, floor_cpu));
+        let fixed = FixedWindowRound {
+            envoy: rt.block_on(bench_envoy(&sampler, &url, 64)),
+            store: fixed_point(&rt, &sampler, &url, 10_000_000),
+            refusing: fixed_point(&rt, &sampler, &url, 1),
+        };
+        println!(
+            "  fixed window at 64, envoy-style INCRBY + EXPIRE: {}",
+            show(fixed.envoy)
+        );
+        println!(
+            "  fixed window at 64, store:                       {}  mean batch {:.1}",
+            show(fixed.store),
+            fixed.store.mean_batch
+        );
+        println!(
+            "  fixed window at 64, store, refusing:             {}  mean batch {:.1}",
+            show(fixed.refusing),
+            fixed.refusing.mean_batch
+        );
+        fixed_rounds.push(fixed);
         point(Variant::Batched, 1);
         for v in [Variant::Unbatched, Variant::Eval] {
             for c in CONCURRENCY {
@@ -508,8 +591,18 @@ fn main() {
                 .collect(),
         )
     };
+    let fixed_ratio = median(
+        fixed_rounds
+            .iter()
+            .map(|f| f.store.redis_us / f.envoy.redis_us)
+            .collect(),
+    );
+    println!(
+        "fixed window at 64 (median of {rounds}): the store spends {fixed_ratio:.2}x the Redis CPU of envoy's INCRBY + EXPIRE per decision"
+    );
     write_section(&Figures {
         rounds,
+        fixed: &fixed_rounds,
         p1,
         p1_cpu,
         floor,
@@ -521,6 +614,25 @@ fn main() {
         paired: &paired,
         cluster: &cluster_med,
     });
+}
+
+/// One round's fixed-window points at 64 callers.
+#[derive(Debug, Clone, Copy)]
+struct FixedWindowRound {
+    /// envoy ratelimit's way: INCRBY + EXPIRE pipelined per decision.
+    envoy: Result,
+    /// The default store with one fixed window that never refuses.
+    store: Result,
+    /// The same with a window of 1 a minute: nearly every check refused.
+    refusing: Result,
+}
+
+/// The default store with one fixed window of `count` a minute at 64 callers.
+fn fixed_point(rt: &tokio::runtime::Runtime, sampler: &Sampler, url: &str, count: u64) -> Result {
+    let store = rt.block_on(async { fixed_window_store(url, count) });
+    let (mut r, mean) = rt.block_on(bench_built(sampler, store, 64));
+    r.mean_batch = mean;
+    r
 }
 
 /// Which way a point sent its decisions.
@@ -587,6 +699,7 @@ type Median<'a> = &'a dyn Fn(usize, Variant, &dyn Fn(&Result) -> f64) -> f64;
 
 struct Figures<'a> {
     rounds: usize,
+    fixed: &'a [FixedWindowRound],
     p1: f64,
     p1_cpu: f64,
     /// The floor script's keys per second and Redis CPU µs per key.
@@ -783,6 +896,13 @@ fn write_section(f: &Figures<'_>) {
         f.over_floor,
         3.0 / f.floor_cpu
     ));
+    section.ratio(
+        "Twice the floor's Redis CPU per key (c) / RedisStore's per decision",
+        &format!("concurrency 64 ({:.2}x the floor)", f.over_floor),
+        2.0 / f.over_floor,
+        1.0,
+    );
+    fixed_window_part(&mut section, f);
     let mut cluster = report::Table::new(
         format!(
             "Redis Cluster, 3 masters on this machine, medians of {} rounds",
@@ -830,6 +950,61 @@ fn write_section(f: &Figures<'_>) {
          CPU per request on one node (capacity per master = 1 / CPU per decision).",
     );
     section.write();
+}
+
+/// The fixed window against envoy ratelimit's pipeline: a table, its ratio and what a refused
+/// request spends.
+fn fixed_window_part(section: &mut report::Section, f: &Figures<'_>) {
+    let med = |g: &dyn Fn(&FixedWindowRound) -> f64| median(f.fixed.iter().map(g).collect());
+    let mut table = report::Table::new(
+        format!(
+            "Fixed window against envoy ratelimit's pipeline, concurrency 64, medians of {} rounds",
+            f.rounds
+        ),
+        &[
+            "client",
+            "decisions/s",
+            "p50",
+            "p99",
+            "Redis CPU µs/decision",
+            "client CPU µs/decision",
+            "mean batch",
+        ],
+    );
+    let points: [(&str, &dyn Fn(&FixedWindowRound) -> Result); 3] = [
+        (
+            "(d) envoy-style: INCRBY + EXPIRE pipelined per decision",
+            &|r| r.envoy,
+        ),
+        ("RedisStore, default, one fixed window (allowing)", &|r| {
+            r.store
+        }),
+        ("RedisStore, default, one fixed window (refusing)", &|r| {
+            r.refusing
+        }),
+    ];
+    for (label, point) in points {
+        table.row(&[
+            label.to_string(),
+            format!("{:.0}", med(&|r| point(r).per_sec)),
+            format!("{:.0} µs", med(&|r| point(r).p50.as_secs_f64() * 1e6)),
+            format!("{:.0} µs", med(&|r| point(r).p99.as_secs_f64() * 1e6)),
+            format!("{:.2}", med(&|r| point(r).redis_us)),
+            format!("{:.2}", med(&|r| point(r).client_us)),
+            format!("{:.1}", med(&|r| point(r).mean_batch)),
+        ]);
+    }
+    section.table(table);
+    let over = med(&|r| r.store.redis_us / r.envoy.redis_us);
+    section.ratio(
+        "envoy-style pipeline's Redis CPU per decision / RedisStore's, one fixed window",
+        &format!("concurrency 64 ({over:.2}x envoy's)"),
+        1.0 / over,
+        1.0 / 1.5,
+    );
+    section.note(format!(
+        "(d) envoy ratelimit's fixed window as its Redis backend sends it: per decision,          `INCRBY key 1` and `EXPIRE key 60` in one pipeline, on a key named after the minute, over          one multiplexed connection from the same runtime (redis-rs), against the default store          with one fixed window of a minute (10 000 000 a minute: never refusing; and 1 a minute:          refusing all but each key's first check), in the same round, on the same {KEYS} keys.          The ratio is the median over the rounds of the store's Redis CPU per decision over          envoy's: {over:.2}x. What a refused request spends: envoy's is the same two commands          as an allowed one (`INCRBY` counts past the limit and `EXPIRE` sets the key's TTL          again); the store's is its share of the batch's call and `MGET` and a read of the state          it already holds, with no write (the refusing row; the key keeps its count and TTL)."
+    ));
 }
 
 fn redis_version() -> String {

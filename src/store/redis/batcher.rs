@@ -240,10 +240,17 @@ fn answer(jobs: Vec<Job>, ints: Result<Vec<i64>, BatchError>, script: &LuaScript
             let mut buf = [0i64; 6];
             buf[0] = ints[0];
             let (len, five) = match ints.get(at) {
-                Some(&record) if record < 0 => {
-                    (1, script.compact().and_then(|form| form.expand(record)))
-                }
-                _ => (5, ints.get(at..at + 5).and_then(|f| <[i64; 5]>::try_from(f).ok())),
+                Some(&record) if record < 0 => (
+                    1,
+                    script
+                        .compact()
+                        .and_then(|form| form.expand(record, ints[0])),
+                ),
+                _ => (
+                    5,
+                    ints.get(at..at + 5)
+                        .and_then(|f| <[i64; 5]>::try_from(f).ok()),
+                ),
             };
             let part = five.and_then(|five| {
                 buf[1..].copy_from_slice(&five);
@@ -446,15 +453,34 @@ mod tests {
         assert_eq!(ints(&mut ra), [7, 1, 17, 250_000, 0, 0]);
         assert_eq!(ints(&mut rb), [7, 0, 0, 40, 60, 0]);
         assert_eq!(ints(&mut rc), [7, 1, 19, 100_000, 0, 0]);
-        // A deficit past the capacity, or a compact record where the script has none (a fixed
-        // window), is a malformed reply.
+        // A fixed window of 5 a minute: a count of 3 at 1.5 min leaves 2 for 30 s.
+        let fw = script(5);
+        let (a, mut ra) = job("a", 1, 0, &fw);
+        answer(vec![a], Ok(vec![90_000_000, -1 - 3]), &fw);
+        assert_eq!(ints(&mut ra), [90_000_000, 1, 2, 30_000_000, 0, 0]);
+        // A deficit past the capacity, a count past the limit, or a compact record where the
+        // script has none (a sliding window), is a malformed reply.
         let (a, mut ra) = job("a", 1, 0, &s);
         answer(vec![a], Ok(vec![7, -1 - 2_000_001]), &s);
-        assert!(matches!(ra.try_recv().unwrap().1, Err(BatchError::Invalid(_))));
-        let fw = script(1);
+        assert!(matches!(
+            ra.try_recv().unwrap().1,
+            Err(BatchError::Invalid(_))
+        ));
         let (a, mut ra) = job("a", 1, 0, &fw);
-        answer(vec![a], Ok(vec![7, -1]), &fw);
-        assert!(matches!(ra.try_recv().unwrap().1, Err(BatchError::Invalid(_))));
+        answer(vec![a], Ok(vec![7, -1 - 6]), &fw);
+        assert!(matches!(
+            ra.try_recv().unwrap().1,
+            Err(BatchError::Invalid(_))
+        ));
+        let kind = AlgorithmKind::SlidingWindow;
+        let params = QuotaArg::of(&PlanQuota::new(kind, Quota::per_minute(5)).unwrap()).params;
+        let sw = Arc::new(LuaScript::assemble(&[(kind, params)]));
+        let (a, mut ra) = job("a", 1, 0, &sw);
+        answer(vec![a], Ok(vec![7, -2]), &sw);
+        assert!(matches!(
+            ra.try_recv().unwrap().1,
+            Err(BatchError::Invalid(_))
+        ));
     }
 
     #[test]

@@ -160,38 +160,56 @@ pub(crate) struct LuaScript {
 }
 
 /// Limit 0's parameters, to read a batch reply's compact records: one negative integer
-/// `-1 - x` for a check that `tb_fast` allowed, `x` being the token bucket's deficit after the
-/// charge (`docs/internals/redis-script.md`, "The check call").
+/// `-1 - x` for a check its algorithm's `fast` allowed, `x` being the token bucket's deficit
+/// after the charge (`tb_fast`) or the fixed window's count after it (`fw_fast`, epoch windows);
+/// `docs/internals/redis-script.md`, "The check call".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct CompactForm {
-    unit: u64,
-    per: u64,
-    cap: u64,
+pub(crate) enum CompactForm {
+    TokenBucket { unit: u64, per: u64, cap: u64 },
+    FixedWindow { period: u64, limit: u64 },
 }
 
 impl CompactForm {
-    /// The compact form of limit 0 when its algorithm has one (the token bucket's `tb_fast`).
+    /// The compact form of limit 0 when its algorithm has one.
     fn of(limits: &[(AlgorithmKind, ScriptParams)]) -> Option<Self> {
         match limits.first() {
             Some(&(AlgorithmKind::TokenBucket, p)) => {
                 let [unit, per, cap] = p.p;
-                (unit >= 1 && per >= 1).then_some(Self { unit, per, cap })
+                (unit >= 1 && per >= 1).then_some(Self::TokenBucket { unit, per, cap })
+            }
+            Some(&(AlgorithmKind::FixedWindow, p)) => {
+                let [period, limit, calendar] = p.p;
+                (period >= 1 && calendar == 0).then_some(Self::FixedWindow { period, limit })
             }
             _ => None,
         }
     }
 
-    /// The five reply integers of the compact record `record` (negative), as the script's
-    /// general path reports the same allowed check: remaining `floor((cap - x) / unit)` and
-    /// reset `ceil(x / per)` µs; `None` when it is not a deficit this limit can have.
-    pub(crate) fn expand(&self, record: i64) -> Option<[i64; 5]> {
-        let after = u64::try_from(record.checked_neg()?.checked_sub(1)?).ok()?;
-        if after > self.cap {
-            return None;
+    /// The five reply integers of the compact record `record` (negative) of a batch decided at
+    /// `now` (µs), as the script's general path reports the same allowed check; `None` when it
+    /// is not a state this limit can have.
+    pub(crate) fn expand(&self, record: i64, now: i64) -> Option<[i64; 5]> {
+        let x = u64::try_from(record.checked_neg()?.checked_sub(1)?).ok()?;
+        let (remaining, reset) = match *self {
+            // floor((cap - deficit) / unit) whole units left; full again in ceil(deficit / per) µs.
+            Self::TokenBucket { unit, per, cap } => ((cap.checked_sub(x)? / unit), x.div_ceil(per)),
+            // limit - count left until the end of the window holding `now`.
+            Self::FixedWindow { period, limit } => {
+                let now = u64::try_from(now).ok()?;
+                let end = (now / period).checked_add(1)?.checked_mul(period)?;
+                (limit.checked_sub(x)?, end - now)
+            }
+        };
+        if x == 0 {
+            return None; // a charge of 1 leaves at least 1 step or unit spent
         }
-        let remaining = (self.cap - after) / self.unit;
-        let reset = after.div_ceil(self.per);
-        Some([1, i64::try_from(remaining).ok()?, i64::try_from(reset).ok()?, 0, 0])
+        Some([
+            1,
+            i64::try_from(remaining).ok()?,
+            i64::try_from(reset).ok()?,
+            0,
+            0,
+        ])
     }
 }
 
@@ -651,17 +669,23 @@ mod tests {
             for f in [load, decide, apply, refund, rebase] {
                 assert!(defined(f), "{kind}: {f}");
             }
-            // Only the buckets decide and apply in one call; only the token bucket has the
-            // fused batch path; a batch reads ahead unless a sliding log is configured.
+            // Only the buckets decide and apply in one call; the token bucket and the fixed
+            // window have a fused batch path (and a compact reply); a batch reads ahead unless a
+            // sliding log is configured.
             let buckets = matches!(
                 kind,
                 AlgorithmKind::TokenBucket | AlgorithmKind::Gcra | AlgorithmKind::LeakyBucket
             );
             assert_eq!(check != "false", buckets, "{kind}: {check}");
             assert!(check == "false" || defined(check), "{kind}: {check}");
+            let fused = matches!(
+                kind,
+                AlgorithmKind::TokenBucket | AlgorithmKind::FixedWindow
+            );
+            assert_eq!(fast != "false", fused, "{kind}");
             assert_eq!(
-                fast != "false",
-                kind == AlgorithmKind::TokenBucket,
+                CompactForm::of(&[(kind, params(kind))]).is_some(),
+                fused,
                 "{kind}"
             );
             assert!(fast == "false" || defined(fast), "{kind}: {fast}");
