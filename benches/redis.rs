@@ -1003,7 +1003,17 @@ fn fixed_window_part(section: &mut report::Section, f: &Figures<'_>) {
         1.0 / 1.5,
     );
     section.note(format!(
-        "(d) envoy ratelimit's fixed window as its Redis backend sends it: per decision,          `INCRBY key 1` and `EXPIRE key 60` in one pipeline, on a key named after the minute, over          one multiplexed connection from the same runtime (redis-rs), against the default store          with one fixed window of a minute (10 000 000 a minute: never refusing; and 1 a minute:          refusing all but each key's first check), in the same round, on the same {KEYS} keys.          The ratio is the median over the rounds of the store's Redis CPU per decision over          envoy's: {over:.2}x. What a refused request spends: envoy's is the same two commands          as an allowed one (`INCRBY` counts past the limit and `EXPIRE` sets the key's TTL          again); the store's is its share of the batch's call and `MGET` and a read of the state          it already holds, with no write (the refusing row; the key keeps its count and TTL)."
+        "(d) envoy ratelimit's fixed window as its Redis backend sends it: per decision, \
+         `INCRBY key 1` and `EXPIRE key 60` in one pipeline, on a key named after the minute, over \
+         one multiplexed connection from the same runtime (redis-rs), against the default store \
+         with one fixed window of a minute (10 000 000 a minute: never refusing; and 1 a minute: \
+         refusing all but each key's first check), in the same round, on the same {KEYS} keys. \
+         The ratio is the median over the rounds of the store's Redis CPU per decision over \
+         envoy's: {over:.2}x. What a refused request spends: envoy's is the same two commands \
+         as an allowed one (`INCRBY` counts past the limit and `EXPIRE` sets the key's TTL \
+         again); the store's is its share of the batch's call and `MGET`, the unpacking of the \
+         state it read and one integer of reply, with no write (the refusing row; the key keeps \
+         its count and TTL)."
     ));
 }
 

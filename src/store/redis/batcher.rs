@@ -458,14 +458,20 @@ mod tests {
         let (a, mut ra) = job("a", 1, 0, &fw);
         answer(vec![a], Ok(vec![90_000_000, -1 - 3]), &fw);
         assert_eq!(ints(&mut ra), [90_000_000, 1, 2, 30_000_000, 0, 0]);
-        // A deficit past the capacity, a count past the limit, or a compact record where the
-        // script has none (a sliding window), is a malformed reply.
-        let (a, mut ra) = job("a", 1, 0, &s);
-        answer(vec![a], Ok(vec![7, -1 - 2_000_001]), &s);
-        assert!(matches!(
-            ra.try_recv().unwrap().1,
-            Err(BatchError::Invalid(_))
-        ));
+        // A count of 0: refused until the window ends.
+        let (a, mut ra) = job("a", 1, 0, &fw);
+        answer(vec![a], Ok(vec![90_000_000, -1]), &fw);
+        assert_eq!(ints(&mut ra), [90_000_000, 0, 0, 30_000_000, 30_000_000, 0]);
+        // A deficit past the capacity or of 0, a count past the limit, or a compact record where
+        // the script has none (a sliding window), is a malformed reply.
+        for record in [-1 - 2_000_001, -1] {
+            let (a, mut ra) = job("a", 1, 0, &s);
+            answer(vec![a], Ok(vec![7, record]), &s);
+            assert!(matches!(
+                ra.try_recv().unwrap().1,
+                Err(BatchError::Invalid(_))
+            ));
+        }
         let (a, mut ra) = job("a", 1, 0, &fw);
         answer(vec![a], Ok(vec![7, -1 - 6]), &fw);
         assert!(matches!(

@@ -160,9 +160,9 @@ pub(crate) struct LuaScript {
 }
 
 /// Limit 0's parameters, to read a batch reply's compact records: one negative integer
-/// `-1 - x` for a check its algorithm's `fast` allowed, `x` being the token bucket's deficit
-/// after the charge (`tb_fast`) or the fixed window's count after it (`fw_fast`, epoch windows);
-/// `docs/internals/redis-script.md`, "The check call".
+/// `-1 - x` for a check its algorithm's `fast` decided, `x` being the token bucket's deficit
+/// after the charge (`tb_fast`) or the fixed window's count after it (`fw_fast`, epoch windows;
+/// 0: refused, the window spent); `docs/internals/redis-script.md`, "The check call".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CompactForm {
     TokenBucket { unit: u64, per: u64, cap: u64 },
@@ -186,22 +186,27 @@ impl CompactForm {
     }
 
     /// The five reply integers of the compact record `record` (negative) of a batch decided at
-    /// `now` (µs), as the script's general path reports the same allowed check; `None` when it
-    /// is not a state this limit can have.
+    /// `now` (µs), as the script's general path reports the same check; `None` when it is not a
+    /// state this limit can have.
     pub(crate) fn expand(&self, record: i64, now: i64) -> Option<[i64; 5]> {
         let x = u64::try_from(record.checked_neg()?.checked_sub(1)?).ok()?;
         let (remaining, reset) = match *self {
             // floor((cap - deficit) / unit) whole units left; full again in ceil(deficit / per) µs.
             Self::TokenBucket { unit, per, cap } => ((cap.checked_sub(x)? / unit), x.div_ceil(per)),
-            // limit - count left until the end of the window holding `now`.
+            // limit - count left until the end of the window holding `now`; a count of 0 is a
+            // refusal there (the window was spent).
             Self::FixedWindow { period, limit } => {
                 let now = u64::try_from(now).ok()?;
                 let end = (now / period).checked_add(1)?.checked_mul(period)?;
+                let wait = i64::try_from(end - now).ok()?;
+                if x == 0 {
+                    return Some([0, 0, wait, wait, 0]);
+                }
                 (limit.checked_sub(x)?, end - now)
             }
         };
         if x == 0 {
-            return None; // a charge of 1 leaves at least 1 step or unit spent
+            return None; // a charge of 1 leaves at least 1 step spent
         }
         Some([
             1,
@@ -835,6 +840,42 @@ mod tests {
         assert_eq!(
             args(CallKind::Check, &group(1, Some(arg))),
             ["c", "1", "", "1:2000:100000:1:2000000", "3"]
+        );
+    }
+
+    #[test]
+    fn a_batch_of_distinct_keys_at_limit_0_and_cost_1_goes_without_arguments() {
+        let one = |key: &str, limit, cost| Group {
+            keys: vec![key.to_owned()],
+            limits: vec![LimitArg {
+                limit,
+                cost,
+                quota: None,
+            }],
+            now: None,
+            reserved_at: None,
+        };
+        let args = |groups: &[Group]| {
+            let mut cmd = redis::cmd("EVALSHA");
+            pack_args(&mut cmd, CallKind::Batch, groups.iter(), false);
+            arg_strings(&cmd, 1)
+        };
+        assert_eq!(
+            args(&[one("a", 0, 1), one("b", 0, 1)]),
+            ["2", "a", "b", "B"]
+        );
+        // A key twice, another limit or another cost: each check's argument follows.
+        assert_eq!(
+            args(&[one("a", 0, 1), one("a", 0, 1)]),
+            ["2", "a", "a", "b", "1", "1"]
+        );
+        assert_eq!(
+            args(&[one("a", 0, 1), one("b", 1, 1)]),
+            ["2", "a", "b", "b", "1", "1:1"]
+        );
+        assert_eq!(
+            args(&[one("a", 0, 2), one("b", 0, 1)]),
+            ["2", "a", "b", "b", "2", "1"]
         );
     }
 

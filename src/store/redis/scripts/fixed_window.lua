@@ -130,8 +130,10 @@ end
 -- limit's own parameters of a key whose state `v` the batch read ahead (16 bytes, unmarked).
 -- When it allows, it writes the state and returns the reply's compact record, -1 - the window's
 -- count after the charge: the store derives remaining (limit - count) and reset (to the end of
--- the window holding `now`) from it (`CompactForm` in script.rs). Returns nil, having touched nothing, for anything else (a calendar, a key not read
--- ahead, marked or unreadable, a later window, a rejection): the general path decides it.
+-- the window holding `now`) from it (`CompactForm` in script.rs). A window already spent is
+-- refused with the record -1 (a count of 0: remaining 0, reset and retry at the window's end),
+-- writing nothing. Returns nil, having touched nothing, for anything else (a calendar, a key not
+-- read ahead, marked or unreadable, a later window): the general path decides it.
 -- Expiry: a write that opens a window sets the key's TTL as fw_apply does (at least to the
 -- window's end); a later write in the same window keeps it (`KEEPTTL`), as every write that left
 -- the key in this window set a TTL reaching the window's end. Once the window has ended the key
@@ -147,7 +149,7 @@ local function fw_fast(key, v, ttl, now, period, limit, cal)
   local w = idiv(now, period)
   if window == w then
     if count >= limit then
-      return nil
+      return -1 -- refused until the window ends; nothing is written
     end
     count = count + 1
     redis.call('SET', key, struct.pack('<i8i8', w, count), 'KEEPTTL')
