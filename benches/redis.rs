@@ -971,15 +971,16 @@ fn fixed_window_part(section: &mut report::Section, f: &Figures<'_>) {
             "mean batch",
         ],
     );
-    let points: [(&str, &dyn Fn(&FixedWindowRound) -> Result); 3] = [
+    type Point = fn(&FixedWindowRound) -> Result;
+    let points: [(&str, Point); 3] = [
         (
             "(d) envoy-style: INCRBY + EXPIRE pipelined per decision",
-            &|r| r.envoy,
+            |r| r.envoy,
         ),
-        ("RedisStore, default, one fixed window (allowing)", &|r| {
+        ("RedisStore, default, one fixed window (allowing)", |r| {
             r.store
         }),
-        ("RedisStore, default, one fixed window (refusing)", &|r| {
+        ("RedisStore, default, one fixed window (refusing)", |r| {
             r.refusing
         }),
     ];
