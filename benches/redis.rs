@@ -892,7 +892,7 @@ fn write_section(f: &Figures<'_>) {
     section.note(format!(
         "The default store at 64 callers spends {:.2}x the floor's Redis CPU per key on a \
          decision (the median over the rounds of each round's store point over that round's \
-         floor): the 3 µs budget would need {:.2}x.",
+         floor): the 3 µs budget would need {:.2}x; the target is at most 2x.",
         f.over_floor,
         3.0 / f.floor_cpu
     ));

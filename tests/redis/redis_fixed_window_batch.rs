@@ -16,9 +16,9 @@ use tollgate::store::Backend;
 use tollgate::{Decision, Quota};
 
 use crate::harness::redis_server::RedisServer;
-use crate::harness::stores::{one, prefix, spec};
+use crate::harness::stores::{prefix, spec};
+use crate::redis_expiry::{batched_round, CLIENTS};
 
-const CLIENTS: usize = 12;
 const LIMIT: u64 = 4;
 const HOUR_MS: u64 = 3_600_000;
 
@@ -32,33 +32,6 @@ fn unix_ms() -> u64 {
 /// Milliseconds to the end of the current hour-long window (windows from the epoch).
 fn to_window_end_ms() -> u64 {
     HOUR_MS - unix_ms() % HOUR_MS
-}
-
-/// One request from each client, all queued while the server is stopped so that they go in one
-/// batch (the fused path needs a batch that reads its keys ahead).
-async fn batched_round(server: &RedisServer, store: &Arc<RedisStore>) -> Vec<Decision> {
-    server.pause();
-    // The first request queued goes alone (max_in_flight 1): a filler, so that the clients'
-    // requests all wait for the next batch.
-    let filler = {
-        let store = store.clone();
-        tokio::spawn(async move { one(&*store, "filler", 0).await })
-    };
-    tokio::time::sleep(Duration::from_millis(30)).await;
-    let tasks: Vec<_> = (0..CLIENTS)
-        .map(|c| {
-            let store = store.clone();
-            tokio::spawn(async move { one(&*store, &format!("c{c}"), 1).await })
-        })
-        .collect();
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    server.resume();
-    filler.await.unwrap().expect("decided");
-    let mut decisions = Vec::new();
-    for t in tasks {
-        decisions.push(t.await.unwrap().expect("decided"));
-    }
-    decisions
 }
 
 fn near(got: Duration, want_ms: u64, what: &str) {
