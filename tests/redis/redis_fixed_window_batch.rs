@@ -30,7 +30,7 @@ fn unix_ms() -> u64 {
 }
 
 /// Milliseconds to the end of the current hour-long window (windows from the epoch).
-fn to_window_end_ms() -> u64 {
+pub(crate) fn to_window_end_ms() -> u64 {
     HOUR_MS - unix_ms() % HOUR_MS
 }
 
