@@ -11,9 +11,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tollgate::algorithm::AlgorithmKind;
 use tollgate::key::Key;
-use tollgate::store::redis::{RedisBackend, RedisStore};
+use tollgate::store::redis::RedisBackend;
 use tollgate::store::Backend;
-use tollgate::{Decision, Quota};
+use tollgate::Quota;
 
 use crate::harness::redis_server::RedisServer;
 use crate::harness::stores::{prefix, spec};
