@@ -308,6 +308,35 @@ fn redis_floor(server: &RedisServer, sha: &str) -> (f64, f64) {
     (rps * FLOOR_BATCH as f64, cpu / FLOOR_BATCH as f64)
 }
 
+/// A key of the floor (c'): shaped as the store's (`<prefix>:{<tag>}:tb:<limit>:h.<hash>`,
+/// 68 bytes), with redis-benchmark's 12-digit random number and the key's place in the call as
+/// its tag.
+fn store_shaped_key(random: &str, place: u64) -> String {
+    format!("bench:{{{random}{place:04}}}:tb:bench:h.4a22f0ae7a2af804f3a1bdb0701d23c4")
+}
+
+/// The floor (c') on [`store_shaped_key`]s that hold a TTL, as every key a store writes must:
+/// keys per second and redis-server CPU µs per key. The keys are written with a TTL first.
+fn redis_floor_store_keys(server: &RedisServer, sha: &str) -> (f64, f64) {
+    let randoms = KEYS / FLOOR_BATCH;
+    let fill = format!(
+        "for i = 0, {last_place} do for r = 0, {last_random} do \
+         redis.call('SET', string.format('bench:{{%012d%04d}}:tb:bench:h.4a22f0ae7a2af804f3a1bdb0701d23c4', r, i), \
+         '0123456789abcdef', 'PX', 3600000) end end return 1",
+        last_place = FLOOR_BATCH - 1,
+        last_random = randoms - 1,
+    );
+    let _: i64 = server.cmd(&["EVAL", &fill, "0"]);
+    let mut args = vec![
+        "EVALSHA".to_string(),
+        sha.to_string(),
+        FLOOR_BATCH.to_string(),
+    ];
+    args.extend((0..FLOOR_BATCH).map(|i| store_shaped_key("__rand_int__", i)));
+    let (rps, cpu) = run_redis_benchmark(server, &args, 60_000, 16, randoms);
+    (rps * FLOOR_BATCH as f64, cpu / FLOOR_BATCH as f64)
+}
+
 /// CPU seconds this process has used so far (user + system), from /proc/self/stat.
 fn own_cpu() -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
@@ -422,11 +451,13 @@ fn main() {
         };
         let floor_sha: String = server.cmd(&["SCRIPT", "LOAD", FLOOR_SCRIPT]);
         let (_, floor_cpu) = redis_floor(&server, &floor_sha);
+        let (_, keyed_cpu) = redis_floor_store_keys(&server, &floor_sha);
         println!(
-            "{only} at {c}: {}  mean batch {:.1}; floor {floor_cpu:.2} µs per key: {:.2}x",
+            "{only} at {c}: {}  mean batch {:.1}; floor {floor_cpu:.2} µs per key: {:.2}x; on the store's key names with TTLs {keyed_cpu:.2} µs: {:.2}x",
             show(r),
             r.mean_batch,
-            r.redis_us / floor_cpu
+            r.redis_us / floor_cpu,
+            r.redis_us / keyed_cpu
         );
         return;
     }
@@ -449,6 +480,8 @@ fn main() {
     let mut ceilings = Vec::new();
     // The floor of each round: (keys/s, Redis CPU µs per key).
     let mut floors = Vec::new();
+    // The floor (c') of each round, on the store's key names with TTLs.
+    let mut keyed_floors = Vec::new();
     // points[round][(concurrency index, variant)]
     let mut points: Vec<Vec<(usize, Variant, Result)>> = Vec::new();
     // Each round's fixed-window points.
@@ -503,6 +536,12 @@ fn main() {
             "  (c) floor, {FLOOR_BATCH} keys per call, -P 16: {floor:>8.0} keys/s (redis {floor_cpu:.2} µs CPU per key)"
         );
         floors.push((floor, floor_cpu));
+        let keyed = redis_floor_store_keys(&server, &floor_sha);
+        println!(
+            "  (c') floor on the store's key names, with TTLs: {:>8.0} keys/s (redis {:.2} µs CPU per key)",
+            keyed.0, keyed.1
+        );
+        keyed_floors.push(keyed);
         let fixed = FixedWindowRound {
             envoy: rt.block_on(bench_envoy(&sampler, &url, 64)),
             store: fixed_point(&rt, &sampler, &url, 10_000_000),
@@ -574,8 +613,17 @@ fn main() {
     let over_floor = per_round_median(&points, &floors, ci64, Variant::Batched, &|r, floor| {
         r.redis_us / floor.1
     });
+    let keyed_floor = median(keyed_floors.iter().map(|f| f.0).collect());
+    let keyed_floor_cpu = median(keyed_floors.iter().map(|f| f.1).collect());
+    let over_keyed_floor = per_round_median(
+        &points,
+        &keyed_floors,
+        ci64,
+        Variant::Batched,
+        &|r, floor| r.redis_us / floor.1,
+    );
     println!(
-        "floor (median of {rounds}): {floor_cpu:.2} µs of Redis CPU per key; the batched store at 64 spends {over_floor:.2}x its round's floor per decision"
+        "floor (median of {rounds}): {floor_cpu:.2} µs of Redis CPU per key; the batched store at 64 spends {over_floor:.2}x its round's floor per decision ({over_keyed_floor:.2}x the floor on its key names with TTLs, {keyed_floor_cpu:.2} µs)"
     );
     println!(
         "medians of {rounds} rounds: ceiling {ceiling:.0}/s; batched {:.2}x its round's ceiling at 64, {:.2}x at 256; batched at 64: p99 {p99_64:.2} ms, redis CPU {cpu_64:.2} µs per decision",
@@ -608,6 +656,9 @@ fn main() {
         floor,
         floor_cpu,
         over_floor,
+        keyed_floor,
+        keyed_floor_cpu,
+        over_keyed_floor,
         ceiling,
         ceiling_cpu,
         med: &med,
@@ -708,6 +759,11 @@ struct Figures<'a> {
     /// The default store's Redis CPU per decision at 64 callers over the floor's per key, the
     /// median over the rounds of each round's pair.
     over_floor: f64,
+    /// The floor (c') on the store's key names with TTLs: keys per second, Redis CPU µs per key,
+    /// and the store's figure over it.
+    keyed_floor: f64,
+    keyed_floor_cpu: f64,
+    over_keyed_floor: f64,
     ceiling: f64,
     ceiling_cpu: f64,
     med: Median<'a>,
@@ -810,6 +866,14 @@ fn write_section(f: &Figures<'_>) {
         format!("{:.0}", f.floor),
         format!("{:.2}", f.floor_cpu),
     ]);
+    ceiling.row(&[
+        format!(
+            "-P 16, (c') the floor on the store's key names, with TTLs, per key (median of {})",
+            f.rounds
+        ),
+        format!("{:.0}", f.keyed_floor),
+        format!("{:.2}", f.keyed_floor_cpu),
+    ]);
     section.table(ceiling);
     let xs: Vec<f64> = CONCURRENCY.iter().map(|&c| c as f64).collect();
     let mut rate = report::Plot::new(
@@ -902,6 +966,13 @@ fn write_section(f: &Figures<'_>) {
         2.0 / f.over_floor,
         1.0,
     );
+    section.note(format!(
+        "(c') The same floor on keys shaped as the store's (`bench:{{<16 characters>}}:tb:bench:h.<32 hex digits>`, \
+         68 bytes where (c)'s are 19) that hold a TTL (written with one first), as every key a \
+         store writes must: {:.2} µs per key. The default store at 64 callers spends {:.2}x that \
+         per decision (the median over the rounds of each round's pair).",
+        f.keyed_floor_cpu, f.over_keyed_floor
+    ));
     fixed_window_part(&mut section, f);
     let mut cluster = report::Table::new(
         format!(
