@@ -13,4 +13,5 @@ mod redis_failures;
 mod redis_fixed_window_batch;
 mod redis_keys;
 mod redis_secure;
+mod redis_sentinel;
 mod store_metrics;
