@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tollgate::algorithm::AlgorithmKind;
 use tollgate::key::Key;
-use tollgate::store::redis::RedisBackend;
+use tollgate::store::redis::{RedisBackend, MAX_BATCH};
 use tollgate::store::{Backend, LimitCheck};
 use tollgate::Quota;
 
@@ -170,4 +170,49 @@ async fn fused_against_general(server: &RedisServer, kind: AlgorithmKind, quota:
         5 * CLIENTS
     );
     assert_eq!(fused.stats().errors() + general.stats().errors(), 0);
+}
+
+/// A batch of the most checks a store takes (`MAX_BATCH`, 1 024), on fresh keys (the general
+/// path: five reply integers each, 5 121 in all, packed in pieces) and then on the same keys
+/// again (the fused path: one each): every check is decided, in at most 3 batches per round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_batch_is_decided_on_either_path() {
+    let server = RedisServer::start();
+    let store = Arc::new(
+        RedisBackend::new(server.url())
+            .prefix(prefix("full-batch"))
+            .max_batch(MAX_BATCH)
+            .max_in_flight(1)
+            .timeout(Duration::from_secs(10))
+            .build(&[spec("b", Quota::per_minute(10), AlgorithmKind::TokenBucket)])
+            .expect("a store"),
+    );
+    one(&*store, "warm-up", 1).await.expect("decided");
+    for round in 0..2u64 {
+        let batches_before = store.stats().batches();
+        server.pause();
+        // The first request queued goes alone (max_in_flight 1); the rest wait for one batch.
+        let filler = {
+            let store = store.clone();
+            tokio::spawn(async move { one(&*store, "filler", 1).await })
+        };
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let tasks: Vec<_> = (0..MAX_BATCH)
+            .map(|c| {
+                let store = store.clone();
+                tokio::spawn(async move { one(&*store, &format!("c{c}"), 1).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        server.resume();
+        filler.await.unwrap().expect("decided");
+        for (c, t) in tasks.into_iter().enumerate() {
+            let d = t.await.unwrap().expect("decided");
+            assert!(d.allowed(), "round {round}, client {c}: {d:?}");
+            assert_eq!(d.remaining(), 9 - round, "round {round}, client {c}");
+        }
+        let batches = store.stats().batches() - batches_before;
+        assert!(batches <= 3, "round {round}: {batches} batches");
+    }
+    assert_eq!(store.stats().errors(), 0);
 }

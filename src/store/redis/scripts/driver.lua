@@ -212,7 +212,7 @@ if kind == 'b' or kind == 'B' then
       m = m + 5
     end
   end
-  return struct.pack(int_format(m), unpack(ints, 1, m))
+  return pack_ints(ints, m)
 end
 
 local ngroups = int(ARGV[2])
