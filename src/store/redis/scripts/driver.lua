@@ -138,7 +138,7 @@ end
 
 -- A batch: 'b' (each key's argument follows) or 'B' (every key distinct, of limit 0 at cost 1:
 -- no argument per key). The reply is the time, then per key a compact record (one negative
--- integer, from limit 0's FAST) or five integers, packed once at the end.
+-- integer, from limit 0's FAST) or five integers, packed at the end (pack_ints).
 local kind = ARGV[1]
 if kind == 'b' or kind == 'B' then
   if not node then
