@@ -7,6 +7,8 @@
 //! - `cluster_failover`: a Cluster master SIGKILLed under load, measured (`Load`, `per_window`,
 //!   `kill_a_master_under_load`).
 //! - `redis_sentinel`: a primary, replicas and three Sentinels of them (`RedisSentinel`).
+//! - `sentinel_failover`: a Sentinel-monitored primary SIGKILLed under load, measured
+//!   (`kill_the_primary_under_load`).
 //! - `stores`: building memory, node and cluster stores for a test, and deciding through the
 //!   `Store` trait (`decide`, `one`, `spec`, `prefix`).
 //! - `rng`: a deterministic pseudo-random stream (`Rng`).
@@ -26,5 +28,7 @@ pub mod redis_sentinel;
 #[cfg(feature = "redis")]
 pub mod redis_server;
 pub mod rng;
+#[cfg(feature = "redis")]
+pub mod sentinel_failover;
 #[cfg(feature = "redis")]
 pub mod stores;

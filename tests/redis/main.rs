@@ -10,6 +10,7 @@ mod redis_batched_reads;
 mod redis_distributed;
 mod redis_expiry;
 mod redis_failures;
+mod redis_fixed_window_batch;
 mod redis_keys;
 mod redis_secure;
 mod redis_sentinel;

@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use tollgate::algorithm::AlgorithmKind;
 use tollgate::key::Key;
-use tollgate::store::redis::RedisBackend;
+use tollgate::store::redis::{RedisBackend, MAX_BATCH};
 use tollgate::store::{Backend, LimitCheck};
 use tollgate::Quota;
 
 use crate::harness::redis_server::RedisServer;
 use crate::harness::stores::{decide, one, prefix, spec};
+use crate::redis_fixed_window_batch::to_window_end_ms;
 
 const CLIENTS: usize = 12;
 const REPEATS: usize = 3;
@@ -83,15 +84,30 @@ async fn repeated_and_corrupted_keys_in_one_batch_decide_as_one_at_a_time() {
     }
 }
 
-/// A store's first limit, when a token bucket, takes a fused path for a batch's checks of cost 1
-/// whose state was read ahead (`tb_fast` in token_bucket.lua); the same bucket as a store's
-/// second limit takes the general path. Both answer the same rounds of batched requests alike:
-/// fresh keys (general path: nothing read ahead), allowed and then rejected ones (fused path).
+/// A store's first limit, when a token bucket or a fixed window, takes a fused path for a batch's
+/// checks of cost 1 whose state was read ahead (`tb_fast` in token_bucket.lua, `fw_fast` in
+/// fixed_window.lua), answered by a compact record; the same limit as a store's second limit
+/// takes the general path. Both answer the same rounds of batched requests alike: fresh keys
+/// (general path: nothing read ahead), allowed and then rejected ones (fused path; the fixed
+/// window's refusals too). Reset and retry agree within 2 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_fused_token_bucket_path_decides_as_the_general_path() {
+async fn the_fused_paths_decide_as_the_general_path() {
     let server = RedisServer::start();
-    // One token an hour: nothing refills while the test runs, so counts are exact.
-    let quota = Quota::per_day(24).burst(3);
+    // One token an hour, and windows of an hour (a run that would cross one's end waits for the
+    // next): nothing refills while the test runs, so counts are exact.
+    let cases = [
+        (AlgorithmKind::TokenBucket, Quota::per_day(24).burst(3)),
+        (AlgorithmKind::FixedWindow, Quota::per_hour(3)),
+    ];
+    for (kind, quota) in cases {
+        if kind == AlgorithmKind::FixedWindow && to_window_end_ms() < 20_000 {
+            tokio::time::sleep(Duration::from_millis(to_window_end_ms() + 100)).await;
+        }
+        fused_against_general(&server, kind, quota).await;
+    }
+}
+
+async fn fused_against_general(server: &RedisServer, kind: AlgorithmKind, quota: Quota) {
     let build = |limits: &[_]| {
         Arc::new(
             RedisBackend::new(server.url())
@@ -102,9 +118,9 @@ async fn the_fused_token_bucket_path_decides_as_the_general_path() {
                 .expect("a store"),
         )
     };
-    let bucket = spec("bucket", quota, AlgorithmKind::TokenBucket);
-    let fused = build(std::slice::from_ref(&bucket));
-    let general = build(&[spec("first", quota, AlgorithmKind::Gcra), bucket]);
+    let limit = spec("limit", quota, kind);
+    let fused = build(std::slice::from_ref(&limit));
+    let general = build(&[spec("first", quota, AlgorithmKind::Gcra), limit]);
     for store in [&fused, &general] {
         one(&**store, "warm-up", 1).await.expect("decided");
     }
@@ -132,7 +148,7 @@ async fn the_fused_token_bucket_path_decides_as_the_general_path() {
         }
         for (c, [f, g]) in got.iter().enumerate() {
             let (f, g) = (f.unwrap(), g.unwrap());
-            let at = format!("round {round}, client {c}: fused {f:?}, general {g:?}");
+            let at = format!("{kind}, round {round}, client {c}: fused {f:?}, general {g:?}");
             assert_eq!(f.allowed(), round < 3, "{at}");
             assert_eq!(
                 (f.allowed(), f.remaining()),
@@ -150,8 +166,53 @@ async fn the_fused_token_bucket_path_decides_as_the_general_path() {
     let batches = fused.stats().batches() - batches_before;
     assert!(
         batches <= 5 * 3,
-        "{} requests went in {batches} batches, so the batch path was not taken",
+        "{kind}: {} requests went in {batches} batches, so the batch path was not taken",
         5 * CLIENTS
     );
     assert_eq!(fused.stats().errors() + general.stats().errors(), 0);
+}
+
+/// A batch of the most checks a store takes (`MAX_BATCH`, 1 024), on fresh keys (the general
+/// path: five reply integers each, 5 121 in all, packed in pieces) and then on the same keys
+/// again (the fused path: one each): every check is decided, in at most 3 batches per round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_batch_is_decided_on_either_path() {
+    let server = RedisServer::start();
+    let store = Arc::new(
+        RedisBackend::new(server.url())
+            .prefix(prefix("full-batch"))
+            .max_batch(MAX_BATCH)
+            .max_in_flight(1)
+            .timeout(Duration::from_secs(10))
+            .build(&[spec("b", Quota::per_minute(10), AlgorithmKind::TokenBucket)])
+            .expect("a store"),
+    );
+    one(&*store, "warm-up", 1).await.expect("decided");
+    for round in 0..2u64 {
+        let batches_before = store.stats().batches();
+        server.pause();
+        // The first request queued goes alone (max_in_flight 1); the rest wait for one batch.
+        let filler = {
+            let store = store.clone();
+            tokio::spawn(async move { one(&*store, "filler", 1).await })
+        };
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let tasks: Vec<_> = (0..MAX_BATCH)
+            .map(|c| {
+                let store = store.clone();
+                tokio::spawn(async move { one(&*store, &format!("c{c}"), 1).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        server.resume();
+        filler.await.unwrap().expect("decided");
+        for (c, t) in tasks.into_iter().enumerate() {
+            let d = t.await.unwrap().expect("decided");
+            assert!(d.allowed(), "round {round}, client {c}: {d:?}");
+            assert_eq!(d.remaining(), 9 - round, "round {round}, client {c}");
+        }
+        let batches = store.stats().batches() - batches_before;
+        assert!(batches <= 3, "round {round}: {batches} batches");
+    }
+    assert_eq!(store.stats().errors(), 0);
 }

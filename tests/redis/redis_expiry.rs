@@ -9,12 +9,12 @@ use tollgate::algorithm::AlgorithmKind;
 use tollgate::key::Key;
 use tollgate::store::redis::{RedisBackend, RedisStore};
 use tollgate::store::Backend;
-use tollgate::Quota;
+use tollgate::{Decision, Quota};
 
 use crate::harness::redis_server::RedisServer;
 use crate::harness::stores::{one, prefix, spec};
 
-const CLIENTS: usize = 12;
+pub(crate) const CLIENTS: usize = 12;
 
 fn store(server: &RedisServer, quota: Quota) -> Arc<RedisStore> {
     Arc::new(
@@ -27,10 +27,10 @@ fn store(server: &RedisServer, quota: Quota) -> Arc<RedisStore> {
     )
 }
 
-/// One request from each client, all queued while the server is stopped so that they go in one
-/// batch (the fused path needs a batch that reads its keys ahead). Returns each
-/// client's remaining count.
-async fn batched_round(server: &RedisServer, store: &Arc<RedisStore>) -> Vec<u64> {
+/// One request from each of `CLIENTS` clients (keys `c0`, `c1`, ...), all queued while the
+/// server is stopped so that they go in one batch (the fused path needs a batch that reads its
+/// keys ahead), with the store's `max_in_flight` at 1. Returns each client's decision.
+pub(crate) async fn batched_round(server: &RedisServer, store: &Arc<RedisStore>) -> Vec<Decision> {
     server.pause();
     // The first request queued goes alone (max_in_flight 1): a filler, so that the clients'
     // requests all wait for the next batch.
@@ -48,13 +48,20 @@ async fn batched_round(server: &RedisServer, store: &Arc<RedisStore>) -> Vec<u64
     tokio::time::sleep(Duration::from_millis(150)).await;
     server.resume();
     filler.await.unwrap().expect("decided");
-    let mut remaining = Vec::new();
+    let mut decisions = Vec::new();
     for t in tasks {
-        let d = t.await.unwrap().expect("decided");
-        assert!(d.allowed(), "{d:?}");
-        remaining.push(d.remaining());
+        decisions.push(t.await.unwrap().expect("decided"));
     }
-    remaining
+    decisions
+}
+
+/// [`batched_round`] where every client is allowed: each client's remaining count.
+async fn allowed_round(server: &RedisServer, store: &Arc<RedisStore>) -> Vec<u64> {
+    let decisions = batched_round(server, store).await;
+    for d in &decisions {
+        assert!(d.allowed(), "{d:?}");
+    }
+    decisions.iter().map(Decision::remaining).collect()
 }
 
 /// One token a day, ten of burst: the key's TTL is ten days, a cell 30 hours, and a write keeps
@@ -77,7 +84,7 @@ async fn batched_writes_keep_the_ttl_only_while_it_covers_the_refill() {
                 let _: i64 = server.cmd(&["PEXPIRE", key, &marker_ms.to_string()]);
             }
         }
-        let remaining = batched_round(&server, &store).await;
+        let remaining = allowed_round(&server, &store).await;
         for (c, key) in keys.iter().enumerate() {
             assert_eq!(remaining[c], 9 - round, "round {round}, client {c}");
             let pttl: i64 = server.cmd(&["PTTL", key]);
@@ -221,7 +228,7 @@ async fn a_write_after_the_clock_went_back_keeps_the_key_past_the_last_write() {
     check("one at a time");
     // The fused path: all in one batch.
     plant(&mut conn);
-    let remaining = batched_round(&server, &store).await;
+    let remaining = allowed_round(&server, &store).await;
     assert_eq!(remaining, vec![9; CLIENTS], "each planted bucket was full");
     check("in one batch");
     assert_eq!(store.stats().errors(), 0);

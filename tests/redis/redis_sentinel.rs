@@ -16,21 +16,24 @@
 //!   at most **2 %** of the decisions admitted before the kill (on loopback the replica trails
 //!   by well under a millisecond, and the measured loss is typically 0 to a few decisions).
 //!
-//! `cargo test --all-features --test redis -- redis_sentinel --nocapture` prints the figures:
-//! time to decide again, decisions lost, and the replication lag seen just before the kill.
+//! The failover is `tests/harness/sentinel_failover.rs` (`benches/failover.rs` reports its figures
+//! over several runs). `cargo test --all-features --test redis -- redis_sentinel --nocapture`
+//! prints the figures: when the replica was promoted and the Sentinels switched, time to decide
+//! again, decisions lost, and the replication lag seen just before the kill.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use tollgate::algorithm::AlgorithmKind;
 use tollgate::clock::ManualClock;
 use tollgate::key::Key;
 use tollgate::store::redis::{RedisBackend, RedisStore};
-use tollgate::store::{Backend, LimitCheck, LimitSpec};
+use tollgate::store::{Backend, LimitCheck};
 use tollgate::Quota;
 
 use crate::harness::redis_sentinel::{RedisSentinel, MASTER};
+use crate::harness::sentinel_failover::{counter, instance, kill_the_primary_under_load};
 use crate::harness::stores::{decide, node_store, one, prefix, spec};
 use crate::redis_secure::Logs;
 
@@ -96,27 +99,6 @@ async fn admitted_together(stores: [&RedisStore; 2], limit: usize, key: &str) ->
     admitted.load(Ordering::Relaxed)
 }
 
-/// A store for `limits` under `prefix`, with real time and a timeout generous enough for a
-/// loaded machine.
-fn instance(set: &RedisSentinel, prefix: &str, limits: &[LimitSpec]) -> RedisStore {
-    sentinel_backend(set)
-        .prefix(prefix)
-        .timeout(Duration::from_millis(250))
-        .probe_interval(Duration::from_millis(100))
-        .build(limits)
-        .unwrap()
-}
-
-/// A token bucket of `capacity` that refills one unit an hour: its remaining count is what was
-/// admitted.
-fn counter(name: &str, capacity: u64) -> LimitSpec {
-    spec(
-        name,
-        Quota::per_hour(1).burst(capacity),
-        AlgorithmKind::TokenBucket,
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_stores_behind_the_sentinels_share_one_limit() {
     let set = shared();
@@ -127,93 +109,11 @@ async fn two_stores_behind_the_sentinels_share_one_limit() {
     assert_eq!(admitted_together([&a, &b], 0, "one-key").await, 50);
 }
 
-const LOAD_CAPACITY: u64 = 1_000_000;
-const TASKS_PER_STORE: usize = 4;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_under_load_is_followed_within_10s_and_the_limit_stays_shared() {
-    let mut set = RedisSentinel::start(1);
-    let limits = [counter("load", LOAD_CAPACITY), counter("fresh", 50)];
-    let prefix = prefix("sentinel-failover");
-    let stores = [
-        instance(&set, &prefix, &limits),
-        instance(&set, &prefix, &limits),
-    ];
-    let killed_at: Arc<OnceLock<Instant>> = Arc::default();
-    let decided_again: Arc<[Mutex<Option<Duration>>; 2]> = Arc::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
-    for (s, store) in stores.iter().enumerate() {
-        for t in 0..TASKS_PER_STORE {
-            let (store, killed_at, decided_again, stop) = (
-                store.clone(),
-                killed_at.clone(),
-                decided_again.clone(),
-                stop.clone(),
-            );
-            // Each task its own key: what it admitted is what that key's state must hold.
-            let key = format!("load-{s}-{t}");
-            tasks.push(tokio::spawn(async move {
-                let mut admitted = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    let d = one(&store, &key, 1).await;
-                    if d.is_ok_and(|d| d.allowed()) {
-                        admitted += 1;
-                        if let Some(at) = killed_at.get() {
-                            decided_again[s]
-                                .lock()
-                                .unwrap()
-                                .get_or_insert_with(|| at.elapsed());
-                        }
-                    } else {
-                        // Decided by the failure policy: do not spin while Redis is away.
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                    }
-                }
-                (key, admitted)
-            }));
-        }
-    }
-    // Load on the first primary for a second, sampling the replication lag meanwhile.
-    let mut lag_bytes = 0;
-    for _ in 0..10 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        lag_bytes = lag_bytes.max(tokio::task::block_in_place(|| set.replication_lag_bytes()));
-    }
-    // Decisions admitted once the primary is dead come from the promoted replica.
-    let signalled = Instant::now();
-    let old = tokio::task::block_in_place(|| set.kill_primary());
-    killed_at.set(signalled).unwrap();
-    let promoted = tokio::task::block_in_place(|| set.wait_failover(old, Duration::from_secs(30)));
-    let sentinels_switched = killed_at.get().unwrap().elapsed();
-    // Load until both stores decide again (or well past the bound), plus half a second more.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while decided_again.iter().any(|d| d.lock().unwrap().is_none()) && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut admitted = Vec::new();
-    for t in tasks {
-        admitted.push(t.await.unwrap());
-    }
-    let again: Vec<Option<Duration>> = decided_again.iter().map(|d| *d.lock().unwrap()).collect();
-
-    // What the promoted replica holds for each key: one more decision reads it.
-    let mut lost = 0u64;
-    let mut unanswered = 0u64;
-    let mut total = 0u64;
-    for (s, (key, count)) in admitted.iter().enumerate() {
-        let store = &stores[s / TASKS_PER_STORE];
-        let d = one(store, key, 1)
-            .await
-            .expect("decided after the failover");
-        let held = LOAD_CAPACITY - d.remaining() - 1;
-        total += count;
-        lost += count.saturating_sub(held);
-        // Written before the kill and replicated, but the answer was lost with the primary.
-        unanswered += held.saturating_sub(*count);
-    }
+    let f = kill_the_primary_under_load(&[counter("fresh", 50)]).await;
+    let (set, stores, promoted) = (&f.set, &f.stores, f.promoted);
+    let (total, lost) = (f.admitted_before_kill, f.lost);
 
     // The limit is shared through the promoted replica.
     let closed_before: u64 = stores.iter().map(|s| s.stats().fail_closed()).sum();
@@ -225,22 +125,34 @@ async fn a_failover_under_load_is_followed_within_10s_and_the_limit_stays_shared
     let on_promoted: i64 = set.cmd(set.node(promoted), &["EXISTS", &fresh_key]);
 
     println!(
-        "sentinel failover: sentinels switched {sentinels_switched:?} after the kill; stores decided again after {again:?}; \
-         {total} decisions admitted, {lost} lost ({:.3} %), {unanswered} written but unanswered; \
-         replication lag before the kill at most {lag_bytes} bytes; fresh key: {fresh} of 50 admitted, {closed} by the failure policy",
-        100.0 * lost as f64 / total.max(1) as f64
+        "sentinel failover: replica promoted {:?}, sentinels switched {:?} after the kill; \
+         stores decided again after {:?}; {} decisions admitted ({total} before the kill), \
+         {lost} lost ({:.3} % of those before the kill), {} written but unanswered; replication \
+         lag before the kill at most {} bytes; fresh key: {fresh} of 50 admitted, {closed} by \
+         the failure policy",
+        f.replica_promoted,
+        f.sentinels_switched,
+        f.decided_again,
+        f.admitted,
+        100.0 * lost as f64 / total.max(1) as f64,
+        f.unanswered,
+        f.lag_bytes,
     );
-    for (s, at) in again.iter().enumerate() {
+    assert!(
+        f.replica_promoted.is_some(),
+        "the replica never became a master"
+    );
+    for (s, at) in f.decided_again.iter().enumerate() {
         let at = at.unwrap_or_else(|| panic!("store {s} never decided again"));
         assert!(
             at <= Duration::from_secs(10),
             "store {s} decided again {at:?} after the kill"
         );
     }
-    assert!(total > 0, "the load admitted decisions");
+    assert!(total > 0, "the load admitted decisions before the kill");
     assert!(
         lost * 50 <= total,
-        "lost {lost} of {total} decisions admitted (more than 2 %)"
+        "lost {lost} of the {total} decisions admitted before the kill (more than 2 %)"
     );
     assert!(fresh <= 50, "{fresh} admitted on a limit of 50");
     assert!(
@@ -248,7 +160,7 @@ async fn a_failover_under_load_is_followed_within_10s_and_the_limit_stays_shared
         "{fresh} admitted, {closed} decided by the failure policy"
     );
     assert_eq!(on_promoted, 1, "the fresh key lives on the promoted node");
-    for store in &stores {
+    for store in stores {
         assert!(
             store.stats().reconnects() >= 1,
             "the new primary counts as a reconnect: {:?}",

@@ -67,11 +67,14 @@ fn spawn_batcher(
                     };
                     let mut jobs = Vec::with_capacity(8);
                     jobs.push(job);
-                    while jobs.len() < max_batch {
-                        match rx.try_recv() {
-                            Ok(job) => jobs.push(job),
-                            Err(_) => break,
-                        }
+                    drain(&mut rx, &mut jobs, max_batch);
+                    // While another call is on the wire, the callers its reply just woke are
+                    // about to send their next checks: one yield lets them join this call
+                    // rather than each going alone (a call's fixed cost in Redis is that of
+                    // several decisions).
+                    if !in_flight.is_empty() && jobs.len() < max_batch {
+                        tokio::task::yield_now().await;
+                        drain(&mut rx, &mut jobs, max_batch);
                     }
                     // A caller that went away no longer waits, and a job past its deadline is
                     // answered by the failure policy: neither is sent (nor charged).
@@ -106,6 +109,16 @@ fn spawn_batcher(
         }
     });
     tx
+}
+
+/// Moves queued jobs into `jobs` until it holds `max_batch`.
+fn drain(rx: &mut mpsc::UnboundedReceiver<Job>, jobs: &mut Vec<Job>, max_batch: usize) {
+    while jobs.len() < max_batch {
+        match rx.try_recv() {
+            Ok(job) => jobs.push(job),
+            Err(_) => break,
+        }
+    }
 }
 
 /// `jobs` split into runs of jobs that are `alike` (each run in arrival order, the runs in the
@@ -161,12 +174,12 @@ async fn run_batch(
                     let (conn, script) = (&conn, &script);
                     async move {
                         let result = call_batch(conn, script, &jobs, None).await;
-                        answer(jobs, result);
+                        answer(jobs, result, script);
                     }
                 });
             futures_util::future::join_all(calls).await;
         }
-        result => answer(jobs, result),
+        result => answer(jobs, result, &script),
     }
 }
 
@@ -205,8 +218,10 @@ fn compact(jobs: &[Job]) -> bool {
     jobs.iter().all(|j| j.group.is_single_at_server_time())
 }
 
-/// Answers each job with its part of the batch's reply (or the batch's error).
-fn answer(jobs: Vec<Job>, ints: Result<Vec<i64>, BatchError>) {
+/// Answers each job with its part of the batch's reply (or the batch's error). A compact
+/// reply's part of a job is its compact record (one negative integer, read by `script`'s
+/// [`CompactForm`](super::script::CompactForm)) or five integers.
+fn answer(jobs: Vec<Job>, ints: Result<Vec<i64>, BatchError>, script: &LuaScript) {
     let compact = compact(&jobs);
     let ints = match ints {
         Ok(ints) => ints,
@@ -223,12 +238,25 @@ fn answer(jobs: Vec<Job>, ints: Result<Vec<i64>, BatchError>) {
         // A compact reply holds the time once; each group's answer starts with it.
         let (len, part) = if compact {
             let mut buf = [0i64; 6];
-            let part = ints.get(at..at + 5).map(|five| {
-                buf[0] = ints[0];
-                buf[1..].copy_from_slice(five);
+            buf[0] = ints[0];
+            let (len, five) = match ints.get(at) {
+                Some(&record) if record < 0 => (
+                    1,
+                    script
+                        .compact()
+                        .and_then(|form| form.expand(record, ints[0])),
+                ),
+                _ => (
+                    5,
+                    ints.get(at..at + 5)
+                        .and_then(|f| <[i64; 5]>::try_from(f).ok()),
+                ),
+            };
+            let part = five.and_then(|five| {
+                buf[1..].copy_from_slice(&five);
                 Ints::from_slice(&buf)
             });
-            (5, part.flatten())
+            (len, part)
         } else {
             let len = job.group.reply_len();
             (len, ints.get(at..at + len).and_then(Ints::from_slice))
@@ -236,7 +264,7 @@ fn answer(jobs: Vec<Job>, ints: Result<Vec<i64>, BatchError>) {
         at += len;
         let part = part.ok_or_else(|| {
             BatchError::Invalid(format!(
-                "batched reply has {total} integers, expected at least {at}"
+                "batched reply of {total} integers is short or malformed before integer {at}"
             ))
         });
         let _ = job.reply.send((job.group, part));
@@ -398,13 +426,67 @@ mod tests {
         let jobs = vec![a, b];
         assert!(compact(&jobs));
         // The time once, then five integers per job.
-        answer(jobs, Ok(vec![100, 1, 9, 10, 0, 0, 0, 0, 20, 30, 0]));
+        answer(jobs, Ok(vec![100, 1, 9, 10, 0, 0, 0, 0, 20, 30, 0]), &s);
         let ints = |rx: &mut oneshot::Receiver<_>| {
             let (_, result): Answer = rx.try_recv().unwrap();
             result.unwrap().to_vec()
         };
         assert_eq!(ints(&mut ra), [100, 1, 9, 10, 0, 0]);
         assert_eq!(ints(&mut rb), [100, 0, 0, 20, 30, 0]);
+    }
+
+    #[test]
+    fn compact_records_are_read_with_limit_zeros_parameters_between_full_ones() {
+        // 10/s with a burst of 20: unit 100 000 steps per token, 1 step per µs, cap 2 000 000.
+        let kind = AlgorithmKind::TokenBucket;
+        let quota = Quota::per_second(10).burst(20);
+        let params = QuotaArg::of(&PlanQuota::new(kind, quota).unwrap()).params;
+        let s = Arc::new(LuaScript::assemble(&[(kind, params)]));
+        let (a, mut ra) = job("a", 1, 0, &s);
+        let (b, mut rb) = job("b", 1, 0, &s);
+        let (c, mut rc) = job("c", 1, 0, &s);
+        // a: a deficit of 250 000 steps after its charge (17 left, full in 250 ms); b: five
+        // integers (rejected); c: an empty bucket's first token (19 left, 100 ms).
+        let reply = vec![7, -1 - 250_000, 0, 0, 40, 60, 0, -1 - 100_000];
+        answer(vec![a, b, c], Ok(reply), &s);
+        let ints = |rx: &mut oneshot::Receiver<Answer>| rx.try_recv().unwrap().1.unwrap().to_vec();
+        assert_eq!(ints(&mut ra), [7, 1, 17, 250_000, 0, 0]);
+        assert_eq!(ints(&mut rb), [7, 0, 0, 40, 60, 0]);
+        assert_eq!(ints(&mut rc), [7, 1, 19, 100_000, 0, 0]);
+        // A fixed window of 5 a minute: a count of 3 at 1.5 min leaves 2 for 30 s.
+        let fw = script(5);
+        let (a, mut ra) = job("a", 1, 0, &fw);
+        answer(vec![a], Ok(vec![90_000_000, -1 - 3]), &fw);
+        assert_eq!(ints(&mut ra), [90_000_000, 1, 2, 30_000_000, 0, 0]);
+        // A count of 0: refused until the window ends.
+        let (a, mut ra) = job("a", 1, 0, &fw);
+        answer(vec![a], Ok(vec![90_000_000, -1]), &fw);
+        assert_eq!(ints(&mut ra), [90_000_000, 0, 0, 30_000_000, 30_000_000, 0]);
+        // A deficit past the capacity or of 0, a count past the limit, or a compact record where
+        // the script has none (a sliding window), is a malformed reply.
+        for record in [-1 - 2_000_001, -1] {
+            let (a, mut ra) = job("a", 1, 0, &s);
+            answer(vec![a], Ok(vec![7, record]), &s);
+            assert!(matches!(
+                ra.try_recv().unwrap().1,
+                Err(BatchError::Invalid(_))
+            ));
+        }
+        let (a, mut ra) = job("a", 1, 0, &fw);
+        answer(vec![a], Ok(vec![7, -1 - 6]), &fw);
+        assert!(matches!(
+            ra.try_recv().unwrap().1,
+            Err(BatchError::Invalid(_))
+        ));
+        let kind = AlgorithmKind::SlidingWindow;
+        let params = QuotaArg::of(&PlanQuota::new(kind, Quota::per_minute(5)).unwrap()).params;
+        let sw = Arc::new(LuaScript::assemble(&[(kind, params)]));
+        let (a, mut ra) = job("a", 1, 0, &sw);
+        answer(vec![a], Ok(vec![7, -2]), &sw);
+        assert!(matches!(
+            ra.try_recv().unwrap().1,
+            Err(BatchError::Invalid(_))
+        ));
     }
 
     #[test]
@@ -417,7 +499,7 @@ mod tests {
         assert!(!compact(&jobs));
         let first: Vec<i64> = (0..11).collect();
         let second: Vec<i64> = (100..106).collect();
-        answer(jobs, Ok([first.clone(), second.clone()].concat()));
+        answer(jobs, Ok([first.clone(), second.clone()].concat()), &s);
         assert_eq!(ra.try_recv().unwrap().1.unwrap().to_vec(), first);
         assert_eq!(rb.try_recv().unwrap().1.unwrap().to_vec(), second);
     }
@@ -427,14 +509,14 @@ mod tests {
         let s = script(1);
         let (a, mut ra) = job("a", 1, 0, &s);
         let (b, mut rb) = job("b", 1, 0, &s);
-        answer(vec![a, b], Ok(vec![100, 1, 9, 10, 0, 0]));
+        answer(vec![a, b], Ok(vec![100, 1, 9, 10, 0, 0]), &s);
         assert!(ra.try_recv().unwrap().1.is_ok());
         assert!(matches!(
             rb.try_recv().unwrap().1,
             Err(BatchError::Invalid(_))
         ));
         let (a, mut ra) = job("a", 1, 0, &s);
-        answer(vec![a], Err(BatchError::Timeout));
+        answer(vec![a], Err(BatchError::Timeout), &s);
         let (group, result) = ra.try_recv().unwrap();
         assert_eq!(group.keys, ["a"], "the group travels back");
         assert!(matches!(result, Err(BatchError::Timeout)));

@@ -34,8 +34,9 @@
 //!   request. Concurrent checks are coalesced into one script call
 //!   ([`RedisBackend::batching`]): while a script call is on the wire, new checks queue, and the
 //!   next call takes them all, each still decided on its own and all-or-nothing, in arrival
-//!   order. Under load this roughly halves Redis's CPU per decision (measured in
-//!   `benches/redis.rs`).
+//!   order (the batcher yields once before sending while another call is on the wire, so that
+//!   the callers its reply just woke join the next call). Under load this roughly halves Redis's
+//!   CPU per decision (measured in `benches/redis.rs`).
 //! - **a Cluster batches per master**: each master has its own batcher, and a batch goes to its
 //!   master in one script call whatever the hash slots of its keys. Redis refuses declared keys
 //!   of several slots in one call (`CROSSSLOT`, whatever the script's flags), so a master's

@@ -155,6 +155,67 @@ pub(crate) struct LuaScript {
     sha: String,
     /// Where the driver starts in `code`.
     driver_at: usize,
+    /// How to read the compact records of a batch reply, when limit 0 has them.
+    compact: Option<CompactForm>,
+}
+
+/// Limit 0's parameters, to read a batch reply's compact records: one negative integer
+/// `-1 - x` for a check its algorithm's `fast` decided, `x` being the token bucket's deficit
+/// after the charge (`tb_fast`) or the fixed window's count after it (`fw_fast`, epoch windows;
+/// 0: refused, the window spent); `docs/internals/redis-script.md`, "The check call".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CompactForm {
+    TokenBucket { unit: u64, per: u64, cap: u64 },
+    FixedWindow { period: u64, limit: u64 },
+}
+
+impl CompactForm {
+    /// The compact form of limit 0 when its algorithm has one.
+    fn of(limits: &[(AlgorithmKind, ScriptParams)]) -> Option<Self> {
+        match limits.first() {
+            Some(&(AlgorithmKind::TokenBucket, p)) => {
+                let [unit, per, cap] = p.p;
+                (unit >= 1 && per >= 1).then_some(Self::TokenBucket { unit, per, cap })
+            }
+            Some(&(AlgorithmKind::FixedWindow, p)) => {
+                let [period, limit, calendar] = p.p;
+                (period >= 1 && calendar == 0).then_some(Self::FixedWindow { period, limit })
+            }
+            _ => None,
+        }
+    }
+
+    /// The five reply integers of the compact record `record` (negative) of a batch decided at
+    /// `now` (µs), as the script's general path reports the same check; `None` when it is not a
+    /// state this limit can have.
+    pub(crate) fn expand(&self, record: i64, now: i64) -> Option<[i64; 5]> {
+        let x = u64::try_from(record.checked_neg()?.checked_sub(1)?).ok()?;
+        let (remaining, reset) = match *self {
+            // floor((cap - deficit) / unit) whole units left; full again in ceil(deficit / per) µs.
+            Self::TokenBucket { unit, per, cap } => ((cap.checked_sub(x)? / unit), x.div_ceil(per)),
+            // limit - count left until the end of the window holding `now`; a count of 0 is a
+            // refusal there (the window was spent).
+            Self::FixedWindow { period, limit } => {
+                let now = u64::try_from(now).ok()?;
+                let end = (now / period).checked_add(1)?.checked_mul(period)?;
+                let wait = i64::try_from(end - now).ok()?;
+                if x == 0 {
+                    return Some([0, 0, wait, wait, 0]);
+                }
+                (limit.checked_sub(x)?, end - now)
+            }
+        };
+        if x == 0 {
+            return None; // a charge of 1 leaves at least 1 step spent
+        }
+        Some([
+            1,
+            i64::try_from(remaining).ok()?,
+            i64::try_from(reset).ok()?,
+            0,
+            0,
+        ])
+    }
 }
 
 /// How far past `ttl_ms` the TTL-keeping writes of `tb_fast` may be: (the cell, the longest
@@ -238,6 +299,7 @@ impl LuaScript {
             code,
             sha,
             driver_at,
+            compact: CompactForm::of(limits),
         }
     }
 
@@ -253,7 +315,13 @@ impl LuaScript {
             code,
             sha,
             driver_at: self.driver_at,
+            compact: self.compact,
         }
+    }
+
+    /// How to read the compact records of this script's batch replies, if it sends any.
+    pub(crate) fn compact(&self) -> Option<&CompactForm> {
+        self.compact.as_ref()
     }
 
     /// The script source.
@@ -345,6 +413,10 @@ pub(crate) fn pack_args<'g>(
         }
     }
     if kind == CallKind::Batch {
+        if each_of_limit_0(groups.clone()) {
+            cmd.arg("B");
+            return;
+        }
         cmd.arg("b");
         for l in groups.flat_map(|g| &g.limits) {
             match (l.limit, l.quota) {
@@ -385,6 +457,22 @@ pub(crate) fn pack_args<'g>(
             cmd.arg(l.cost);
         }
     }
+}
+
+/// Whether a batch can go as `'B'`: every check is of limit 0 at its own quota, at cost 1, and
+/// no key comes twice (the script then reads each key's state by its position).
+fn each_of_limit_0<'g>(groups: impl Iterator<Item = &'g Group>) -> bool {
+    let mut keys: Vec<&str> = Vec::with_capacity(64);
+    for g in groups {
+        for (k, l) in g.keys.iter().zip(&g.limits) {
+            if l.limit != 0 || l.cost != 1 || l.quota.is_some() {
+                return false;
+            }
+            keys.push(k);
+        }
+    }
+    keys.sort_unstable();
+    keys.windows(2).all(|w| w[0] != w[1])
 }
 
 /// One group's reply integers: its `now`, then 5 per limit. A group of one limit (the common
@@ -586,17 +674,23 @@ mod tests {
             for f in [load, decide, apply, refund, rebase] {
                 assert!(defined(f), "{kind}: {f}");
             }
-            // Only the buckets decide and apply in one call; only the token bucket has the
-            // fused batch path; a batch reads ahead unless a sliding log is configured.
+            // Only the buckets decide and apply in one call; the token bucket and the fixed
+            // window have a fused batch path (and a compact reply); a batch reads ahead unless a
+            // sliding log is configured.
             let buckets = matches!(
                 kind,
                 AlgorithmKind::TokenBucket | AlgorithmKind::Gcra | AlgorithmKind::LeakyBucket
             );
             assert_eq!(check != "false", buckets, "{kind}: {check}");
             assert!(check == "false" || defined(check), "{kind}: {check}");
+            let fused = matches!(
+                kind,
+                AlgorithmKind::TokenBucket | AlgorithmKind::FixedWindow
+            );
+            assert_eq!(fast != "false", fused, "{kind}");
             assert_eq!(
-                fast != "false",
-                kind == AlgorithmKind::TokenBucket,
+                CompactForm::of(&[(kind, params(kind))]).is_some(),
+                fused,
                 "{kind}"
             );
             assert!(fast == "false" || defined(fast), "{kind}: {fast}");
@@ -621,7 +715,7 @@ mod tests {
         }
         assert!(at("local function CONFIG(i)") < at("local function LIMIT(i)"));
         assert!(at("local function batch_paths()") < at("= batch_paths()"));
-        assert!(at("local PREFETCH, FAST,") < at("local packed = FAST"));
+        assert!(at("local PREFETCH, FAST,") < at("r = FAST(key"));
     }
 
     #[test]
@@ -746,6 +840,42 @@ mod tests {
         assert_eq!(
             args(CallKind::Check, &group(1, Some(arg))),
             ["c", "1", "", "1:2000:100000:1:2000000", "3"]
+        );
+    }
+
+    #[test]
+    fn a_batch_of_distinct_keys_at_limit_0_and_cost_1_goes_without_arguments() {
+        let one = |key: &str, limit, cost| Group {
+            keys: vec![key.to_owned()],
+            limits: vec![LimitArg {
+                limit,
+                cost,
+                quota: None,
+            }],
+            now: None,
+            reserved_at: None,
+        };
+        let args = |groups: &[Group]| {
+            let mut cmd = redis::cmd("EVALSHA");
+            pack_args(&mut cmd, CallKind::Batch, groups.iter(), false);
+            arg_strings(&cmd, 1)
+        };
+        assert_eq!(
+            args(&[one("a", 0, 1), one("b", 0, 1)]),
+            ["2", "a", "b", "B"]
+        );
+        // A key twice, another limit or another cost: each check's argument follows.
+        assert_eq!(
+            args(&[one("a", 0, 1), one("a", 0, 1)]),
+            ["2", "a", "a", "b", "1", "1"]
+        );
+        assert_eq!(
+            args(&[one("a", 0, 1), one("b", 1, 1)]),
+            ["2", "a", "b", "b", "1", "1:1"]
+        );
+        assert_eq!(
+            args(&[one("a", 0, 2), one("b", 0, 1)]),
+            ["2", "a", "b", "b", "2", "1"]
         );
     }
 

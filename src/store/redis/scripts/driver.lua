@@ -97,8 +97,8 @@ local function emit(ok, remaining, reset, retry, corrupt)
 end
 
 
--- One limit on its own (the common case): no tables, small numbers without strtod. Returns the
--- five packed integers.
+-- One limit on its own (the common case): no tables, small numbers without strtod. Returns its
+-- five integers.
 local function single(key, lim, cost, now, at, plan)
   local load, decide, apply, give_back, check, ttl, p1, p2, p3 = LIMIT(lim)
   local corrupt, s1, s2, s3, o1, o2, o3 = load(key)
@@ -133,55 +133,86 @@ local function single(key, lim, cost, now, at, plan)
   if retry > MAX_EXACT then
     retry = MAX_EXACT
   end
-  return struct.pack('<i8i8i8i8i8', ok and 1 or 0, remaining, reset, retry, corrupt and 1 or 0)
+  return ok and 1 or 0, remaining, reset, retry, corrupt and 1 or 0
 end
 
-if ARGV[1] == 'b' then
+-- A batch: 'b' (each key's argument follows) or 'B' (every key distinct, of limit 0 at cost 1:
+-- no argument per key). The reply is the time, then per key a compact record (one negative
+-- integer, from limit 0's FAST) or five integers, packed at the end (pack_ints).
+local kind = ARGV[1]
+if kind == 'b' or kind == 'B' then
   if not node then
     PREFETCH, FAST, FAST_TTL, FAST_P1, FAST_P2, FAST_P3, FAST_CELL, FAST_KEEP = batch_paths()
   end
+  local each = kind == 'B'
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  out[1] = struct.pack('<i8', now)
+  local ints, m = { now }, 1
   -- One MGET instead of a GET per decision when every limit keeps its state in one short string
   -- (PREFETCH: no sliding log, whose log is read in pieces). A redis.call costs more than the
-  -- read itself; see read_state for how each value is taken.
-  if PREFETCH and not node and #KEYS > 1 then
-    local values = redis.call('MGET', unpack(KEYS))
-    for i = 1, #KEYS do
-      local v = values[i]
-      if v then
-        PREFETCHED[KEYS[i]] = v
-      end
-    end
-  end
-  for i = 1, #KEYS do
-    local arg, lim, cost, plan = ARGV[i + 1], 0, 1, nil
-    -- The common case (limit 0, cost 1, state read ahead) in one call, when limit 0 has it.
-    local packed = FAST and arg == '1' and FAST(KEYS[i], FAST_TTL, now, FAST_P1, FAST_P2, FAST_P3,
-      FAST_CELL, FAST_KEEP)
-    if packed then
-      out[i + 1] = packed
-    elseif arg ~= '1' then
-      local l, c = string.match(arg, '^(%d+):(%d+)$')
-      if l then
-        lim, cost = tonumber(l), tonumber(c)
-      else
-        cost = tonumber(arg)
-        if cost == nil then
-          -- A plan: "index:cost:ttl:p1:p2:p3".
-          local rest
-          l, c, rest = string.match(arg, '^(%d+):(%d+):(.*)$')
-          local _, p = plan_arg('0:' .. (rest or ''))
-          lim, cost, plan = tonumber(l), tonumber(c), p
+  -- read itself. 'B' takes each key's value by its index (its keys are distinct); 'b' leaves
+  -- them in PREFETCHED (see read_state for how each is taken), as a key may come twice.
+  local values
+  if PREFETCH and not node and (each or #KEYS > 1) then
+    values = redis.call('MGET', unpack(KEYS))
+    if not each then
+      for i = 1, #KEYS do
+        local v = values[i]
+        if v then
+          PREFETCHED[KEYS[i]] = v
         end
       end
     end
-    if not packed then
-      out[i + 1] = single(KEYS[i], lim, cost, now, now, plan)
+  end
+  local direct = each and values
+  for i = 1, #KEYS do
+    local key, arg = KEYS[i], '1'
+    if not each then
+      arg = ARGV[i + 1]
+    end
+    -- The common case (limit 0, cost 1, state read ahead) in one call, when limit 0 has it.
+    local r
+    if FAST and arg == '1' then
+      local v
+      if direct then
+        v = values[i]
+      else
+        v = PREFETCHED[key]
+      end
+      r = FAST(key, v, FAST_TTL, now, FAST_P1, FAST_P2, FAST_P3, FAST_CELL, FAST_KEEP)
+      if r and not direct then
+        PREFETCHED[key] = nil
+      end
+    end
+    if r then
+      m = m + 1
+      ints[m] = r
+    else
+      local lim, cost, plan = 0, 1, nil
+      if arg ~= '1' then
+        local l, c = string.match(arg, '^(%d+):(%d+)$')
+        if l then
+          lim, cost = tonumber(l), tonumber(c)
+        else
+          cost = tonumber(arg)
+          if cost == nil then
+            -- A plan: "index:cost:ttl:p1:p2:p3".
+            local rest
+            l, c, rest = string.match(arg, '^(%d+):(%d+):(.*)$')
+            local _, p = plan_arg('0:' .. (rest or ''))
+            lim, cost, plan = tonumber(l), tonumber(c), p
+          end
+        end
+      end
+      if direct and values[i] then
+        PREFETCHED[key] = values[i]
+      end
+      ints[m + 1], ints[m + 2], ints[m + 3], ints[m + 4], ints[m + 5] =
+        single(key, lim, cost, now, now, plan)
+      m = m + 5
     end
   end
-  return table.concat(out)
+  return pack_ints(ints, m)
 end
 
 local ngroups = int(ARGV[2])
@@ -228,7 +259,7 @@ for g = 1, ngroups do
     nout = nout + 1
     out[nout] = struct.pack('<i8', now)
     nout = nout + 1
-    out[nout] = single(KEYS[first + 1], lim, cost, now, at, plan)
+    out[nout] = struct.pack('<i8i8i8i8i8', single(KEYS[first + 1], lim, cost, now, at, plan))
   else
     nout = nout + 1
     out[nout] = struct.pack('<i8', now)

@@ -23,6 +23,20 @@ local function cdiv(a, b)
   return q
 end
 
+-- ints[1..n] packed as little-endian 64-bit integers, at most 4 000 per struct.pack call (a
+-- call's arguments live on Lua's C stack, which holds 8 000 values).
+local function pack_ints(ints, n)
+  local parts = {}
+  for i = 1, n, 4000 do
+    local j = i + 3999
+    if j > n then
+      j = n
+    end
+    parts[#parts + 1] = struct.pack('<' .. string.rep('i8', j - i + 1), unpack(ints, i, j))
+  end
+  return table.concat(parts)
+end
+
 -- Small integer arguments ('0', '1', ...) without strtod, which dominates the cost of tonumber.
 local function int(s)
   if s == '1' then

@@ -136,25 +136,22 @@ local function tb_check(key, ttl, now, cost, unit, per, cap, deficit, last)
 end
 
 -- A batch's common decision in one call: a check of cost 1 at the limit's own parameters of a
--- key whose state the batch read ahead (16 bytes, unmarked). Returns the decision's five integers
--- packed as the driver emits them (load2, tb_check and the driver's `single` fused, with the same
--- arithmetic; a cost of 1 never exceeds the capacity, and every value stays at most cap, below
--- 2^53), or nil, having touched nothing, for a key that needs the general path (not read ahead,
--- marked, or unreadable). `cell` and `keep` (µs) decide when the write keeps the key's TTL: see
--- "Expiry" above.
-local function tb_fast(key, ttl, now, unit, per, cap, cell, keep)
-  local v = PREFETCHED[key]
+-- key whose state `v` the batch read ahead (16 bytes, unmarked). When it allows, it writes the
+-- state and returns the reply's compact record, -1 - deficit after the charge: the store derives
+-- remaining (floor((cap - deficit) / unit)) and reset (ceil(deficit / per)) from it
+-- (`CompactForm` in script.rs), so the script packs one integer instead of five. Returns nil,
+-- having touched nothing, for anything else (a key not read ahead, marked or unreadable, a
+-- carried deficit or a lock, a rejection): the general path decides it. `cell` and `keep` (µs)
+-- decide when the write keeps the key's TTL: see "Expiry" above (the reset, ceil(after / per), is
+-- at most `keep` exactly when after <= keep × per; a product past 2^53 only exceeds `after`).
+local function tb_fast(key, v, ttl, now, unit, per, cap, cell, keep)
   if not v or #v ~= 16 then
     return nil
   end
   local deficit, last = struct.unpack('<i8i8', v)
-  if deficit < 0 or deficit >= MAX_EXACT or last < 0 or last >= MAX_EXACT then
-    return nil
+  if deficit < 0 or deficit > cap or last < 0 or last > now then
+    return nil -- unreadable, a deficit carried from a larger quota, or a lock
   end
-  if deficit > cap or last > now then
-    return nil -- a deficit carried from a larger quota, or a lock: the general path keeps it
-  end
-  PREFETCHED[key] = nil
   if now > last then
     deficit = deficit - (now - last) * per
     if deficit < 0 then
@@ -162,21 +159,15 @@ local function tb_fast(key, ttl, now, unit, per, cap, cell, keep)
     end
   end
   local after = deficit + unit
-  if after <= cap then
-    local reset = cdiv(after, per)
-    if now >= last and reset <= keep and floor(now / cell) == floor(last / cell) then
-      redis.call('SET', key, struct.pack('<i8i8', after, now), 'KEEPTTL')
-    else
-      if now > last then
-        last = now
-      end
-      tb_store(key, ttl, now, after, last, per, cap)
-    end
-    return struct.pack('<i8i8i8i8i8', 1, idiv(cap - after, unit), reset, 0, 0)
+  if after > cap then
+    return nil
   end
-  -- Rejected: after > cap, so the wait is at least 1 µs, as Decision::rejected wants.
-  return struct.pack('<i8i8i8i8i8', 0, idiv(cap - deficit, unit), cdiv(deficit, per),
-    cdiv(after - cap, per), 0)
+  if after <= keep * per and floor(now / cell) == floor(last / cell) then
+    redis.call('SET', key, struct.pack('<i8i8', after, now), 'KEEPTTL')
+  else
+    tb_store(key, ttl, now, after, now, per, cap)
+  end
+  return -1 - after
 end
 
 -- Gives back what a reservation of `cost` at `at` still takes from the bucket, applied at `now`:
