@@ -86,6 +86,7 @@
 //! | [`response`] | refusals: problem+json, gRPC, and the [`Rejection`](response::Rejection) trait |
 //! | [`clock`] | time sources, including [`ManualClock`](clock::ManualClock) for tests |
 //! | [`concurrency`] | a limit on requests in flight per key, released when the response body ends |
+//! | [`load_shed`] | load shedding: a concurrency limit learned from latency, shared out by priority, `503` beyond it |
 //! | [`outbound`] | client side: keep a client to its upstreams' limits (shaping, `Retry-After`, retries, adaptive rate) |
 //! | [`metrics`] | the metrics recorded with the `metrics` feature: names, labels, `describe()` |
 //! | [`policy`](policy/index.html) | limits, plans and keys as data (TOML or any serde format), compiled into [`Limit`]s; reloads (feature `serde`) |
@@ -163,6 +164,7 @@ pub mod fuzzing;
 pub mod guide;
 pub mod headers;
 pub mod key;
+pub mod load_shed;
 pub mod metrics;
 pub mod outbound;
 pub mod plan;
