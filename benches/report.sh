@@ -11,7 +11,7 @@ set -u
 cd "$(dirname "$0")/.." || exit 1
 results="${CARGO_TARGET_DIR:-target}/bench-report"
 if [ "$#" -eq 0 ]; then
-    set -- memory service http redis hybrid
+    set -- memory service http shed redis hybrid
     rm -f "$results"/*.json
 fi
 failed=""

@@ -66,10 +66,10 @@
 //! [algorithms](guide::algorithms), [keys and proxies](guide::keys), [headers](guide::headers),
 //! [plans and policy files](guide::plans), [Redis and Cluster](guide::redis), [the hybrid
 //! tier](guide::hybrid), [gRPC](guide::grpc), [shaping](guide::shaping),
-//! [concurrency](guide::concurrency), [outbound](guide::outbound), [metrics and
-//! operations](guide::operations), [testing your app](guide::testing_your_app), [coming from
-//! tower_governor](guide::tower_governor), [performance](guide::performance) and
-//! [versioning](guide::versioning). The modules below are the reference.
+//! [concurrency](guide::concurrency), [load shedding](guide::load_shedding),
+//! [outbound](guide::outbound), [metrics and operations](guide::operations), [testing your
+//! app](guide::testing_your_app), [coming from tower_governor](guide::tower_governor),
+//! [performance](guide::performance) and [versioning](guide::versioning). The modules below are the reference.
 //!
 //! # Modules
 //!
