@@ -335,6 +335,6 @@ fn main() {
         median_ratio(&limited_ns, &shed_ns),
         1.0,
     );
-    section.note("The p99 without the shedder is bounded by the clients giving up (2 s): beyond the capacity the backend's queue grows by the excess every second, and goodput falls as clients abandon requests the backend then still works on or never reaches.");
+    section.note("Without the shedder, beyond the capacity the backend's queue grows by the excess every second until requests wait 2 s, so its p99 is the clients' 2 s patience; requests abandoned while the backend works on them waste that work, which is why goodput collapses instead of staying at the capacity. With it, the excess is refused at once with `503` and the backend works only on requests whose clients still wait.");
     section.write();
 }
