@@ -47,3 +47,88 @@ impl ShedMetrics {
         self.shed[class.index()].increment(1);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    use super::super::gate::{Acquire, Gate};
+    use super::super::gradient::{Adaptive, Learner, LimitState};
+    use super::*;
+    use crate::clock::{Clock, ManualClock};
+
+    #[test]
+    fn records_limit_in_flight_baseline_and_shed_by_priority() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let clock = ManualClock::new();
+        let gate = metrics::with_local_recorder(&recorder, || {
+            Gate::new(
+                LimitState::Adaptive(Learner::new(Adaptive::new().initial_limit(2))),
+                [1_000_000, 1_000_000, 500_000],
+                [0; 3],
+                Arc::new(clock.clone()) as Arc<dyn Clock>,
+                ShedMetrics::new(Name::new("api")),
+            )
+        });
+        let Acquire::Got(mut permit) = gate.acquire(Priority::Sheddable) else {
+            panic!("a slot")
+        };
+        assert!(matches!(
+            gate.acquire(Priority::Sheddable),
+            Acquire::Shed(_)
+        ));
+        clock.advance(std::time::Duration::from_millis(40));
+        permit.answered();
+        let values: Vec<(String, String, DebugValue)> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, _, _, value)| {
+                let key = key.key();
+                let labels: Vec<String> = key.labels().map(|l| l.value().to_owned()).collect();
+                (key.name().to_owned(), labels.join(","), value)
+            })
+            .collect();
+        let find = |name: &str, labels: &str| {
+            values
+                .iter()
+                .find(|(n, l, _)| n == name && l == labels)
+                .map(|(_, _, v)| format!("{v:?}"))
+                .unwrap_or_else(|| panic!("{name}{{{labels}}} in {values:?}"))
+        };
+        assert_eq!(
+            find(SHED_TOTAL, "api,sheddable"),
+            format!("{:?}", DebugValue::Counter(1))
+        );
+        assert_eq!(
+            find(SHED_TOTAL, "api,critical"),
+            format!("{:?}", DebugValue::Counter(0))
+        );
+        assert_eq!(
+            find(SHED_IN_FLIGHT, "api"),
+            format!("{:?}", DebugValue::Gauge(1.0.into()))
+        );
+        assert_eq!(
+            find(SHED_LIMIT, "api"),
+            format!("{:?}", DebugValue::Gauge(2.0.into()))
+        );
+        assert_eq!(
+            find(SHED_BASELINE_SECONDS, "api"),
+            format!("{:?}", DebugValue::Gauge(0.04.into()))
+        );
+        drop(permit);
+        let in_flight = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .find(|(k, ..)| k.key().name() == SHED_IN_FLIGHT)
+            .map(|(.., v)| format!("{v:?}"));
+        assert_eq!(
+            in_flight,
+            Some(format!("{:?}", DebugValue::Gauge(0.0.into())))
+        );
+    }
+}

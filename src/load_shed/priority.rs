@@ -182,7 +182,7 @@ impl Classify for PriorityHeader {
 /// use tollgate::RequestView;
 ///
 /// // Paying customers' API keys start with "live_"; their requests are critical.
-/// let classify = KeyPriority::new(HeaderKey::new("x-api-key"), |key: &Key<'_>| match key.value() {
+/// let classify = KeyPriority::new(HeaderKey::new("x-api-key")?, |key: &Key<'_>| match key.value() {
 ///     KeyValue::Bytes(b) if b.starts_with(b"live_") => Priority::Critical,
 ///     _ => Priority::Sheddable,
 /// });
@@ -190,6 +190,7 @@ impl Classify for PriorityHeader {
 /// assert_eq!(classify.classify(&RequestView::new(&req)), Priority::Critical);
 /// let anonymous = http::Request::get("/").body(()).unwrap();
 /// assert_eq!(classify.classify(&RequestView::new(&anonymous)), Priority::Default);
+/// # Ok::<(), tollgate::ConfigError>(())
 /// ```
 pub struct KeyPriority<E, F> {
     extractor: E,
