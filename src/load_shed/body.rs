@@ -9,7 +9,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use super::gate::Permit;
-use crate::response::RejectionBody;
+use crate::response::{poll_frame_holding, RejectionBody};
 
 pin_project! {
     /// The body of a response from [`LoadShed`](super::LoadShed).
@@ -78,22 +78,8 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         match self.project().kind.project() {
-            KindProj::Inner { mut body, permit } => {
-                let frame = std::task::ready!(body.as_mut().poll_frame(cx));
-                // The body is done (its end, or an error that ends it): the request is too.
-                if !matches!(frame, Some(Ok(_))) || body.is_end_stream() {
-                    *permit = None;
-                }
-                Poll::Ready(frame)
-            }
-            KindProj::Rejection { body } => match Pin::new(body).poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => {
-                    Poll::Ready(Some(Ok(frame.map_data(B::Data::from))))
-                }
-                Poll::Ready(Some(Err(never))) => match never {},
-                Poll::Ready(None) => Poll::Ready(None),
-                Poll::Pending => Poll::Pending,
-            },
+            KindProj::Inner { body, permit } => poll_frame_holding(body, permit, cx),
+            KindProj::Rejection { body } => body.next_frame_as(),
         }
     }
 

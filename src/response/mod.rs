@@ -98,6 +98,7 @@ mod problem;
 mod rejection;
 pub(crate) mod rfc3339;
 
+pub(crate) use body::poll_frame_holding;
 pub use body::RejectionBody;
 pub(crate) use grpc::grpc_retry_refusal;
 pub use grpc::{

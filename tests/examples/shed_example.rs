@@ -16,6 +16,7 @@
 use std::time::{Duration, Instant};
 
 use crate::harness::example_process::{example_binary, free_port, ExampleProcess};
+use crate::harness::latency::quantile;
 
 #[derive(Debug, Default)]
 struct Outcome {
@@ -31,11 +32,7 @@ struct Outcome {
 
 impl Outcome {
     fn p99(&self) -> Duration {
-        let mut l = self.ok_latencies.clone();
-        l.sort();
-        l.get((l.len() * 99 / 100).min(l.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or_default()
+        quantile(&self.ok_latencies, 0.99)
     }
 }
 

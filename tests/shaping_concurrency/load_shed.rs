@@ -27,6 +27,8 @@ use tollgate::load_shed::{
 use tower::util::BoxCloneService;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 
+use crate::harness::latency::quantile;
+
 type Backend = BoxCloneService<Request<()>, Response<String>, Infallible>;
 
 /// A backend of `capacity` permits each held `work` (changeable while it runs).
@@ -59,11 +61,7 @@ struct Stats {
 
 impl Stats {
     fn p99(&self) -> Duration {
-        let mut l = self.latencies.clone();
-        l.sort();
-        l.get((l.len() * 99 / 100).min(l.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or_default()
+        quantile(&self.latencies, 0.99)
     }
 }
 
