@@ -189,23 +189,11 @@ async fn refusal_costs() -> (Vec<f64>, Vec<f64>) {
         service_fn(|_req: Request<()>| async { Ok::<_, Infallible>(Response::new(String::new())) });
     let shed_layer = LoadShedLayer::builder().fixed_limit(1).build().unwrap();
     let mut shed = ServiceBuilder::new().layer(shed_layer).service(inner);
-    let _held = shed
-        .ready()
-        .await
-        .unwrap()
-        .call(Request::new(()))
-        .await
-        .unwrap();
+    let _held = shed.clone().oneshot(Request::new(())).await.unwrap();
     let limit =
         RateLimitLayer::new(Limit::new("hourly", Quota::per_hour(1)).key(GlobalKey)).unwrap();
     let mut limited = ServiceBuilder::new().layer(limit).service(inner);
-    limited
-        .ready()
-        .await
-        .unwrap()
-        .call(Request::new(()))
-        .await
-        .unwrap();
+    limited.clone().oneshot(Request::new(())).await.unwrap();
     let request = || Request::get("/job").body(()).unwrap();
     let (mut shed_ns, mut limited_ns) = (Vec::new(), Vec::new());
     for round in 0..ROUNDS {

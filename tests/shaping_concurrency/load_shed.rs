@@ -11,7 +11,7 @@
 //! 50 ms and goodput at least 85 % of the new capacity within 10 s;
 //! with 20 % critical traffic at 3x, at least 99 % of the critical requests answered 200;
 //! at a quarter of the capacity nothing is shed; dropped futures and bodies give every slot
-//! back.
+//! back; a rate limit stacked outside refuses with `429` before a slot is taken.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -320,4 +320,26 @@ async fn cancelled_requests_and_dropped_bodies_give_their_slots_back() {
             .status(),
         StatusCode::SERVICE_UNAVAILABLE
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn rate_limits_stacked_outside_refuse_before_a_slot_is_taken() {
+    use tollgate::key::GlobalKey;
+    use tollgate::{Limit, Quota, RateLimitLayer};
+
+    let shed = LoadShedLayer::builder().fixed_limit(1).build().unwrap();
+    let rate = RateLimitLayer::new(Limit::new("burst", Quota::per_hour(1)).key(GlobalKey)).unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(rate)
+        .layer(shed.clone())
+        .service(backend(1, work(Duration::from_millis(1))));
+    let running = svc.clone().oneshot(Request::new(())).await.unwrap();
+    assert_eq!(running.status(), StatusCode::OK);
+    assert_eq!(shed.in_flight(), 1); // the body is not dropped yet
+                                     // Over its quota: 429 from the rate limit, and the shedder never saw it.
+    let refused = svc.clone().oneshot(Request::new(())).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(shed.in_flight(), 1);
+    drop(running);
+    assert_eq!(shed.in_flight(), 0);
 }
