@@ -11,6 +11,7 @@
 //! Under overload (2.5 to 3 times what the backend can do), critical requests still get `200`
 //! and the others get `503 Service Unavailable` with `Retry-After: 1` and an
 //! `application/problem+json` body at once, instead of every request queueing for seconds.
+//! Once a second it prints what the shedder has learned (`limit=8 in_flight=8 baseline_ms=50`).
 //! `PORT` changes the port (default 3000). `tests/examples/shed_example.rs` drives it with
 //! open-loop load and checks that contract.
 
@@ -57,12 +58,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .queue(Priority::Critical, Duration::from_secs(1), 64)
         .build()?;
 
-    let app = Router::new().route("/job", get(job)).layer(shed);
+    let app = Router::new().route("/job", get(job)).layer(shed.clone());
 
     let port = std::env::var("PORT").unwrap_or_else(|_| "3000".into());
     let listener = tokio::net::TcpListener::bind(format!("127.0.0.1:{port}")).await?;
     let addr = listener.local_addr()?;
     println!("listening on http://{addr}");
+    // What the shedder has learned, once a second.
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            let baseline = shed.baseline().map_or(0, |b| b.as_millis());
+            println!(
+                "limit={} in_flight={} baseline_ms={baseline}",
+                shed.limit(),
+                shed.in_flight()
+            );
+        }
+    });
     axum::serve(listener, app).await?;
     Ok(())
 }

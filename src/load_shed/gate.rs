@@ -40,7 +40,7 @@ struct Line {
 struct State {
     in_flight: u32,
     /// Whether a request was refused or queued since the last sample: the limit is in use,
-    /// even when a class's share keeps the requests in flight under half of it.
+    /// even when a class's share keeps the requests in flight under it.
     pressed: bool,
     limit: LimitState,
     lines: [Line; 3],
@@ -204,8 +204,7 @@ impl Permit {
         self.sampled = true;
         let rtt = self.gate.clock.now_micros().saturating_sub(self.started);
         let mut state = self.gate.state.lock();
-        let busy =
-            state.pressed || u64::from(state.in_flight) * 2 >= u64::from(state.limit.limit());
+        let busy = state.pressed || state.in_flight >= state.limit.limit();
         state.pressed = false;
         state.limit.sample(rtt, self.in_flight, busy);
         #[cfg(feature = "metrics")]

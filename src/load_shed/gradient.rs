@@ -129,8 +129,14 @@ impl Adaptive {
 /// Weight of one sample in the recent latency (an exponential moving average over about ten
 /// requests).
 const RECENT_WEIGHT: f64 = 0.1;
-/// Weight in the no-load baseline of one sample of a request that ran alone in flight.
+/// Weight of one sample in the short average the baseline may fall to (about three requests:
+/// one fast outlier cannot drag the baseline down, three in a row can).
+const FLOOR_WEIGHT: f64 = 0.5;
+/// Weight in the no-load baseline of one sample taken without load (see [`LOW_LOAD`]).
 const BASELINE_ALONE_WEIGHT: f64 = 0.125;
+/// Requests in flight (the sample's own included) at which a sample counts as taken without
+/// load: a backend worth protecting takes two requests at once without queueing either.
+const LOW_LOAD: u32 = 2;
 /// The largest cut of one step: the gradient never goes below this.
 const MIN_GRADIENT: f64 = 0.5;
 
@@ -151,8 +157,8 @@ impl LimitState {
     }
 
     /// A request finished in `rtt_micros` after it started with `in_flight` requests in flight
-    /// (itself included); `busy` says whether the limit is in use (half of it in flight, or a
-    /// request refused or queued since the last sample): only then may it grow.
+    /// (itself included); `busy` says whether the limit is in use (all of it in flight, or a
+    /// request refused or queued since the last sample): only then may it move.
     pub(crate) fn sample(&mut self, rtt_micros: u64, in_flight: u32, busy: bool) {
         if let LimitState::Adaptive(l) = self {
             l.sample(rtt_micros, in_flight, busy);
@@ -177,6 +183,8 @@ pub(crate) struct Learner {
     baseline: Option<f64>,
     /// The recent latency (µs): a moving average of the last few samples.
     recent: Option<f64>,
+    /// The latency of the last three or so samples (µs): what the baseline may fall to.
+    floor: Option<f64>,
 }
 
 impl Learner {
@@ -186,6 +194,7 @@ impl Learner {
             limit: f64::from(config.initial),
             baseline: None,
             recent: None,
+            floor: None,
         }
     }
 
@@ -201,12 +210,18 @@ impl Learner {
             Some(r) => r + (rtt - r) * RECENT_WEIGHT,
         };
         self.recent = Some(recent);
+        let floor = match self.floor {
+            None => rtt,
+            Some(f) => f + (rtt - f) * FLOOR_WEIGHT,
+        };
+        self.floor = Some(floor);
         // The baseline falls at once to a faster recent latency (the backend got faster), and
-        // follows the requests that ran alone (nothing of ours queued in front of them).
+        // follows the requests that ran with at most one other in flight (nothing of ours queued
+        // in front of them).
         let baseline = match self.baseline {
             None => rtt,
-            Some(b) if recent < b => recent,
-            Some(b) if in_flight <= 1 => b + (rtt - b) * BASELINE_ALONE_WEIGHT,
+            Some(b) if floor < b => floor,
+            Some(b) if in_flight <= LOW_LOAD => b + (rtt - b) * BASELINE_ALONE_WEIGHT,
             Some(b) => b,
         };
         self.baseline = Some(baseline);
@@ -218,18 +233,21 @@ impl Learner {
             ..
         } = self.config;
         let gradient = (tolerance * baseline / recent).clamp(MIN_GRADIENT, 1.0);
-        let target = if gradient < 1.0 {
+        let target = if !busy {
+            // Under light load nothing is learned about the limit: it stays. Latency that grows
+            // while the limit is not in use is not ours to cut.
+            self.limit
+        } else if gradient < 1.0 {
             self.limit * gradient
-        } else if busy {
+        } else {
             // Room to grow, and the limit is in use: about √limit more per limit's worth of
             // requests (a round trip of every slot).
             self.limit + self.limit.sqrt()
-        } else {
-            // Under light load nothing is learned about the limit: it stays.
-            self.limit
         };
+        // Per limit's worth of finished requests (a round trip of every slot): a cut of up to
+        // `smoothing × √limit` halves, a growth of `smoothing × √limit`.
         let step = if gradient < 1.0 {
-            smoothing
+            smoothing / self.limit.sqrt()
         } else {
             smoothing / self.limit
         };
@@ -288,10 +306,15 @@ mod tests {
     }
 
     #[test]
-    fn light_load_keeps_the_limit() {
+    fn light_load_keeps_the_limit_even_when_slow() {
         let mut l = Learner::new(Adaptive::new());
         for _ in 0..1000 {
             l.sample(50_000, 1, false);
+        }
+        assert_eq!(l.limit(), 20);
+        // Ten times slower with the limit not in use (other clients, a starved CPU): kept.
+        for _ in 0..1000 {
+            l.sample(500_000, 3, false);
         }
         assert_eq!(l.limit(), 20);
     }

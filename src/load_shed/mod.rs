@@ -38,21 +38,24 @@
 //! growing queue): each finished request is a sample of its latency, and
 //!
 //! - `recent` is a moving average of the last ten or so samples;
-//! - `baseline` is the no-load latency: it falls at once to a lower `recent` (the backend got
-//!   faster), and moves an eighth of the way to the latency of each request that ran alone (one
-//!   in flight: nothing of ours queued in front of it), so a backend that got slower is learned
-//!   as soon as the limit has come down far enough to see it;
-//! - `gradient = clamp(tolerance × baseline / recent, 0.5, 1)`. Below 1 the limit moves towards
-//!   `limit × gradient`; at 1, if at least half the limit is in use, it grows by about `√limit`
-//!   per limit's worth of finished requests (an additive increase per round trip, as TCP's);
-//!   under light load it stays where it is;
+//! - `baseline` is the no-load latency: it falls at once to a lower average of the last three
+//!   or so samples (the backend got faster; one fast outlier is not enough), and moves an
+//!   eighth of the way to the latency of each request that ran without load (at most one other
+//!   request in flight: a backend worth protecting takes two at once without queueing either),
+//!   so a backend that got slower is learned as soon as the limit has come down to 2;
+//! - `gradient = clamp(tolerance × baseline / recent, 0.5, 1)`. While the limit is in use (all
+//!   of it in flight, or a request refused or queued since the last sample), below 1 the limit
+//!   moves towards `limit × gradient`, and at 1 it grows by about `√limit` per limit's worth of
+//!   finished requests (an additive increase per round trip, as TCP's). Under light load it
+//!   stays where it is, however slow the requests: latency that grows while the limit is not in
+//!   use is not caused by our concurrency;
 //! - each step moves the limit by `smoothing` (0.2) of the way, within `min_limit..=max_limit`.
 //!
 //! Why this and not Gradient2 or Vegas as published: Gradient2 keeps its long-term latency as
 //! a moving average of all samples, and Vegas resets its minimum on a timer to the latency of
 //! the moment; under overload that lasts, both let the loaded latency become the baseline, and
 //! the limit (and with it the queue and the latency) creeps up. The baseline here only rises
-//! from requests that ran alone, so sustained overload cannot move it. The defaults: a
+//! from requests that ran without load, so sustained overload cannot move it. The defaults: a
 //! `tolerance` of 2 keeps the backend's own queue near its capacity again (latency at most
 //! about twice the no-load latency on average), enough for full goodput without the queue that
 //! makes a service slow for everyone; the additive increase per round trip and the cut of at

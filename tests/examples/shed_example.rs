@@ -102,7 +102,7 @@ async fn keeps_the_contract(capacity: u32, work_ms: u64) {
     let bin = example_binary("shed", &[]);
     let port = free_port();
     let (cap, work) = (capacity.to_string(), work_ms.to_string());
-    let _server = ExampleProcess::start(
+    let server = ExampleProcess::start(
         &bin,
         port,
         &[("CAPACITY", cap.as_str()), ("WORK_MS", work.as_str())],
@@ -125,6 +125,7 @@ async fn keeps_the_contract(capacity: u32, work_ms: u64) {
     )
     .await;
     let goodput = over.ok as f64 / measured;
+    eprintln!("{}", server.output().join("\n"));
     eprintln!(
         "CAPACITY={capacity} WORK_MS={work_ms} at 2.75x: sent {} ok {} shed {} critical {}/{} goodput {goodput:.1}/s ({:.0} % of {capacity_rps}) p99 {:?} slowest {:?}",
         over.sent,

@@ -6,6 +6,7 @@ use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 
 /// The example binary `name` next to this test's, built with `features` when stale.
 pub fn example_binary(name: &str, features: &[&str]) -> PathBuf {
@@ -43,13 +44,16 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// A running example, killed on drop.
-pub struct ExampleProcess(Child);
+/// A running example, killed on drop, with the lines it printed after its first.
+pub struct ExampleProcess {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
 
 impl Drop for ExampleProcess {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -72,13 +76,21 @@ impl ExampleProcess {
         let mut line = String::new();
         reader.read_line(&mut line).unwrap();
         assert_eq!(line.trim(), format!("listening on http://127.0.0.1:{port}"));
-        // Keep draining its output: a closed pipe would kill it at its next line.
+        // Keep reading its output: a closed pipe would kill it at its next line.
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let kept = Arc::clone(&lines);
         std::thread::spawn(move || {
-            let mut sink = String::new();
-            while reader.read_line(&mut sink).is_ok_and(|n| n > 0) {
-                sink.clear();
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
+                kept.lock().unwrap().push(line.trim_end().to_owned());
+                line.clear();
             }
         });
-        Self(child)
+        Self { child, lines }
+    }
+
+    /// The lines it printed after `listening on ..`, so far.
+    pub fn output(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
     }
 }

@@ -8,7 +8,9 @@
 //! lets latency double: about 2x), goodput is at least 90 % of the capacity and
 //! the p99 latency of the 200s at most 5x `work`; from an initial limit of 1 and of 200 alike;
 //! after the backend gets 5x faster (50 to 10 ms), a baseline of at most 20 ms, a p99 of at most
-//! 50 ms and goodput at least 85 % of the new capacity within 10 s;
+//! 50 ms and goodput at least 85 % of the new capacity within 10 s; after it gets 4x slower for
+//! good (50 to 200 ms), goodput at least 85 % of the new capacity and p99 at most 1 s (5x) from
+//! 20 s later;
 //! with 20 % critical traffic at 3x, at least 99 % of the critical requests answered 200;
 //! at a quarter of the capacity nothing is shed; dropped futures and bodies give every slot
 //! back; a rate limit stacked outside refuses with `429` before a slot is taken.
@@ -219,6 +221,41 @@ async fn the_limit_recovers_after_the_backend_speeds_up() {
         "{:?}",
         stats.p99()
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_limit_recovers_after_the_backend_slows_down() {
+    let layer = builder().build().unwrap();
+    let work_us = work(WORK);
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(backend(CAPACITY, work_us.clone()));
+    // Fast for 5 s, then 4x slower for good (200 ms: 20/s of capacity), offered 60/s.
+    let slow_down = {
+        let work_us = work_us.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            work_us.store(200_000, Ordering::Relaxed);
+        })
+    };
+    let stats = drive(
+        &svc,
+        60.0,
+        0,
+        Duration::from_secs(40),
+        Duration::from_secs(25),
+    )
+    .await;
+    slow_down.await.unwrap();
+    let goodput = stats.ok as f64 / 15.0;
+    eprintln!(
+        "after the slow-down: limit {} baseline {:?} goodput {goodput:.1}/s p99 {:?}",
+        layer.limit(),
+        layer.baseline(),
+        stats.p99()
+    );
+    assert!(goodput >= 0.85 * 20.0, "goodput {goodput}");
+    assert!(stats.p99() <= Duration::from_secs(1), "{:?}", stats.p99());
 }
 
 #[tokio::test(start_paused = true)]
