@@ -31,13 +31,13 @@ impl Default for Adaptive {
 }
 
 impl Adaptive {
-    /// The defaults: initial limit 20, between 1 and 1000, tolerance 2.0, smoothing 0.2.
+    /// The defaults: initial limit 20, between 1 and 1000, tolerance 1.5, smoothing 0.2.
     pub const fn new() -> Self {
         Self {
             initial: 20,
             min: 1,
             max: 1000,
-            tolerance: 2.0,
+            tolerance: 1.5,
             smoothing: 0.2,
         }
     }
@@ -64,7 +64,7 @@ impl Adaptive {
     }
 
     /// How many times the no-load latency the recent latency may reach before the limit comes
-    /// down (default 2.0, from 1.1 to 10): the queue the backend is allowed to keep.
+    /// down (default 1.5, from 1.1 to 10): the queue the backend is allowed to keep.
     #[must_use]
     pub const fn tolerance(mut self, tolerance: f64) -> Self {
         self.tolerance = tolerance;
@@ -108,7 +108,7 @@ impl Adaptive {
             return Err(ConfigError::new(
                 "adaptive.tolerance",
                 format!(
-                    "a tolerance of {} is out of range: use 1.1 to 10 (2.0 lets latency double over its no-load value)",
+                    "a tolerance of {} is out of range: use 1.1 to 10 (1.5 lets latency grow by half over its no-load value)",
                     self.tolerance
                 ),
             ));

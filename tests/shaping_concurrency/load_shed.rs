@@ -5,7 +5,7 @@
 //!
 //! Bounds asserted (paused time, so exact up to the model): under 3x overload the learned limit
 //! ends between the capacity and 3x the capacity (the default tolerance
-//! lets latency double: about 2x), goodput is at least 90 % of the capacity and
+//! of 1.5 lets latency grow by half: about 1.5x), goodput is at least 90 % of the capacity and
 //! the p99 latency of the 200s at most 5x `work`; from an initial limit of 1 and of 200 alike;
 //! after the backend gets 5x faster (50 to 10 ms), a baseline of at most 20 ms, a p99 of at most
 //! 50 ms and goodput at least 85 % of the new capacity within 10 s; after it gets 4x slower for
