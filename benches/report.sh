@@ -1,7 +1,8 @@
 #!/bin/sh
 # Regenerates BENCHMARKS.md and docs/benchmarks/*.svg: runs every bench (each writes its section
 # to target/bench-report/<name>.json), then the generator (examples/bench_report), which only
-# copies what those files say. A bench that fails or is absent is listed as "not run".
+# copies what those files say. A bench that fails or is absent is listed as "not run", unless
+# BENCHMARKS.md already holds its section: that section is kept as it was.
 #
 #   benches/report.sh               # every bench, from a clean results directory
 #   benches/report.sh http redis    # only these benches; the others' results are kept
@@ -11,13 +12,13 @@ set -u
 cd "$(dirname "$0")/.." || exit 1
 results="${CARGO_TARGET_DIR:-target}/bench-report"
 if [ "$#" -eq 0 ]; then
-    set -- memory service http shed redis hybrid
+    set -- memory service http shed redis failover hybrid
     rm -f "$results"/*.json
 fi
 failed=""
 for bench in "$@"; do
     case "$bench" in
-        redis | hybrid) features="--features redis" ;;
+        redis | failover | hybrid) features="--features redis" ;;
         *) features="" ;;
     esac
     if [ ! -f "benches/$bench.rs" ]; then

@@ -16,6 +16,9 @@
 //!
 //! - `REDIS_URL` (default `redis://127.0.0.1:6379`): where the state lives; credentials go in it
 //!   (`redis://user:password@host:6379`), and `rediss://` needs the `redis-tls` feature.
+//! - `REDIS_SENTINELS` (comma-separated `host:port`, e.g. `10.0.0.1:26379,10.0.0.2:26379`) and
+//!   `REDIS_MASTER` (default `mymaster`): instead of `REDIS_URL`, the primary the Sentinels
+//!   monitor under that master name, followed through failovers.
 //! - `FAIL_MODE=open|closed|local` (default `closed`): what happens when Redis is unreachable —
 //!   let requests through (logged and counted), refuse them with `503` and `Retry-After`, or
 //!   decide with a local in-memory limiter holding half the quota.
@@ -39,7 +42,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let redis_url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     let (mode, policy) = failure_policy()?;
 
-    let backend = RedisBackend::new(redis_url.clone());
+    let sentinels = std::env::var("REDIS_SENTINELS").ok();
+    let master = std::env::var("REDIS_MASTER").unwrap_or_else(|_| "mymaster".into());
+    let backend = match &sentinels {
+        Some(list) => RedisBackend::sentinel(list.split(',').map(str::trim), master.clone()),
+        None => RedisBackend::new(redis_url.clone()),
+    };
     let stats = backend.stats();
     let rate_limit = RateLimitLayer::builder()
         .limit(
@@ -59,9 +67,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let addr = listener.local_addr()?;
     println!("listening on http://{addr}");
     // The URL may hold a password: print where it points, not who connects.
-    let host = redis_url
-        .rsplit_once('@')
-        .map_or(redis_url.as_str(), |(_, host)| host);
+    let host = match &sentinels {
+        Some(list) => format!("the primary of {master:?} (sentinels {list})"),
+        None => redis_url
+            .rsplit_once('@')
+            .map_or(redis_url.as_str(), |(_, host)| host)
+            .to_owned(),
+    };
     println!("state in Redis at {host}; when Redis is unreachable: FAIL_MODE={mode}");
     println!(
         "try: for i in $(seq 6); do curl -si http://{addr}/ | grep -iE '^(HTTP|x-ratelimit|retry-after)'; done"

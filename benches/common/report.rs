@@ -1,6 +1,6 @@
 //! One bench section's results, written as JSON for the report generator (BENCHMARKS.md).
 //!
-//! Each bench (`memory`, `service`, `http`, `redis`, `hybrid`) builds a [`Section`] from the
+//! Each bench (`memory`, `service`, `http`, `redis`, `failover`, `hybrid`) builds a [`Section`] from the
 //! figures it measured in its run and calls [`Section::write`], which puts it at
 //! `target/bench-report/<name>.json` (under `CARGO_TARGET_DIR` when set). The report generator
 //! reads every section there and writes BENCHMARKS.md and its SVG plots, so a table or plot is
@@ -132,6 +132,7 @@ pub struct Section {
     plots: Vec<Plot>,
     ratios: Vec<Ratio>,
     notes: Vec<String>,
+    parent: Option<String>,
 }
 
 impl Section {
@@ -147,7 +148,14 @@ impl Section {
             plots: Vec::new(),
             ratios: Vec::new(),
             notes: Vec::new(),
+            parent: None,
         }
+    }
+
+    /// Makes this section a subsection of section `parent` (its name) in BENCHMARKS.md.
+    pub fn parent(&mut self, parent: &str) -> &mut Self {
+        self.parent = Some(parent.to_string());
+        self
     }
 
     /// Adds a table.
@@ -206,6 +214,7 @@ impl Section {
             "plots": self.plots.iter().map(Plot::to_json).collect::<Vec<_>>(),
             "ratios": ratios,
             "notes": self.notes,
+            "parent": self.parent,
             "machine": machine(),
         });
         let dir = Self::dir();

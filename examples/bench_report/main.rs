@@ -1,6 +1,7 @@
 //! Writes BENCHMARKS.md and its plots (docs/benchmarks/*.svg) from the results the benches left
 //! in `target/bench-report/*.json` (see benches/common/report.rs). It copies figures, it never
-//! measures: run the benches first, or everything at once with `benches/report.sh`.
+//! measures: run the benches first, or everything at once with `benches/report.sh`. A section
+//! without results there that BENCHMARKS.md already holds is kept as it was.
 //!
 //! ```text
 //! cargo run --example bench_report
@@ -73,7 +74,10 @@ fn main() {
             }
         }
     }
-    let doc = markdown::document(&sections, PLOT_DIR);
+    let previous = std::fs::read_to_string(root.join("BENCHMARKS.md"))
+        .map(|doc| markdown::Previous::parse(&doc))
+        .unwrap_or_default();
+    let doc = markdown::document(&sections, PLOT_DIR, &previous);
     std::fs::write(root.join("BENCHMARKS.md"), doc).expect("write BENCHMARKS.md");
     let names: Vec<&str> = sections.iter().map(|s| s.name.as_str()).collect();
     println!(

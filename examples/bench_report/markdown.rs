@@ -1,21 +1,75 @@
 //! BENCHMARKS.md from the sections: each section's method, tables, plots, notes, machine and
 //! command, and a summary of the worst ratio of every comparison against its target. Every
 //! figure is copied from a section; nothing here measures or computes a figure beyond picking
-//! the worst of the ratios a section recorded.
+//! the worst of the ratios a section recorded. A section with a parent is a subsection of it; an
+//! expected section without results that the previous BENCHMARKS.md holds is kept as it was there
+//! (its text and its summary rows), so rerunning one bench never blanks the others.
 
 use std::fmt::Write;
 
 use super::model::{Ratio, Section, Table};
 
 /// The sections a full run writes, in report order, and the command that runs each.
-pub const EXPECTED: [(&str, &str); 6] = [
+pub const EXPECTED: [(&str, &str); 7] = [
     ("memory", "cargo bench --bench memory"),
     ("layer", "cargo bench --bench service"),
     ("http", "cargo bench --bench http"),
     ("shed", "cargo bench --bench shed"),
     ("redis", "cargo bench --features redis --bench redis"),
+    ("failover", "cargo bench --features redis --bench failover"),
     ("hybrid", "cargo bench --features redis --bench hybrid"),
 ];
+
+/// The anchor that starts each section in the document.
+const ANCHOR: &str = "\n<a id=\"";
+
+/// What a previous BENCHMARKS.md held per section: its text (from its anchor to the next one)
+/// and its rows of the summary table.
+#[derive(Debug, Default)]
+pub struct Previous {
+    blocks: Vec<(String, String)>,
+    summary: Vec<(String, String)>,
+}
+
+impl Previous {
+    /// Splits a document this generator wrote into its sections.
+    pub fn parse(doc: &str) -> Self {
+        let mut previous = Self::default();
+        let starts: Vec<usize> = doc.match_indices(ANCHOR).map(|(i, _)| i + 1).collect();
+        for (k, &start) in starts.iter().enumerate() {
+            let end = starts.get(k + 1).map_or(doc.len(), |&next| next - 1);
+            let block = &doc[start..end];
+            if let Some(name) = block["<a id=\"".len()..].split('"').next() {
+                previous.blocks.push((name.to_owned(), block.to_owned()));
+            }
+        }
+        let head = starts.first().map_or(doc, |&s| &doc[..s]);
+        for line in head.lines().filter(|l| l.starts_with("| [")) {
+            if let Some(name) = line
+                .split_once("](#")
+                .and_then(|(_, rest)| rest.split_once(')'))
+                .map(|(name, _)| name)
+            {
+                previous.summary.push((name.to_owned(), line.to_owned()));
+            }
+        }
+        previous
+    }
+
+    fn block(&self, name: &str) -> Option<&str> {
+        self.blocks
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, b)| b.as_str())
+    }
+
+    fn summary_rows(&self, name: &str) -> impl Iterator<Item = &str> {
+        self.summary
+            .iter()
+            .filter(move |(n, _)| n == name)
+            .map(|(_, r)| r.as_str())
+    }
+}
 
 /// The command that regenerates the whole report.
 pub const COMMAND: &str = "benches/report.sh";
@@ -25,23 +79,24 @@ fn cell(s: &str) -> String {
     s.replace('|', "\\|").replace(['\r', '\n'], " ")
 }
 
+/// One line of a markdown table.
+fn line(cells: impl Iterator<Item = String>) -> String {
+    let mut out = String::from("|");
+    for c in cells {
+        let _ = write!(out, " {c} |");
+    }
+    out.push('\n');
+    out
+}
+
 /// A markdown table (heading row, separator, rows). Short rows are padded with empty cells.
 pub fn table(columns: &[String], rows: &[Vec<String>]) -> String {
-    let mut out = String::new();
-    let line = |out: &mut String, cells: &mut dyn Iterator<Item = String>| {
-        out.push('|');
-        for c in cells {
-            let _ = write!(out, " {c} |");
-        }
-        out.push('\n');
-    };
-    line(&mut out, &mut columns.iter().map(|c| cell(c)));
-    line(&mut out, &mut columns.iter().map(|_| "---".to_owned()));
+    let mut out = line(columns.iter().map(|c| cell(c)));
+    out.push_str(&line(columns.iter().map(|_| "---".to_owned())));
     for row in rows {
-        line(
-            &mut out,
-            &mut (0..columns.len()).map(|i| row.get(i).map_or(String::new(), |c| cell(c))),
-        );
+        out.push_str(&line(
+            (0..columns.len()).map(|i| row.get(i).map_or(String::new(), |c| cell(c))),
+        ));
     }
     out
 }
@@ -105,8 +160,74 @@ fn section_table(t: &Table) -> String {
     out
 }
 
-/// The whole document. `plot_dir` is where the SVGs are, relative to BENCHMARKS.md.
-pub fn document(sections: &[Section], plot_dir: &str) -> String {
+/// One section as markdown: `##` headings, or `###` for a subsection.
+fn render(s: &Section, plot_dir: &str) -> String {
+    let mut out = String::new();
+    let (h, sub) = if s.parent.is_some() {
+        ("###", "####")
+    } else {
+        ("##", "###")
+    };
+    let _ = write!(out, "\n<a id=\"{}\"></a>\n{h} {}\n\n", s.name, s.title);
+    let _ = writeln!(out, "- Command: `{}`", s.command);
+    let _ = writeln!(out, "- Machine: {}\n", s.machine);
+    let _ = write!(out, "{sub} Method\n\n");
+    out.push_str(s.method.trim_end());
+    let _ = write!(out, "\n\n{sub} Results\n\n");
+    for t in &s.tables {
+        out.push_str(&section_table(t));
+        out.push('\n');
+    }
+    for p in &s.plots {
+        let _ = writeln!(out, "![{}]({plot_dir}/{})\n", p.title, p.file);
+    }
+    if !s.ratios.is_empty() {
+        let rows: Vec<Vec<String>> = s
+            .ratios
+            .iter()
+            .map(|r| {
+                vec![
+                    r.what.clone(),
+                    r.case.clone(),
+                    format!("{:.2}", r.ratio),
+                    format!("{:.2}", r.target),
+                    if met(r) { "met" } else { "**not met**" }.to_owned(),
+                ]
+            })
+            .collect();
+        let columns = ["Comparison", "Case", "Ratio", "Target", ""].map(String::from);
+        out.push_str("**Ratios**\n\n");
+        out.push_str(&table(&columns, &rows));
+        out.push('\n');
+    }
+    for n in &s.notes {
+        let _ = writeln!(out, "- {}", n.trim_end());
+    }
+    out
+}
+
+/// What the document shows for one section name.
+enum Part<'a> {
+    Measured(&'a Section),
+    Kept(&'a str),
+}
+
+/// The whole document. `plot_dir` is where the SVGs are, relative to BENCHMARKS.md; `previous`
+/// is what BENCHMARKS.md held before, whose sections without results here are kept.
+pub fn document(sections: &[Section], plot_dir: &str, previous: &Previous) -> String {
+    let mut parts: Vec<(&str, Part)> = Vec::new();
+    for (name, _) in EXPECTED {
+        if let Some(s) = sections.iter().find(|s| s.name == name) {
+            parts.push((name, Part::Measured(s)));
+        } else if let Some(block) = previous.block(name) {
+            parts.push((name, Part::Kept(block)));
+        }
+    }
+    for s in sections {
+        if !EXPECTED.iter().any(|(n, _)| *n == s.name) {
+            parts.push((&s.name, Part::Measured(s)));
+        }
+    }
     let mut out = String::new();
     out.push_str("# Benchmarks\n\n");
     let _ = writeln!(
@@ -126,7 +247,17 @@ pub fn document(sections: &[Section], plot_dir: &str) -> String {
          throughput / the peer's). Each row is the worst case the section measured (the smallest \
          ratio against its target) out of the cases counted in the last column.\n\n",
     );
-    let rows = summary_rows(sections);
+    let mut rows: Vec<String> = Vec::new();
+    for (name, part) in &parts {
+        match part {
+            Part::Measured(s) => rows.extend(
+                summary_rows(std::slice::from_ref(*s))
+                    .iter()
+                    .map(|r| line(r.iter().map(|c| cell(c)))),
+            ),
+            Part::Kept(_) => rows.extend(previous.summary_rows(name).map(|r| format!("{r}\n"))),
+        }
+    }
     if rows.is_empty() {
         out.push_str("No section recorded a ratio.\n");
     } else {
@@ -140,11 +271,12 @@ pub fn document(sections: &[Section], plot_dir: &str) -> String {
             "Cases",
         ]
         .map(String::from);
-        out.push_str(&table(&columns, &rows));
+        out.push_str(&table(&columns, &[]));
+        out.extend(rows);
     }
     let missing: Vec<&(&str, &str)> = EXPECTED
         .iter()
-        .filter(|(name, _)| !sections.iter().any(|s| s.name == *name))
+        .filter(|(name, _)| !parts.iter().any(|(n, _)| n == name))
         .collect();
     if !missing.is_empty() {
         out.push_str("\n**Not run** (no results in this report):\n\n");
@@ -152,41 +284,25 @@ pub fn document(sections: &[Section], plot_dir: &str) -> String {
             let _ = writeln!(out, "- `{name}`: `{command}`");
         }
     }
-    for s in sections {
-        let _ = write!(out, "\n<a id=\"{}\"></a>\n## {}\n\n", s.name, s.title);
-        let _ = writeln!(out, "- Command: `{}`", s.command);
-        let _ = writeln!(out, "- Machine: {}\n", s.machine);
-        out.push_str("### Method\n\n");
-        out.push_str(s.method.trim_end());
-        out.push_str("\n\n### Results\n\n");
-        for t in &s.tables {
-            out.push_str(&section_table(t));
-            out.push('\n');
-        }
-        for p in &s.plots {
-            let _ = writeln!(out, "![{}]({plot_dir}/{})\n", p.title, p.file);
-        }
-        if !s.ratios.is_empty() {
-            let rows: Vec<Vec<String>> = s
-                .ratios
-                .iter()
-                .map(|r| {
-                    vec![
-                        r.what.clone(),
-                        r.case.clone(),
-                        format!("{:.2}", r.ratio),
-                        format!("{:.2}", r.target),
-                        if met(r) { "met" } else { "**not met**" }.to_owned(),
-                    ]
-                })
-                .collect();
-            let columns = ["Comparison", "Case", "Ratio", "Target", ""].map(String::from);
-            out.push_str("**Ratios**\n\n");
-            out.push_str(&table(&columns, &rows));
-            out.push('\n');
-        }
-        for n in &s.notes {
-            let _ = writeln!(out, "- {}", n.trim_end());
+    let kept: Vec<String> = parts
+        .iter()
+        .filter(|(_, p)| matches!(p, Part::Kept(_)))
+        .map(|(n, _)| format!("`{n}`"))
+        .collect();
+    if !kept.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n**Kept from the previous report** (not rerun for this one): {}.",
+            kept.join(", ")
+        );
+    }
+    for (_, part) in &parts {
+        match part {
+            Part::Measured(s) => out.push_str(&render(s, plot_dir)),
+            Part::Kept(block) => {
+                out.push('\n');
+                out.push_str(block);
+            }
         }
     }
     out
@@ -220,6 +336,7 @@ mod tests {
             ratios,
             notes: vec!["a note".into()],
             machine: "test CPU, 2 cores".into(),
+            parent: None,
         }
     }
 
@@ -285,6 +402,7 @@ mod tests {
         let doc = document(
             &[section("http", vec![ratio("r", "c", 1.0, 0.97)])],
             "docs/benchmarks",
+            &Previous::default(),
         );
         assert!(doc.contains("```sh\nbenches/report.sh\n```"));
         assert!(doc.contains("- `memory`: `cargo bench --bench memory`"));
@@ -297,14 +415,58 @@ mod tests {
     }
 
     #[test]
+    fn a_section_with_a_parent_is_a_subsection_after_it() {
+        let mut failover = section("failover", vec![]);
+        failover.parent = Some("redis".into());
+        let doc = document(
+            &[
+                failover,
+                section("redis", vec![]),
+                section("hybrid", vec![]),
+            ],
+            "docs/benchmarks",
+            &Previous::default(),
+        );
+        let at = |s: &str| doc.find(s).unwrap_or_else(|| panic!("{s} missing"));
+        assert!(at("## The redis bench") < at("### The failover bench"));
+        assert!(at("### The failover bench") < at("#### Method"));
+        assert!(at("#### Results") < at("## The hybrid bench"));
+        assert!(!doc.contains("- `failover`: "), "failover ran");
+    }
+
+    #[test]
+    fn rerunning_one_bench_keeps_the_others_sections_as_they_were() {
+        let dir = "docs/benchmarks";
+        let memory = section("memory", vec![ratio("m", "c", 2.0, 1.0)]);
+        let http = section("http", vec![ratio("h", "c", 1.0, 0.97)]);
+        let full = document(&[memory, http.clone()], dir, &Previous::default());
+        let rerun = document(&[http], dir, &Previous::parse(&full));
+        let kept = "\n**Kept from the previous report** (not rerun for this one): `memory`.\n";
+        assert!(rerun.contains(kept), "{rerun}");
+        assert_eq!(
+            rerun.replace(kept, ""),
+            full,
+            "the memory section and its summary row kept"
+        );
+        assert!(!rerun.contains("- `memory`: "), "kept, not missing");
+        // With results for a section, the previous text of it is not used.
+        let mut newer = section("memory", vec![ratio("m", "c", 3.0, 1.0)]);
+        newer.machine = "newer CPU".into();
+        let doc = document(&[newer], dir, &Previous::parse(&full));
+        assert!(doc.contains("newer CPU") && !doc.contains("| m | c | 2.00 |"));
+        assert!(doc.contains("Kept from the previous report** (not rerun for this one): `http`."));
+    }
+
+    #[test]
     fn sections_round_trip_through_the_benches_json() {
         let json = r#"{"name":"redis","title":"Redis","command":"cargo bench","method":"m",
             "tables":[{"title":"t","columns":["a"],"rows":[["1"]]}],
             "plots":[{"file":"redis.svg","title":"p","x_label":"x","y_label":"y","log_x":true,
                       "series":[{"name":"s","points":[[1.0,2.0],[64.0,3.5]]}]}],
             "ratios":[{"what":"w","case":"c","ratio":null,"target":1.0}],
-            "notes":["n"],"machine":"m1"}"#;
+            "notes":["n"],"machine":"m1","parent":"redis"}"#;
         let s = Section::parse(json).unwrap();
+        assert_eq!(s.parent.as_deref(), Some("redis"));
         assert_eq!(s.plots[0].series[0].1, [(1.0, 2.0), (64.0, 3.5)]);
         assert!(s.plots[0].log_x);
         assert!(

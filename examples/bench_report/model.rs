@@ -42,6 +42,8 @@ pub struct Section {
     pub ratios: Vec<Ratio>,
     pub notes: Vec<String>,
     pub machine: String,
+    /// The section this one is a subsection of (its name), if any.
+    pub parent: Option<String>,
 }
 
 fn text(v: &Value, field: &str) -> Result<String, String> {
@@ -155,6 +157,7 @@ impl Section {
             ratios,
             notes,
             machine: text(&v, "machine").unwrap_or_else(|_| "not recorded".to_owned()),
+            parent: v.get("parent").and_then(Value::as_str).map(str::to_owned),
         })
     }
 }

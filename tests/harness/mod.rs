@@ -4,6 +4,9 @@
 //! - `redis_server`: real `redis-server` processes on free loopback ports (`RedisServer`), to
 //!   kill, pause and restart.
 //! - `redis_cluster`: a 3-master Redis Cluster of them (`RedisCluster`).
+//! - `cluster_failover`: a Cluster master SIGKILLed under load, measured (`Load`, `per_window`,
+//!   `kill_a_master_under_load`).
+//! - `redis_sentinel`: a primary, replicas and three Sentinels of them (`RedisSentinel`).
 //! - `stores`: building memory, node and cluster stores for a test, and deciding through the
 //!   `Store` trait (`decide`, `one`, `spec`, `prefix`).
 //! - `rng`: a deterministic pseudo-random stream (`Rng`).
@@ -14,12 +17,16 @@
 //!   (resident memory, process-wide counters) that other tests running alongside would move.
 #![allow(dead_code)]
 
+#[cfg(feature = "redis")]
+pub mod cluster_failover;
 pub mod example_process;
 pub mod http_server;
 pub mod isolated;
 pub mod latency;
 #[cfg(feature = "redis")]
 pub mod redis_cluster;
+#[cfg(feature = "redis")]
+pub mod redis_sentinel;
 #[cfg(feature = "redis")]
 pub mod redis_server;
 pub mod rng;

@@ -59,6 +59,9 @@ pub struct RedisServer {
     port: u16,
     dir: PathBuf,
     extra: Vec<String>,
+    /// A configuration file's text, written to the server's directory and read first (a
+    /// Sentinel needs one it can rewrite).
+    config: Option<String>,
     watchdog: Option<Child>,
     pid: u32,
 }
@@ -73,6 +76,12 @@ impl RedisServer {
     /// A port can still be taken between the check and the bind (by another process choosing
     /// ports itself): the server then fails to start, and the next free port is tried.
     pub fn start_with(extra: &[&str]) -> Self {
+        Self::start_configured(None, extra)
+    }
+
+    /// Starts a server that reads `config` (a configuration file's text) before `extra`, e.g. a
+    /// Sentinel (`extra` = `["--sentinel"]`).
+    pub fn start_configured(config: Option<&str>, extra: &[&str]) -> Self {
         require("redis-server");
         let mut attempt = 0;
         loop {
@@ -86,6 +95,7 @@ impl RedisServer {
                 port,
                 dir,
                 extra: extra.iter().map(|s| s.to_string()).collect(),
+                config: config.map(str::to_owned),
                 watchdog: None,
                 pid: 0,
             };
@@ -110,7 +120,13 @@ impl RedisServer {
     fn try_spawn(&mut self) -> Result<(), String> {
         let pidfile = self.dir.join("redis.pid");
         let _ = std::fs::remove_file(&pidfile);
-        let mut args = vec![
+        let mut args = Vec::new();
+        if let Some(config) = &self.config {
+            let path = self.dir.join("server.conf");
+            std::fs::write(&path, config).map_err(|e| format!("write {path:?}: {e}"))?;
+            args.push(path.display().to_string());
+        }
+        args.extend([
             "--port".to_string(),
             self.port.to_string(),
             "--bind".into(),
@@ -128,7 +144,7 @@ impl RedisServer {
             // DEBUG SLEEP simulates a slow server in the fault tests.
             "--enable-debug-command".into(),
             "yes".into(),
-        ];
+        ]);
         args.extend(self.extra.iter().cloned());
         let quoted: Vec<String> = args
             .iter()

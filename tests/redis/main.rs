@@ -12,4 +12,5 @@ mod redis_expiry;
 mod redis_failures;
 mod redis_keys;
 mod redis_secure;
+mod redis_sentinel;
 mod store_metrics;

@@ -81,10 +81,10 @@ async fn three_of_five_each(store: &RedisStore, limits: usize) {
 
 /// Captures the tracing output of the current thread (a current-thread runtime's tasks too).
 #[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
+pub(crate) struct Logs(Arc<Mutex<Vec<u8>>>);
 
 impl Logs {
-    fn install(&self) -> tracing::subscriber::DefaultGuard {
+    pub(crate) fn install(&self) -> tracing::subscriber::DefaultGuard {
         let logs = self.clone();
         let subscriber = tracing_subscriber::fmt()
             .with_max_level(tracing::Level::TRACE)
@@ -94,7 +94,7 @@ impl Logs {
         tracing::subscriber::set_default(subscriber)
     }
 
-    fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
     }
 }
@@ -377,8 +377,8 @@ async fn renamed_or_forbidden_admin_commands_leave_decisions_working_with_a_warn
 /// TLS: a CA, a server and a client certificate made with `openssl`, and a server with a TLS
 /// port (its plain port is only the harness's readiness check).
 #[cfg(feature = "redis-tls")]
-mod tls {
-    use std::path::Path;
+pub(crate) mod tls {
+    use std::path::{Path, PathBuf};
     use std::process::Command;
 
     use super::*;
@@ -472,32 +472,67 @@ mod tls {
         }
     }
 
+    /// A CA, a server and a client certificate ([`make_certificates`]) in a temporary directory
+    /// of their own, removed on drop.
+    pub(crate) struct TestCertificates {
+        dir: PathBuf,
+    }
+
+    impl TestCertificates {
+        /// The certificates for `test`, or `None` (saying why on stderr) where TLS cannot be
+        /// tested.
+        pub(crate) fn make(test: &str) -> Option<Self> {
+            if let Some(reason) = unsupported() {
+                eprintln!("skipping {test}: {reason}");
+                return None;
+            }
+            let dir = std::env::temp_dir().join(format!(
+                "tollgate-{test}-{}-{}",
+                std::process::id(),
+                free_port()
+            ));
+            std::fs::create_dir_all(&dir).unwrap();
+            make_certificates(&dir);
+            Some(Self { dir })
+        }
+
+        /// The contents of `name` (`ca.crt`, `client.crt`, `client.key`, ...).
+        pub(crate) fn read(&self, name: &str) -> Vec<u8> {
+            std::fs::read(self.dir.join(name)).unwrap()
+        }
+
+        /// `redis-server` arguments serving TLS on `port` with the server certificate, trusting
+        /// the CA for client certificates.
+        pub(crate) fn server_args(&self, port: &str) -> Vec<String> {
+            let file = |name: &str| self.dir.join(name).display().to_string();
+            vec![
+                "--tls-port".into(),
+                port.into(),
+                "--tls-cert-file".into(),
+                file("server.crt"),
+                "--tls-key-file".into(),
+                file("server.key"),
+                "--tls-ca-cert-file".into(),
+                file("ca.crt"),
+            ]
+        }
+    }
+
+    impl Drop for TestCertificates {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
     #[tokio::test]
     async fn rediss_urls_decide_over_tls_and_check_the_servers_certificate() {
-        if let Some(reason) = unsupported() {
-            eprintln!("skipping the TLS test: {reason}");
+        let Some(certs) = TestCertificates::make("tls") else {
             return;
-        }
-        let dir = std::env::temp_dir().join(format!(
-            "tollgate-tls-{}-{}",
-            std::process::id(),
-            free_port()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        make_certificates(&dir);
-        let file = |name: &str| dir.join(name).display().to_string();
-        let read = |name: &str| std::fs::read(dir.join(name)).unwrap();
+        };
+        let read = |name: &str| certs.read(name);
         let tls_port = free_port().to_string();
-        let server = RedisServer::start_with(&[
-            "--tls-port",
-            &tls_port,
-            "--tls-cert-file",
-            &file("server.crt"),
-            "--tls-key-file",
-            &file("server.key"),
-            "--tls-ca-cert-file",
-            &file("ca.crt"),
-        ]);
+        let args = certs.server_args(&tls_port);
+        let server = RedisServer::start_with(&args.iter().map(String::as_str).collect::<Vec<_>>());
         let mut conn = server.conn();
         admin(&mut conn, &documented_acl_line());
         let logs = Logs::default();
@@ -529,7 +564,6 @@ mod tls {
             "the log names the certificate error:\n{text}"
         );
         assert!(!text.contains(PASSWORD));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

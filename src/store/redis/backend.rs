@@ -39,7 +39,7 @@ use crate::store::{Backend, FailurePolicy, LimitSpec, MAX_LIMITS};
 /// ```
 #[must_use]
 pub struct RedisBackend {
-    target: TargetSpec,
+    pub(super) target: TargetSpec,
     prefix: String,
     hash_secret: Vec<u8>,
     readable_keys: bool,
@@ -54,15 +54,16 @@ pub struct RedisBackend {
     local: Option<LocalBuilder>,
     stats: RedisStats,
     credentials: Option<Credentials>,
+    pub(super) sentinel_credentials: Option<Credentials>,
     #[cfg(feature = "redis-tls")]
     tls: TlsFiles,
 }
 
 /// A username and password for Redis `AUTH`; never printed.
 #[derive(Clone)]
-struct Credentials {
-    username: String,
-    password: String,
+pub(super) struct Credentials {
+    pub(super) username: String,
+    pub(super) password: String,
 }
 
 /// PEM certificates for `rediss://` connections; printed only as whether each is set.
@@ -77,9 +78,11 @@ pub(super) type LocalBuilder =
     Box<dyn FnOnce(&[LimitSpec]) -> Result<Box<dyn LocalStore>, ConfigError> + Send>;
 
 #[derive(Clone)]
-enum TargetSpec {
+pub(super) enum TargetSpec {
     Node(String),
     Cluster(Vec<String>),
+    /// Sentinels (`host:port` or URLs) and the master name they monitor the primary as.
+    Sentinel(Vec<String>, String),
 }
 
 /// URLs with their credentials replaced by `***`.
@@ -90,6 +93,11 @@ impl fmt::Debug for TargetSpec {
             TargetSpec::Cluster(nodes) => f
                 .debug_tuple("Cluster")
                 .field(&nodes.iter().map(|n| redact_url(n)).collect::<Vec<_>>())
+                .finish(),
+            TargetSpec::Sentinel(sentinels, master) => f
+                .debug_tuple("Sentinel")
+                .field(&sentinels.iter().map(|n| redact_url(n)).collect::<Vec<_>>())
+                .field(master)
                 .finish(),
         }
     }
@@ -114,6 +122,9 @@ impl fmt::Debug for RedisBackend {
             "credentials",
             &self.credentials.as_ref().map(|_| "<redacted>"),
         );
+        if self.sentinel_credentials.is_some() {
+            d.field("sentinel_credentials", &"<redacted>");
+        }
         #[cfg(feature = "redis-tls")]
         d.field("tls_root_certificate", &self.tls.root.is_some())
             .field("tls_client_certificate", &self.tls.client.is_some());
@@ -147,7 +158,7 @@ impl RedisBackend {
         ))
     }
 
-    fn with_target(target: TargetSpec) -> Self {
+    pub(super) fn with_target(target: TargetSpec) -> Self {
         Self {
             target,
             prefix: "tollgate".to_owned(),
@@ -164,6 +175,7 @@ impl RedisBackend {
             local: None,
             stats: RedisStats::default(),
             credentials: None,
+            sentinel_credentials: None,
             #[cfg(feature = "redis-tls")]
             tls: TlsFiles::default(),
         }
@@ -504,15 +516,29 @@ impl RedisBackend {
                     .clone();
                 Ok((Target::Cluster(Box::new(client), Box::new(seed)), true))
             }
+            TargetSpec::Sentinel(sentinels, master) => Ok((
+                Target::Sentinel(Box::new(self.sentinel_target(sentinels, master)?)),
+                false,
+            )),
         }
     }
 
     /// `url` parsed, with the builder's credentials; errors name `field` and never print the
     /// URL's credentials.
-    fn connection_info(
+    pub(super) fn connection_info(
         &self,
         field: &'static str,
         url: &str,
+    ) -> Result<redis::ConnectionInfo, ConfigError> {
+        self.connection_info_as(field, url, self.credentials.as_ref())
+    }
+
+    /// [`connection_info`](Self::connection_info) authenticated with `credentials`.
+    pub(super) fn connection_info_as(
+        &self,
+        field: &'static str,
+        url: &str,
+        credentials: Option<&Credentials>,
     ) -> Result<redis::ConnectionInfo, ConfigError> {
         if !cfg!(feature = "redis-tls") && url.starts_with("rediss://") {
             return Err(ConfigError::new(
@@ -541,7 +567,7 @@ impl RedisBackend {
                 ),
             ));
         }
-        Ok(match &self.credentials {
+        Ok(match credentials {
             Some(c) => {
                 let settings = info
                     .redis_settings()
@@ -555,7 +581,7 @@ impl RedisBackend {
     }
 
     /// A client for one node.
-    fn client(
+    pub(super) fn client(
         &self,
         info: redis::ConnectionInfo,
         field: &'static str,

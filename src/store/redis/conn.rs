@@ -17,6 +17,7 @@ use tokio::sync::oneshot;
 
 use super::batcher::Batchers;
 use super::script::{pack_args, CallKind, Group, LuaScript};
+use super::sentinel::{SentinelConn, SentinelTarget};
 use super::slots::SlotCache;
 use super::stats::RedisStats;
 use crate::error::{StoreError, StoreErrorKind};
@@ -31,6 +32,8 @@ pub(crate) enum Target {
         Box<redis::cluster::ClusterClient>,
         Box<redis::ConnectionInfo>,
     ),
+    /// A primary found through Sentinels.
+    Sentinel(Box<SentinelTarget>),
 }
 
 /// A live connection. Cloning is cheap (both are handles to one multiplexed connection).
@@ -38,6 +41,7 @@ pub(crate) enum Target {
 pub(crate) enum Conn {
     Node(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(SentinelConn),
 }
 
 impl std::fmt::Debug for Conn {
@@ -45,14 +49,20 @@ impl std::fmt::Debug for Conn {
         f.write_str(match self {
             Conn::Node(_) => "Conn::Node",
             Conn::Cluster(_) => "Conn::Cluster",
+            Conn::Sentinel(_) => "Conn::Sentinel",
         })
     }
 }
 
 impl Conn {
     /// Connects lazily: nothing is sent until the first command, and a lost connection is
-    /// re-established in the background. Must run inside a tokio runtime.
-    pub(crate) fn open(target: &Target, connect_timeout: Duration) -> Result<Self, RedisError> {
+    /// re-established in the background (behind Sentinels: at the primary they name then).
+    /// Must run inside a tokio runtime.
+    pub(crate) fn open(
+        target: &Target,
+        connect_timeout: Duration,
+        stats: &RedisStats,
+    ) -> Result<Self, RedisError> {
         match target {
             Target::Node(client) => {
                 let config = ConnectionManagerConfig::new()
@@ -70,6 +80,11 @@ impl Conn {
                     client.get_pending_async_connection_with_config(config),
                 ))
             }
+            Target::Sentinel(sentinel) => Ok(Conn::Sentinel(SentinelConn::open(
+                sentinel,
+                connect_timeout,
+                stats,
+            ))),
         }
     }
 
@@ -95,6 +110,7 @@ impl Conn {
         let value = match self {
             Conn::Node(c) => c.clone().send_packed_command(cmd).await?,
             Conn::Cluster(c) => c.clone().req_packed_command(cmd).await?,
+            Conn::Sentinel(c) => return c.query(cmd).await,
         };
         // Server errors may arrive as values; surface them as errors.
         value.extract_error()
@@ -170,21 +186,7 @@ impl NodeProbe {
         };
         let (host, port) = addr.rsplit_once(':')?;
         let port: u16 = port.parse().ok()?;
-        let host = host.to_owned();
-        let addr = match seed.addr() {
-            ConnectionAddr::TcpTls {
-                insecure,
-                tls_params,
-                ..
-            } => ConnectionAddr::TcpTls {
-                host,
-                port,
-                insecure: *insecure,
-                tls_params: tls_params.clone(),
-            },
-            _ => ConnectionAddr::Tcp(host, port),
-        };
-        let client = redis::Client::open(seed.as_ref().clone().set_addr(addr)).ok()?;
+        let client = redis::Client::open(with_addr(seed, host.to_owned(), port)).ok()?;
         Some(Self {
             client,
             conn: None,
@@ -218,6 +220,28 @@ impl NodeProbe {
         }
         ok
     }
+}
+
+/// `info`'s settings (credentials, TLS) for the node at `host:port`.
+pub(crate) fn with_addr(
+    info: &redis::ConnectionInfo,
+    host: String,
+    port: u16,
+) -> redis::ConnectionInfo {
+    let addr = match info.addr() {
+        ConnectionAddr::TcpTls {
+            insecure,
+            tls_params,
+            ..
+        } => ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: *insecure,
+            tls_params: tls_params.clone(),
+        },
+        _ => ConnectionAddr::Tcp(host, port),
+    };
+    info.clone().set_addr(addr)
 }
 
 /// The most runtimes a store keeps a connection for at once (the oldest is dropped beyond).
@@ -365,7 +389,7 @@ impl Links {
 
     /// A new connection, and its batchers, on the current runtime.
     fn connect(&self, cfg: &LinkConfig<'_>) -> Result<(Conn, Option<Arc<Batchers>>), StoreError> {
-        let conn = Conn::open(cfg.target, cfg.connect_timeout).map_err(|e| {
+        let conn = Conn::open(cfg.target, cfg.connect_timeout, cfg.stats).map_err(|e| {
             StoreError::new(
                 StoreErrorKind::Unavailable,
                 format!("redis connection: {e}"),

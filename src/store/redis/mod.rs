@@ -29,11 +29,13 @@
 //!   whose writes always set the TTL), and needs Redis 6.0 or later (`KEEPTTL`);
 //! - **one connection per store**: a multiplexed, auto-reconnecting
 //!   [`ConnectionManager`](redis::aio::ConnectionManager) for a node, the async Cluster
-//!   connection for a Cluster; never a connection per request. Concurrent checks are coalesced
-//!   into one script call ([`RedisBackend::batching`]): while a script call is on the wire, new
-//!   checks queue, and the next call takes them all, each still decided on its own and
-//!   all-or-nothing, in arrival order. Under load this roughly halves Redis's CPU per decision
-//!   (measured in `benches/redis.rs`).
+//!   connection for a Cluster, a multiplexed connection to the primary the Sentinels name
+//!   ([`RedisBackend::sentinel`]), replaced when it fails over; never a connection per
+//!   request. Concurrent checks are coalesced into one script call
+//!   ([`RedisBackend::batching`]): while a script call is on the wire, new checks queue, and the
+//!   next call takes them all, each still decided on its own and all-or-nothing, in arrival
+//!   order. Under load this roughly halves Redis's CPU per decision (measured in
+//!   `benches/redis.rs`).
 //! - **a Cluster batches per master**: each master has its own batcher, and a batch goes to its
 //!   master in one script call whatever the hash slots of its keys. Redis refuses declared keys
 //!   of several slots in one call (`CROSSSLOT`, whatever the script's flags), so a master's
@@ -239,6 +241,8 @@ mod memory_policy;
 mod probe;
 mod routing;
 pub(crate) mod script;
+mod sentinel;
+mod sentinel_backend;
 mod slots;
 mod stats;
 mod store;

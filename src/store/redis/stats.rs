@@ -114,8 +114,9 @@ impl RedisStats {
 
     /// How many connections were set up because the store was used from a tokio runtime
     /// that had none yet, or whose connection had died with its runtime, or because a Cluster
-    /// connection stopped answering while its masters answered (it is replaced). The first is
-    /// not counted.
+    /// connection stopped answering while its masters answered (it is replaced), or, behind
+    /// Sentinels, because the primary was found again (a failover, a lost connection). The
+    /// first is not counted.
     pub fn reconnects(&self) -> u64 {
         self.inner.reconnects.load(Relaxed)
     }
