@@ -12,7 +12,7 @@ set -u
 cd "$(dirname "$0")/.." || exit 1
 results="${CARGO_TARGET_DIR:-target}/bench-report"
 if [ "$#" -eq 0 ]; then
-    set -- memory service http redis failover hybrid
+    set -- memory service http shed redis failover hybrid
     rm -f "$results"/*.json
 fi
 failed=""

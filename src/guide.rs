@@ -16,6 +16,7 @@
 //! | [`grpc`] | limit a tonic server |
 //! | [`shaping`] | make requests wait for their turn instead of refusing them |
 //! | [`concurrency`] | cap the requests in flight per key |
+//! | [`load_shedding`] | choose between rate limits, concurrency limits and shedding; shed by priority beyond a learned limit |
 //! | [`outbound`] | keep a client to the limits of the APIs it calls |
 //! | [`operations`] | export metrics, alert, and choose failure policies for production |
 //! | [`testing_your_app`] | test an app's limits without sleeping, with a manual clock |
@@ -52,6 +53,7 @@ macro_rules! guide_links {
 [grpc.md]: crate::guide::grpc
 [shaping.md]: crate::guide::shaping
 [concurrency.md]: crate::guide::concurrency
+[load-shedding.md]: crate::guide::load_shedding
 [outbound.md]: crate::guide::outbound
 [operations.md]: crate::guide::operations
 [testing-your-app.md]: crate::guide::testing_your_app
@@ -70,6 +72,7 @@ macro_rules! guide_links {
 [ClientIp]: crate::key::ClientIp
 [tollgate::metrics]: mod@crate::metrics
 [tollgate::concurrency]: crate::concurrency
+[tollgate::load_shed]: crate::load_shed
 [tollgate::store::redis]: ../../store/redis/index.html
 [tollgate::store::hybrid]: ../../store/hybrid/index.html
 
@@ -116,6 +119,10 @@ pub mod shaping {}
 #[doc = guide_links!()]
 #[doc = include_str!("../docs/guide/concurrency.md")]
 pub mod concurrency {}
+
+#[doc = guide_links!()]
+#[doc = include_str!("../docs/guide/load-shedding.md")]
+pub mod load_shedding {}
 
 #[doc = guide_links!()]
 #[doc = include_str!("../docs/guide/outbound.md")]

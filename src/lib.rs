@@ -66,10 +66,10 @@
 //! [algorithms](guide::algorithms), [keys and proxies](guide::keys), [headers](guide::headers),
 //! [plans and policy files](guide::plans), [Redis and Cluster](guide::redis), [the hybrid
 //! tier](guide::hybrid), [gRPC](guide::grpc), [shaping](guide::shaping),
-//! [concurrency](guide::concurrency), [outbound](guide::outbound), [metrics and
-//! operations](guide::operations), [testing your app](guide::testing_your_app), [coming from
-//! tower_governor](guide::tower_governor), [performance](guide::performance) and
-//! [versioning](guide::versioning). The modules below are the reference.
+//! [concurrency](guide::concurrency), [load shedding](guide::load_shedding),
+//! [outbound](guide::outbound), [metrics and operations](guide::operations), [testing your
+//! app](guide::testing_your_app), [coming from tower_governor](guide::tower_governor),
+//! [performance](guide::performance) and [versioning](guide::versioning). The modules below are the reference.
 //!
 //! # Modules
 //!
@@ -86,6 +86,7 @@
 //! | [`response`] | refusals: problem+json, gRPC, and the [`Rejection`](response::Rejection) trait |
 //! | [`clock`] | time sources, including [`ManualClock`](clock::ManualClock) for tests |
 //! | [`concurrency`] | a limit on requests in flight per key, released when the response body ends |
+//! | [`load_shed`] | load shedding: a concurrency limit learned from latency, shared out by priority, `503` beyond it |
 //! | [`outbound`] | client side: keep a client to its upstreams' limits (shaping, `Retry-After`, retries, adaptive rate) |
 //! | [`metrics`] | the metrics recorded with the `metrics` feature: names, labels, `describe()` |
 //! | [`policy`](policy/index.html) | limits, plans and keys as data (TOML or any serde format), compiled into [`Limit`]s; reloads (feature `serde`) |
@@ -163,6 +164,7 @@ pub mod fuzzing;
 pub mod guide;
 pub mod headers;
 pub mod key;
+pub mod load_shed;
 pub mod metrics;
 pub mod outbound;
 pub mod plan;

@@ -28,6 +28,7 @@ const FLOORS: &[&str] = &[
     "plan",
     // Middlewares, none importing another.
     "concurrency",
+    "load_shed",
     "outbound",
     "rate_limit",
     // Front-ends: limits as data.

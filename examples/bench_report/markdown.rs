@@ -10,10 +10,11 @@ use std::fmt::Write;
 use super::model::{Ratio, Section, Table};
 
 /// The sections a full run writes, in report order, and the command that runs each.
-pub const EXPECTED: [(&str, &str); 6] = [
+pub const EXPECTED: [(&str, &str); 7] = [
     ("memory", "cargo bench --bench memory"),
     ("layer", "cargo bench --bench service"),
     ("http", "cargo bench --bench http"),
+    ("shed", "cargo bench --bench shed"),
     ("redis", "cargo bench --features redis --bench redis"),
     ("failover", "cargo bench --features redis --bench failover"),
     ("hybrid", "cargo bench --features redis --bench hybrid"),

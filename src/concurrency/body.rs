@@ -11,7 +11,7 @@ use pin_project_lite::pin_project;
 #[cfg(feature = "redis")]
 use super::redis::RedisLease;
 use super::table::MemoryPermit;
-use crate::response::RejectionBody;
+use crate::response::{poll_frame_holding, RejectionBody};
 
 /// A concurrency slot held by a request; dropping it gives the slot back.
 #[derive(Debug)]
@@ -86,22 +86,8 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         match self.project().kind.project() {
-            KindProj::Inner { mut body, slot } => {
-                let frame = std::task::ready!(body.as_mut().poll_frame(cx));
-                // The body is done (its end, or an error that ends it): the request is too.
-                if !matches!(frame, Some(Ok(_))) || body.is_end_stream() {
-                    *slot = None;
-                }
-                Poll::Ready(frame)
-            }
-            KindProj::Rejection { body } => match Pin::new(body).poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => {
-                    Poll::Ready(Some(Ok(frame.map_data(B::Data::from))))
-                }
-                Poll::Ready(Some(Err(never))) => match never {},
-                Poll::Ready(None) => Poll::Ready(None),
-                Poll::Pending => Poll::Pending,
-            },
+            KindProj::Inner { body, slot } => poll_frame_holding(body, slot, cx),
+            KindProj::Rejection { body } => body.next_frame_as(),
         }
     }
 

@@ -16,6 +16,10 @@
 //! | `tollgate_store_errors_total` | counter | `kind` (`timeout`, `unavailable`, `invalid_response`, `other`) | Redis calls that failed, including calls not sent because the node's circuit breaker is open (`unavailable`) |
 //! | `tollgate_breaker_open` | gauge | `node` | 1 while the circuit breaker of a Redis node (`host:port`; `default` for a single node) is open, 0 once closed |
 //! | `tollgate_keys` | gauge | `limit` | keys held by the in-memory store for the limit (also the Redis store's local fallback); set when a table grows |
+//! | `tollgate_shed_limit` | gauge | `shedder` | the [load shedder](crate::load_shed)'s concurrency limit, set as it changes |
+//! | `tollgate_shed_in_flight` | gauge | `shedder` | requests holding one of the load shedder's slots |
+//! | `tollgate_shed_total` | counter | `shedder`, `priority` (`critical`, `default`, `sheddable`) | requests the load shedder refused |
+//! | `tollgate_shed_baseline_seconds` | gauge | `shedder` | the no-load latency the adaptive limit compares the recent latency with |
 //!
 //! `limit` is the limit's name and `plan` the plan that decided (`""` when the limit has no
 //! plans or decided by its own quota: Prometheus treats an empty label as absent). No label ever
@@ -68,6 +72,14 @@ pub const STORE_ERRORS_TOTAL: &str = "tollgate_store_errors_total";
 pub const BREAKER_OPEN: &str = "tollgate_breaker_open";
 /// Gauge of the keys the in-memory store holds, by `limit`.
 pub const KEYS: &str = "tollgate_keys";
+/// Gauge of a load shedder's concurrency limit, by `shedder`.
+pub const SHED_LIMIT: &str = "tollgate_shed_limit";
+/// Gauge of the requests holding a load shedder's slots, by `shedder`.
+pub const SHED_IN_FLIGHT: &str = "tollgate_shed_in_flight";
+/// Counter of requests a load shedder refused, by `shedder` and `priority`.
+pub const SHED_TOTAL: &str = "tollgate_shed_total";
+/// Gauge of a load shedder's no-load latency in seconds, by `shedder`.
+pub const SHED_BASELINE_SECONDS: &str = "tollgate_shed_baseline_seconds";
 
 /// Registers units and descriptions of every tollgate metric with the current recorder.
 ///
@@ -105,6 +117,26 @@ pub fn describe() {
         KEYS,
         Unit::Count,
         "Keys held by the in-memory rate-limit store, by limit."
+    );
+    metrics::describe_gauge!(
+        SHED_LIMIT,
+        Unit::Count,
+        "The load shedder's concurrency limit."
+    );
+    metrics::describe_gauge!(
+        SHED_IN_FLIGHT,
+        Unit::Count,
+        "Requests holding one of the load shedder's slots."
+    );
+    metrics::describe_counter!(
+        SHED_TOTAL,
+        Unit::Count,
+        "Requests the load shedder refused, by priority."
+    );
+    metrics::describe_gauge!(
+        SHED_BASELINE_SECONDS,
+        Unit::Seconds,
+        "The no-load latency the load shedder's adaptive limit compares with."
     );
 }
 

@@ -43,6 +43,30 @@ impl RejectionBody {
     pub fn as_bytes(&self) -> &[u8] {
         self.data.as_deref().unwrap_or_default()
     }
+
+    /// [`Body::poll_frame`] as a frame of a middleware's response body: its data type made from
+    /// [`Bytes`], any error type (this body has none).
+    pub(crate) fn next_frame_as<D: From<Bytes>, E>(&mut self) -> Polled<D, E> {
+        Poll::Ready(self.data.take().map(|d| Ok(Frame::data(D::from(d)))))
+    }
+}
+
+/// What polling a body for a frame gives.
+type Polled<D, E> = Poll<Option<Result<Frame<D>, E>>>;
+
+/// Polls `body` for its next frame and drops `guard` (a slot, a permit) once the body is done:
+/// its end, or an error that ends it. What the bodies of middlewares that count requests in
+/// flight until their response ends share.
+pub(crate) fn poll_frame_holding<B: Body, G>(
+    mut body: Pin<&mut B>,
+    guard: &mut Option<G>,
+    cx: &mut Context<'_>,
+) -> Polled<B::Data, B::Error> {
+    let frame = std::task::ready!(body.as_mut().poll_frame(cx));
+    if !matches!(frame, Some(Ok(_))) || body.is_end_stream() {
+        *guard = None;
+    }
+    Poll::Ready(frame)
 }
 
 impl fmt::Debug for RejectionBody {

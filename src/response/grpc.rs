@@ -82,6 +82,37 @@ pub fn grpc_trailers_only(code: GrpcCode, message: &str) -> Response<RejectionBo
     response
 }
 
+/// A gRPC trailers-only refusal that asks the client to come back after `retry_after`:
+/// [`grpc_trailers_only`] with `grpc-retry-pushback-ms` and, with the `tonic` feature,
+/// `grpc-status-details-bin` holding `google.rpc.RetryInfo` (whole seconds rounded up, never 0),
+/// as [`DefaultRejection`](super::DefaultRejection) sends them.
+pub(crate) fn grpc_retry_refusal(
+    code: GrpcCode,
+    message: &str,
+    retry_after: std::time::Duration,
+) -> Response<RejectionBody> {
+    let mut response = grpc_trailers_only(code, message);
+    #[cfg(feature = "tonic")]
+    {
+        let details = super::grpc_details::StatusDetails {
+            retry_after_secs: Some(
+                retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0),
+            ),
+            ..Default::default()
+        };
+        if let Some(value) = details.header_value(code, message) {
+            response
+                .headers_mut()
+                .insert(super::GRPC_STATUS_DETAILS_BIN, value);
+        }
+    }
+    let millis = u64::try_from(retry_after.as_millis().max(1)).unwrap_or(u64::MAX);
+    response
+        .headers_mut()
+        .insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(millis));
+    response
+}
+
 /// Percent-encodes every byte outside `0x20..=0x7E`, and `%` itself (gRPC's `Percent-Encoded`).
 fn percent_encode(message: &str) -> String {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";

@@ -98,7 +98,9 @@ mod problem;
 mod rejection;
 pub(crate) mod rfc3339;
 
+pub(crate) use body::poll_frame_holding;
 pub use body::RejectionBody;
+pub(crate) use grpc::grpc_retry_refusal;
 pub use grpc::{
     grpc_trailers_only, GrpcCode, GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS,
     GRPC_STATUS_DETAILS_BIN,

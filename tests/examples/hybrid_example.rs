@@ -3,76 +3,10 @@
 //! spread over them and sent concurrently, through a real HTTP client. Counts what was admitted
 //! and what Redis ran (`INFO commandstats`).
 
-use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
+use crate::harness::example_process::{example_binary, free_port, ExampleProcess};
 use crate::harness::redis_server::RedisServer;
-
-/// The example binary next to this test's (`target/<profile>/examples/hybrid`), built first
-/// when missing or older than its source.
-fn example_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().unwrap().parent().unwrap();
-    let bin = profile_dir.join("examples").join("hybrid");
-    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/hybrid.rs");
-    let stale = match (std::fs::metadata(&bin), std::fs::metadata(source)) {
-        (Ok(b), Ok(s)) => b.modified().unwrap() < s.modified().unwrap(),
-        _ => true,
-    };
-    if stale {
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "--features", "redis", "--example", "hybrid"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .expect("run cargo build --example hybrid");
-        assert!(status.success(), "building the example failed");
-    }
-    bin
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct Instance(Child);
-
-impl Drop for Instance {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts the example on `port` and waits until it prints where it listens.
-fn start(bin: &PathBuf, port: u16, redis_url: &str) -> Instance {
-    let mut child = Command::new(bin)
-        .env("PORT", port.to_string())
-        .env("REDIS_URL", redis_url)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the example");
-    let stdout = child.stdout.take().unwrap();
-    let mut reader = BufReader::new(stdout);
-    let mut line = String::new();
-    reader.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), format!("listening on http://127.0.0.1:{port}"));
-    // Keep draining its output: a closed pipe would kill it at its next line.
-    std::thread::spawn(move || {
-        let mut sink = String::new();
-        while reader.read_line(&mut sink).is_ok_and(|n| n > 0) {
-            sink.clear();
-        }
-    });
-    Instance(child)
-}
 
 fn script_calls(server: &RedisServer) -> u64 {
     let info: String = server.cmd(&["INFO", "commandstats"]);
@@ -85,11 +19,12 @@ fn script_calls(server: &RedisServer) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_example_processes_share_one_limit_with_few_redis_calls() {
     let server = RedisServer::start();
-    let bin = example_binary();
+    let bin = example_binary("hybrid", &["redis"]);
     let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
-    let _instances: Vec<Instance> = ports
+    let url = server.url();
+    let _instances: Vec<ExampleProcess> = ports
         .iter()
-        .map(|&p| start(&bin, p, &server.url()))
+        .map(|&p| ExampleProcess::start(&bin, p, &[("REDIS_URL", url.as_str())]))
         .collect();
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(64)

@@ -12,15 +12,19 @@
 //! - `stores`: building memory, node and cluster stores for a test, and deciding through the
 //!   `Store` trait (`decide`, `one`, `spec`, `prefix`).
 //! - `rng`: a deterministic pseudo-random stream (`Rng`).
+//! - `example_process`: an example built and run as a process on a free port (`ExampleProcess`).
 //! - `http_server`: serving an axum app on a free loopback port (`serve`, `serve_url`).
+//! - `latency`: quantiles of the latencies a load test measured (`quantile`).
 //! - `isolated`: running one test alone in a child process of its binary, for measurements
 //!   (resident memory, process-wide counters) that other tests running alongside would move.
 #![allow(dead_code)]
 
 #[cfg(feature = "redis")]
 pub mod cluster_failover;
+pub mod example_process;
 pub mod http_server;
 pub mod isolated;
+pub mod latency;
 #[cfg(feature = "redis")]
 pub mod redis_cluster;
 #[cfg(feature = "redis")]

@@ -720,3 +720,41 @@ async fn no_retry_whose_slot_is_past_the_deadline() {
     let gap = seen.times()[1] - seen.times()[0];
     assert!(gap < Duration::from_millis(1_100), "{gap:?}");
 }
+
+/// A client's outbound layer reads a load shedder's `503` as it reads a `429`: the upstream
+/// is paused for its `Retry-After` (1 s).
+#[tokio::test(start_paused = true)]
+async fn a_load_shedders_503_pauses_the_upstream_for_its_retry_after() {
+    use tollgate::load_shed::LoadShedLayer;
+
+    let shed = LoadShedLayer::builder().fixed_limit(1).build().unwrap();
+    let app = Router::new()
+        .fallback(|| async {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            "done"
+        })
+        .layer(shed.clone());
+    let addr = serve(app).await;
+    let layer = OutboundLayer::builder().replay(NoReplay).build().unwrap();
+    let client = ServiceBuilder::new().layer(layer.clone()).service(http());
+    // Another client's request holds the shedder's only slot for 10 s.
+    let mut first = http();
+    let running = tokio::spawn(async move { drain(send(&mut first, get(addr)).await).await });
+    // Until it is in flight (real I/O: virtual milliseconds pass meanwhile).
+    for _ in 0..5_000 {
+        if shed.in_flight() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(shed.in_flight(), 1);
+    let mut client = client;
+    let (s, _) = drain(send(&mut client, get(addr)).await).await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+    let paused = layer.status(&addr.to_string()).unwrap().paused_for();
+    assert!(
+        paused > Duration::from_millis(900) && paused <= Duration::from_secs(1),
+        "{paused:?}"
+    );
+    assert_eq!(running.await.unwrap().0, StatusCode::OK);
+}

@@ -8,6 +8,7 @@ mod harness;
 mod concurrency;
 #[cfg(feature = "redis")]
 mod concurrency_redis;
+mod load_shed;
 mod shaping;
 #[cfg(feature = "redis")]
 mod shaping_redis;
