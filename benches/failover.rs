@@ -282,11 +282,10 @@ fn main() {
          `cluster-node-timeout` shortens that gap, at the cost of failovers on shorter stalls.",
     );
     section.note(
-        "The healthy masters' keys stall for up to a second in some runs, and the dead master's \
-         keys are decided again up to 2 s after the promotion instead of a few hundred ms: a \
-         store's Cluster connection can wedge in a slot refresh at the master's death or at the \
-         promotion (redis-rs), and answers for no master until its breakers' probes replace it \
-         (RELIABILITY.md, Known gaps).",
+        "Each store sends a master's calls on a connection of its own, to the master its slot \
+         map names: the dead master's calls fail alone and refresh the map in the background, \
+         so the healthy masters' keys go on being decided through the kill and the promotion, \
+         and the dead master's keys follow the promoted replica at the next slot-map refresh.",
     );
     let switched = std::mem::take(&mut *SENTINELS_SWITCHED.lock().unwrap());
     if let Some((m, x)) = median_max(switched.into_iter().map(Some).collect()) {

@@ -361,40 +361,59 @@ pub struct Failover {
     pub lag_bytes: Option<i64>,
     /// Each store's statistics at the end (`RedisStats`, as `Debug`).
     pub stats: Vec<String>,
+    /// Calls that timed out, summed over the stores (the machine did not keep up, or a store
+    /// stalled).
+    pub timeouts: u64,
 }
 
 impl Failover {
     /// The healthy masters' windows in which no check ended or none was decided.
     pub fn healthy_stops(&self) -> usize {
-        self.healthy
-            .iter()
-            .filter(|(_, f, _)| f.is_none_or(|f| f == 0.0))
-            .count()
+        stops(&self.healthy)
     }
 
     /// The longest run of consecutive windows in which fewer than 95 % of the healthy masters'
     /// checks were decided (a window without checks counts).
     pub fn healthy_longest_gap(&self) -> Duration {
-        let (mut longest, mut run) = (0u32, 0u32);
-        for (_, f, _) in &self.healthy {
-            run = if f.is_some_and(|f| f >= 0.95) {
-                0
-            } else {
-                run + 1
-            };
-            longest = longest.max(run);
-        }
-        WINDOW * longest
+        longest_gap(&self.healthy)
     }
 
     /// The smallest fraction of the healthy masters' checks decided in one window (0 for a
     /// window without checks).
     pub fn healthy_worst_window(&self) -> f64 {
-        self.healthy
-            .iter()
-            .map(|(_, f, _)| f.unwrap_or(0.0))
-            .fold(1.0, f64::min)
+        worst_window(&self.healthy)
     }
+}
+
+/// The smallest fraction of checks decided in one of `windows` (0 for a window without checks).
+pub fn worst_window(windows: &[Window]) -> f64 {
+    windows
+        .iter()
+        .map(|(_, f, _)| f.unwrap_or(0.0))
+        .fold(1.0, f64::min)
+}
+
+/// The windows in which no check ended or none was decided.
+pub fn stops(windows: &[Window]) -> usize {
+    windows
+        .iter()
+        .filter(|(_, f, _)| f.is_none_or(|f| f == 0.0))
+        .count()
+}
+
+/// The longest run of consecutive windows in which fewer than 95 % of the checks were decided
+/// (a window without checks counts).
+pub fn longest_gap(windows: &[Window]) -> Duration {
+    let (mut longest, mut run) = (0u32, 0u32);
+    for (_, f, _) in windows {
+        run = if f.is_some_and(|f| f >= 0.95) {
+            0
+        } else {
+            run + 1
+        };
+        longest = longest.max(run);
+    }
+    WINDOW * longest
 }
 
 /// Starts a 6-node Cluster (3 masters, a replica each, `cluster-node-timeout` of
@@ -497,6 +516,7 @@ pub async fn kill_a_master_under_load(
         lag_window,
         lag_bytes: master_offset.zip(replica_offset).map(|(m, r)| m - r),
         stats: stores.iter().map(|s| format!("{:?}", s.stats())).collect(),
+        timeouts: stores.iter().map(|s| s.stats().timeouts()).sum(),
     }
 }
 

@@ -6,27 +6,34 @@
 //! 50 ms), a 100 ms store timeout, one master SIGKILLed mid-traffic. Decided means decided by
 //! Redis (allowed or rejected), not by the failure policy; figures per 100 ms window.
 //!
-//! - 3 masters: from 2 s after the kill on, at least 95 % of the healthy masters' checks are
-//!   decided (100 % measured), and all 60 of a round after 2 s without traffic; each healthy
-//!   master accepts at most 10 new connections in the 4 s after the kill (no reconnection to
-//!   every node per probe); the dead master's keys get their failure policy (`Closed`), none
-//!   later than the store timeout plus scheduling slack;
+//! - 3 masters: the healthy masters' keys never stop: every 100 ms window from the kill on has
+//!   decisions on them (asserted when no call timed out), and at least 95 % of their checks are
+//!   decided in every window but for at most 500 ms of a loaded machine's stalls (100 % in
+//!   every window measured in every run without a timed-out call; 400 ms once at a load
+//!   average of 5.5, with 277 store timeouts),
+//!   and all 60 of a round after 2 s without traffic; each healthy master accepts at most 10
+//!   new connections in the 4 s after the kill (no reconnection to every node per probe); the
+//!   dead master's keys get their failure policy (`Closed`), none later than the store timeout
+//!   plus scheduling slack;
 //! - 3 masters, one burst of 270 concurrent clients while the master is killed, then 2 s
 //!   without traffic: all 60 checks of the next round on the healthy masters are decided;
 //! - 3 masters and 3 replicas, the clients' checks sent to two stores in turn (two instances
 //!   of an app), each check one unit of a 1,000,000-unit token bucket that does not refill
 //!   during the test (so `remaining` counts the decisions Redis kept for a key): the dead
-//!   master's keys are decided by Redis again within 2.5 s of Redis promoting the replica
-//!   (0.1–0.4 s measured in most runs, up to 1.9 s when a Cluster connection wedges at the
-//!   promotion; Redis promotes it 2.1–2.7 s after the kill with a 1 s node timeout), at least
+//!   master's keys are decided by Redis again within the node timeout plus 2 s of the kill
+//!   (3 s, plus 150 ms of scheduling slack) and within 1 s of Redis promoting the replica
+//!   (Redis promotes it 1.9–2.7 s after the kill with a 1 s node timeout; the store follows at
+//!   its next slot-map refresh, 0.05–0.3 s later; 2.1–2.9 s after the kill measured), at least
 //!   95 % of their checks in the last second; the limit stays shared through the promoted
-//!   replica: every key is decided again, none with its count gone, no two checks told the same
-//!   `remaining`. What the promotion loses (writes not yet replicated when the master died): at
-//!   most the decisions of the last replication lag, asserted as at most the dead master's
-//!   decisions in the 500 ms before the kill (0 measured in every run: on loopback the replica
-//!   is not measurably behind). The healthy masters' keys are never below 95 % decided for more
-//!   than 1.5 s (0.8 s measured, while a wedged Cluster connection is replaced), at least 65 %
-//!   decided over the 5 s after the kill and 95 % in its last second.
+//!   replica: every key is decided again, none with its count gone, no two checks told the
+//!   same `remaining`. What the promotion loses (writes not yet replicated when the master
+//!   died): at most the decisions of the last replication lag, asserted as at most the dead
+//!   master's decisions in the 500 ms before the kill (0 measured in every run: on loopback
+//!   the replica is not measurably behind). The healthy masters' keys never stop: every
+//!   window from the kill on has decisions on them (asserted when no call timed out), at least
+//!   95 % decided in every window but for at most 500 ms (100 % in every window in every run
+//!   without a timed-out call; 300 ms in two runs with store timeouts, at load averages of
+//!   4.5-5.5 on 2 cores), and 95 % in the last second.
 //!
 //! `cargo test --all-features --test promises -- cluster_dead_master --nocapture` prints the
 //! figures.
@@ -37,8 +44,8 @@ use tollgate::store::redis::RedisStore;
 use tollgate::Quota;
 
 use crate::harness::cluster_failover::{
-    self as failover, clients_by_master, decided, per_window, recovery, show, warm, Load, Sample,
-    STORE_TIMEOUT,
+    self as failover, clients_by_master, decided, longest_gap, per_window, recovery, show, stops,
+    warm, Load, Sample, STORE_TIMEOUT,
 };
 use crate::harness::redis_cluster::RedisCluster;
 use crate::harness::redis_server::RedisServer;
@@ -50,11 +57,17 @@ const NODE_TIMEOUT: Duration = Duration::from_millis(1000);
 const MARGIN: Duration = Duration::from_millis(150);
 /// Concurrent clients, spread evenly over the masters.
 const CLIENTS: usize = 270;
-/// How soon after Redis promotes a replica the store must serve the keys on it: a probe
-/// interval or so, or up to 2 s when the Cluster connection wedges at the promotion.
-const SERVE_LAG: Duration = Duration::from_millis(2500);
-/// The longest the healthy masters' keys may stay below 95 % decided after a kill.
-const HEALTHY_GAP: Duration = Duration::from_millis(1500);
+/// How soon after Redis promotes a replica the store must serve the keys on it: a slot-map
+/// refresh, at most one probe interval after the last one, plus scheduling slack.
+const SERVE_LAG: Duration = Duration::from_millis(1000);
+/// How soon after the kill the dead master's keys must be decided again (issue 32, item 2b):
+/// the node timeout plus 2 s, plus scheduling slack.
+const DECIDED_AGAIN: Duration = Duration::from_millis(1000 + 2000 + 150);
+/// The longest the healthy masters' keys may stay below 95 % decided after a kill: no stall of
+/// the store (0 ms measured in every run without a timed-out call), only a loaded 2-core
+/// machine's (store timeouts that open a healthy master's breaker until its probe closes it:
+/// 300-400 ms measured at load averages of 4.5-5.5).
+const HEALTHY_GAP: Duration = Duration::from_millis(500);
 
 /// The tests of this module each run hundreds of clients against a Cluster they kill a master
 /// of: one at a time, so that none measures while another loads the machine.
@@ -164,10 +177,22 @@ async fn healthy_masters_keep_deciding_when_one_master_is_killed() {
     }
     println!("after 2 s without traffic: {idle_decided} of 60 healthy-master keys decided");
 
+    // The healthy masters never stop: every window from the kill on has decisions on them
+    // (unless calls timed out: a machine too loaded to answer within the store timeout), and
+    // at least 95 % of their checks are decided in each but for a machine's scheduling stall.
+    if stats.timeouts() == 0 {
+        assert_eq!(
+            stops(&healthy),
+            0,
+            "windows without a healthy-master decision: {}",
+            show(&healthy)
+        );
+    }
     assert!(
-        recovered.is_some_and(|d| d <= Duration::from_secs(2)) || after_2s >= 0.95,
-        "healthy-master keys decided from 2 s to 4 s after the kill: {:.1} %",
-        after_2s * 100.0
+        longest_gap(&healthy) <= HEALTHY_GAP,
+        "the healthy masters' keys were below 95 % decided for {:?}: {}",
+        longest_gap(&healthy),
+        show(&healthy)
     );
     // A dead master never makes the store reconnect to every node (each reconnection holds
     // every call until it is done).
@@ -220,30 +245,34 @@ async fn a_promoted_replica_takes_over_the_dead_masters_keys_and_their_counts() 
         f.keys_reset,
         f.split_counts,
     );
-    // The store cannot serve the keys before Redis promotes the replica (about 2 s after the
-    // kill with a 1 s node timeout; later on a loaded machine): it follows within a probe
-    // interval or so, or once a Cluster connection that wedged at the promotion is replaced.
+    // The store cannot serve the keys before Redis promotes the replica (about 2.1-2.7 s
+    // after the kill with a 1 s node timeout): it follows at its next slot-map refresh.
     let redis_promoted = f.promoted_by_redis.expect("Redis promoted the replica");
-    let bound = redis_promoted + SERVE_LAG;
+    let bound = DECIDED_AGAIN.min(redis_promoted + SERVE_LAG);
     assert!(
         f.decided_again.is_some_and(|d| d <= bound),
-        "the promoted replica did not decide the dead master's keys within {bound:?} ({} after \
-         Redis promoted it at {redis_promoted:?})",
+        "the promoted replica did not decide the dead master's keys within {bound:?} of the \
+         kill ({} after the kill; Redis promoted it at {redis_promoted:?})",
         ms(f.decided_again)
     );
     assert!(f.dead_at_end >= 0.95, "the promoted replica keeps deciding");
-    // The healthy masters stall while the Cluster connections recover from the kill (up to
-    // about 0.7 s measured, once more at the promotion in some runs), then decide again.
+    // The healthy masters never stop: each goes over its own connection, which neither the
+    // dead master nor the slot-map refreshes hold. A machine too loaded to answer within the
+    // store timeout opens breakers of healthy masters for a probe interval or two: then only
+    // the bound on the stretch below 95 % holds.
+    if f.timeouts == 0 {
+        assert_eq!(
+            f.healthy_stops(),
+            0,
+            "windows without a healthy-master decision: {}",
+            show(&f.healthy)
+        );
+    }
     assert!(
         f.healthy_longest_gap() <= HEALTHY_GAP,
         "the healthy masters' keys were below 95 % decided for {:?}: {}",
         f.healthy_longest_gap(),
         show(&f.healthy)
-    );
-    assert!(
-        f.healthy_decided >= 0.65,
-        "healthy-master keys decided after the kill: {:.1} %",
-        f.healthy_decided * 100.0
     );
     assert!(
         f.healthy_at_end >= 0.95,

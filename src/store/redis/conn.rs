@@ -1,5 +1,5 @@
-//! The connections: one multiplexed connection per store and tokio runtime (or the Cluster
-//! connection), with its batchers; script calls with `EVALSHA` and a reload on `NOSCRIPT`; and a
+//! The connections: one multiplexed connection per store and tokio runtime (for a Cluster, one
+//! per master, see [`ClusterNodes`]), with its batchers; script calls with `EVALSHA` and a reload on `NOSCRIPT`; and a
 //! breaker probe's own connection to one Cluster node.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -8,17 +8,16 @@ use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{
     AsyncConnectionConfig, Cmd, ConnectionAddr, ErrorKind, RedisError, ServerErrorKind, Value,
 };
 use tokio::sync::oneshot;
 
 use super::batcher::Batchers;
+use super::cluster_nodes::ClusterNodes;
 use super::script::{pack_args, CallKind, Group, LuaScript};
 use super::sentinel::{SentinelConn, SentinelTarget};
-use super::slots::SlotCache;
+use super::slots::{slot_of_key, SlotCache};
 use super::stats::RedisStats;
 use crate::error::{StoreError, StoreErrorKind};
 
@@ -40,7 +39,7 @@ pub(crate) enum Target {
 #[derive(Clone)]
 pub(crate) enum Conn {
     Node(ConnectionManager),
-    Cluster(ClusterConnection),
+    Cluster(Arc<ClusterNodes>),
     Sentinel(SentinelConn),
 }
 
@@ -62,6 +61,7 @@ impl Conn {
         target: &Target,
         connect_timeout: Duration,
         stats: &RedisStats,
+        slots: Option<&Arc<SlotCache>>,
     ) -> Result<Self, RedisError> {
         match target {
             Target::Node(client) => {
@@ -72,13 +72,20 @@ impl Conn {
                     .set_max_delay(Duration::from_millis(200));
                 ConnectionManager::new_lazy_with_config((**client).clone(), config).map(Conn::Node)
             }
-            Target::Cluster(client, _) => {
+            Target::Cluster(client, seed) => {
                 let config = redis::cluster::ClusterConfig::new()
                     .set_connection_timeout(connect_timeout)
                     .set_response_timeout(Duration::from_secs(5));
-                Ok(Conn::Cluster(
-                    client.get_pending_async_connection_with_config(config),
-                ))
+                let fallback = client.get_pending_async_connection_with_config(config);
+                let slots = slots.cloned().unwrap_or_else(|| {
+                    Arc::new(SlotCache::new(Duration::from_secs(1), connect_timeout))
+                });
+                Ok(Conn::Cluster(Arc::new(ClusterNodes::new(
+                    seed,
+                    slots,
+                    connect_timeout,
+                    fallback,
+                ))))
             }
             Target::Sentinel(sentinel) => Ok(Conn::Sentinel(SentinelConn::open(
                 sentinel,
@@ -97,9 +104,7 @@ impl Conn {
     /// replace the connection (the hybrid test
     /// `a_stalled_master_does_not_make_a_healthy_masters_probe_replace_the_connection`).
     ///
-    /// A Cluster node is probed with a [`NodeProbe`] first: a command routed to a node the
-    /// Cluster connection has no live connection to makes it reconnect to every seed and read
-    /// the slot map again, holding every other call meanwhile.
+    /// A Cluster node is probed with a [`NodeProbe`] first, on a connection of the probe's own.
     pub(crate) async fn responsive(&self, slot: Option<u16>) -> bool {
         let mut echo = redis::cmd("ECHO");
         echo.arg("tollgate");
@@ -109,7 +114,7 @@ impl Conn {
     pub(crate) async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
         let value = match self {
             Conn::Node(c) => c.clone().send_packed_command(cmd).await?,
-            Conn::Cluster(c) => c.clone().req_packed_command(cmd).await?,
+            Conn::Cluster(c) => c.fallback.clone().req_packed_command(cmd).await?,
             Conn::Sentinel(c) => return c.query(cmd).await,
         };
         // Server errors may arrive as values; surface them as errors.
@@ -141,7 +146,14 @@ impl Conn {
             let mut cmd = redis::cmd(head);
             cmd.arg(body);
             pack_args(&mut cmd, kind, groups.clone(), node.is_some());
-            self.send_to(cmd, node)
+            let slot = match self {
+                Conn::Cluster(_) => node.or_else(|| {
+                    let key = groups.clone().find_map(|g| g.keys.first())?;
+                    Some(slot_of_key(key.as_bytes()))
+                }),
+                _ => node,
+            };
+            self.send_to(cmd, slot)
         };
         match run("EVALSHA", script.sha()).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
@@ -155,13 +167,17 @@ impl Conn {
     /// Sends `cmd`: routed by its keys, or (a Cluster) to the master of slot `node`.
     async fn send_to(&self, cmd: Cmd, node: Option<u16>) -> Result<Value, RedisError> {
         match (self, node) {
-            (Conn::Cluster(c), Some(slot)) => {
-                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
-                    Route::new(slot, SlotAddr::Master),
-                ));
-                c.clone().route_command(cmd, route).await?.extract_error()
-            }
+            (Conn::Cluster(c), Some(slot)) => c.send(&cmd, slot).await,
             _ => self.query(&cmd).await,
+        }
+    }
+
+    /// `CLUSTER SLOTS` (`cmd`): for a Cluster, asked of its nodes directly (see
+    /// [`ClusterNodes::cluster_slots`]).
+    pub(crate) async fn cluster_slots(&self, cmd: &Cmd) -> Result<Value, RedisError> {
+        match self {
+            Conn::Cluster(c) => c.cluster_slots().await,
+            _ => self.query(cmd).await,
         }
     }
 }
@@ -389,12 +405,13 @@ impl Links {
 
     /// A new connection, and its batchers, on the current runtime.
     fn connect(&self, cfg: &LinkConfig<'_>) -> Result<(Conn, Option<Arc<Batchers>>), StoreError> {
-        let conn = Conn::open(cfg.target, cfg.connect_timeout, cfg.stats).map_err(|e| {
-            StoreError::new(
-                StoreErrorKind::Unavailable,
-                format!("redis connection: {e}"),
-            )
-        })?;
+        let conn =
+            Conn::open(cfg.target, cfg.connect_timeout, cfg.stats, cfg.slots).map_err(|e| {
+                StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    format!("redis connection: {e}"),
+                )
+            })?;
         let batchers = cfg.batching.map(|limits| {
             Arc::new(Batchers::new(
                 conn.clone(),

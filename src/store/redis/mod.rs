@@ -234,6 +234,7 @@ mod backend;
 mod batcher;
 mod breaker;
 mod call;
+mod cluster_nodes;
 mod conn;
 mod fallback;
 mod keys;

@@ -38,6 +38,14 @@ impl SlotCache {
         self.map.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Whether a [`refresh`](Self::refresh) now would read the map (none in the last interval).
+    pub(crate) fn due(&self) -> bool {
+        let now = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let last = self.asked.load(Ordering::Relaxed);
+        let every = u64::try_from(self.every.as_millis()).unwrap_or(u64::MAX);
+        last == 0 || now.saturating_sub(last) >= every
+    }
+
     /// Reads the Cluster's slot map again (at most once per interval).
     pub(crate) async fn refresh(&self, conn: &Conn) {
         let now = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
@@ -69,7 +77,7 @@ impl SlotMap {
     pub(crate) async fn fetch(conn: &Conn) -> Result<Self, StoreError> {
         let mut cmd = redis::cmd("CLUSTER");
         cmd.arg("SLOTS");
-        let value = conn.query(&cmd).await.map_err(|e| {
+        let value = conn.cluster_slots(&cmd).await.map_err(|e| {
             StoreError::new(StoreErrorKind::Unavailable, format!("CLUSTER SLOTS: {e}"))
         })?;
         Self::parse(&value).ok_or_else(|| {
@@ -115,6 +123,17 @@ impl SlotMap {
         self.ranges.iter().find(|r| r.2 == addr).map(|r| r.0)
     }
 
+    /// The masters the map names, each once.
+    pub(crate) fn masters(&self) -> Vec<String> {
+        let mut masters: Vec<String> = Vec::with_capacity(self.ranges.len());
+        for (_, _, addr) in &self.ranges {
+            if !masters.contains(addr) {
+                masters.push(addr.clone());
+            }
+        }
+        masters
+    }
+
     /// The master serving `slot`, if known.
     pub(crate) fn node(&self, slot: u16) -> Option<&str> {
         let i = self
@@ -124,6 +143,21 @@ impl SlotMap {
         let (a, b, addr) = &self.ranges[i];
         (*a <= slot && slot <= *b).then_some(addr.as_str())
     }
+}
+
+/// The Cluster hash slot of `key`: of its hash tag (the bytes between its first `{` and the
+/// next `}`, if not empty), else of the whole key, as Redis computes it.
+pub(crate) fn slot_of_key(key: &[u8]) -> u16 {
+    let tag = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(key);
+    slot_of_tag(tag)
 }
 
 /// The Cluster hash slot of a key whose hash tag is `tag` (CRC16-XMODEM mod 16384, as Redis).
@@ -152,6 +186,11 @@ mod tests {
         assert_eq!(slot_of_tag(b"foo"), 12182);
         assert_eq!(slot_of_tag(b"123456789"), 12739);
         assert_eq!(slot_of_tag(b""), 0);
+        // Values from `CLUSTER KEYSLOT`: a key's hash tag decides, an empty one does not.
+        assert_eq!(slot_of_key(b"foo"), 12182);
+        assert_eq!(slot_of_key(b"rl:{foo}:x"), 12182);
+        assert_eq!(slot_of_key(b"{}foo"), slot_of_tag(b"{}foo"));
+        assert_eq!(slot_of_key(b"a{foo"), slot_of_tag(b"a{foo"));
     }
 
     #[test]
