@@ -80,23 +80,6 @@ local function replan(key, lim, plan, now, ttl, p1, p2, p3, s1, s2, s3, o1, o2, 
   return ttl, n1, n2, n3, s1, s2, s3, rebased
 end
 
--- Appends one limit's five integers.
-local function emit(ok, remaining, reset, retry, corrupt)
-  if not ok and retry == 0 then
-    retry = 1 -- as Decision::rejected: a rejection always waits at least 1 µs
-  end
-  -- Only state no transition produces (hand-written, or from another clock) gets this far.
-  if reset > MAX_EXACT then
-    reset = MAX_EXACT
-  end
-  if retry > MAX_EXACT then
-    retry = MAX_EXACT
-  end
-  nout = nout + 1
-  out[nout] = struct.pack('<i8i8i8i8i8', ok and 1 or 0, remaining, reset, retry, corrupt and 1 or 0)
-end
-
-
 -- One limit on its own (the common case): no tables, small numbers without strtod. Returns its
 -- five integers.
 local function single(key, lim, cost, now, at, plan)
@@ -240,6 +223,22 @@ if kind == 'b' or kind == 'B' then
     end
   end
   return pack_ints(ints, m)
+end
+
+-- Appends one limit's five integers.
+local function emit(ok, remaining, reset, retry, corrupt)
+  if not ok and retry == 0 then
+    retry = 1 -- as Decision::rejected: a rejection always waits at least 1 µs
+  end
+  -- Only state no transition produces (hand-written, or from another clock) gets this far.
+  if reset > MAX_EXACT then
+    reset = MAX_EXACT
+  end
+  if retry > MAX_EXACT then
+    retry = MAX_EXACT
+  end
+  nout = nout + 1
+  out[nout] = struct.pack('<i8i8i8i8i8', ok and 1 or 0, remaining, reset, retry, corrupt and 1 or 0)
 end
 
 local ngroups = int(ARGV[2])
