@@ -29,7 +29,8 @@ end
 -- whether the batch reads its keys ahead with one MGET (unless one of the store's algorithms
 -- reads its state in pieces: a sliding log), then FAST, limit 0's fused check (its algorithm's
 -- `fast`, when the batch reads ahead; else false), with its ttl_ms, parameters, and the cell and
--- refill bound (µs) of its TTL-keeping writes ("Expiry" in token_bucket.lua).
+-- refill bound (µs) of its TTL-keeping writes ("Expiry" in token_bucket.lua; a fixed window's
+-- cell is its period, see fw_fast).
 local function batch_paths()
   local first, ttl, p1, p2, p3, cell, keep = CONFIG(0)
   local _, _, _, _, _, _, fast, prefetch = first()
