@@ -29,10 +29,12 @@ end
 -- whether the batch reads its keys ahead with one MGET (unless one of the store's algorithms
 -- reads its state in pieces: a sliding log), then FAST, limit 0's fused check (its algorithm's
 -- `fast`, when the batch reads ahead; else false), with its ttl_ms, parameters, and the cell and
--- refill bound (µs) of its TTL-keeping writes ("Expiry" in token_bucket.lua).
+-- refill bound (µs) of its TTL-keeping writes ("Expiry" in token_bucket.lua; a fixed window's
+-- cell is its period, see fw_fast).
 local function batch_paths()
-  local prefetch = true
-  local i, algorithm = 0, CONFIG(0)
+  local first, ttl, p1, p2, p3, cell, keep = CONFIG(0)
+  local _, _, _, _, _, _, fast, prefetch = first()
+  local i, algorithm = 1, CONFIG(1)
   while algorithm do
     local _, _, _, _, _, _, _, ahead = algorithm()
     if not ahead then
@@ -41,12 +43,8 @@ local function batch_paths()
     i = i + 1
     algorithm = CONFIG(i)
   end
-  if prefetch then
-    local first, ttl, p1, p2, p3, cell, keep = CONFIG(0)
-    local _, _, _, _, _, _, fast = first()
-    if fast then
-      return true, fast, ttl, p1, p2, p3, cell, keep
-    end
+  if prefetch and fast then
+    return true, fast, ttl, p1, p2, p3, cell, keep
   end
   return prefetch, false
 end

@@ -138,7 +138,10 @@ end
 -- window's end); a later write in the same window keeps it (`KEEPTTL`), as every write that left
 -- the key in this window set a TTL reaching the window's end. Once the window has ended the key
 -- reads as a fresh one would, whether it is there or not.
-local function fw_fast(key, v, ttl, now, period, limit, cal)
+-- `from` is the start of the window holding `now` (for epoch windows CONFIG gives the period as
+-- the cell, and the batch works out the cell's start once), a multiple of `period`, so
+-- `from / period` is that window's index, exactly.
+local function fw_fast(key, v, ttl, now, period, limit, cal, from)
   if cal ~= 0 or not v or #v ~= 16 then
     return nil
   end
@@ -146,7 +149,7 @@ local function fw_fast(key, v, ttl, now, period, limit, cal)
   if out_of_range(window) or out_of_range(count) then
     return nil
   end
-  local w = idiv(now, period)
+  local w = from / period
   if window == w then
     if count >= limit then
       return -1 -- refused until the window ends; nothing is written

@@ -141,10 +141,12 @@ end
 -- remaining (floor((cap - deficit) / unit)) and reset (ceil(deficit / per)) from it
 -- (`CompactForm` in script.rs), so the script packs one integer instead of five. Returns nil,
 -- having touched nothing, for anything else (a key not read ahead, marked or unreadable, a
--- carried deficit or a lock, a rejection): the general path decides it. `cell` and `keep` (µs)
--- decide when the write keeps the key's TTL: see "Expiry" above (the reset, ceil(after / per), is
--- at most `keep` exactly when after <= keep × per; a product past 2^53 only exceeds `after`).
-local function tb_fast(key, v, ttl, now, unit, per, cap, cell, keep)
+-- carried deficit or a lock, a rejection): the general path decides it. `from`, the start of
+-- the cell holding `now` (µs; the batch works it out once), and `keep` (µs) decide when the write
+-- keeps the key's TTL: see "Expiry" above (`last` is in now's cell exactly when from <= last <= now;
+-- the reset, ceil(after / per), is at most `keep` exactly when after <= keep × per; a product past
+-- 2^53 only exceeds `after`).
+local function tb_fast(key, v, ttl, now, unit, per, cap, from, keep)
   if not v or #v ~= 16 then
     return nil
   end
@@ -162,7 +164,7 @@ local function tb_fast(key, v, ttl, now, unit, per, cap, cell, keep)
   if after > cap then
     return nil
   end
-  if after <= keep * per and floor(now / cell) == floor(last / cell) then
+  if last >= from and after <= keep * per then
     redis.call('SET', key, struct.pack('<i8i8', after, now), 'KEEPTTL')
   else
     tb_store(key, ttl, now, after, now, per, cap)
