@@ -99,14 +99,19 @@ impl Gate {
         if state.in_flight < share {
             state.in_flight += 1;
             let in_flight = state.in_flight;
+            self.gauge_in_flight(in_flight);
             drop(state);
             return Acquire::Got(self.permit(in_flight));
         }
         state.pressed = true;
         let line = &mut state.lines[class.index()];
-        if line.waiters.len() < self.queue_len[class.index()] {
-            // Waiters whose request gave up leave their sender behind: drop those first.
+        let room = self.queue_len[class.index()];
+        if line.waiters.len() >= room {
+            // Waiters whose request gave up leave their sender behind: a full line drops
+            // those before it refuses (one scan per time the line fills, not per request).
             line.waiters.retain(|w| !w.is_closed());
+        }
+        if line.waiters.len() < room {
             let (tx, rx) = oneshot::channel();
             line.waiters.push_back(tx);
             return Acquire::Queued(rx);
@@ -129,9 +134,16 @@ impl Gate {
         let _ = class;
     }
 
-    fn permit(self: &Arc<Self>, in_flight: u32) -> Permit {
+    /// Sets the in-flight gauge; called with the state locked, so that gauge writes follow the
+    /// order of the changes they report.
+    #[inline]
+    fn gauge_in_flight(&self, in_flight: u32) {
         #[cfg(feature = "metrics")]
         self.metrics.in_flight(in_flight);
+        let _ = in_flight;
+    }
+
+    fn permit(self: &Arc<Self>, in_flight: u32) -> Permit {
         Permit {
             gate: Arc::clone(self),
             started: self.clock.now_micros(),
@@ -140,11 +152,21 @@ impl Gate {
         }
     }
 
-    /// Gives a slot back and hands free slots to waiters, most important class first.
+    /// Gives a slot back and hands free slots to waiters.
     fn release(self: &Arc<Self>) {
-        let mut handed: Vec<(oneshot::Sender<Permit>, u32)> = Vec::new();
         let mut state = self.state.lock();
         state.in_flight -= 1;
+        let handed = self.dispense(&mut state);
+        drop(state);
+        self.hand_out(handed);
+    }
+
+    /// Takes the slots free under the current limit for waiters, most important class first,
+    /// and sets the in-flight gauge; the permits are sent by [`hand_out`](Self::hand_out),
+    /// outside the lock. Called when a slot is given back and when the limit moves (a raised
+    /// limit serves the waiting requests before new arrivals take its slots).
+    fn dispense(&self, state: &mut State) -> Vec<(oneshot::Sender<Permit>, u32)> {
+        let mut handed = Vec::new();
         let limit = state.limit.limit();
         for class in Priority::ALL {
             let share = self.share(class, limit);
@@ -159,12 +181,13 @@ impl Gate {
                 handed.push((tx, state.in_flight));
             }
         }
-        let in_flight = state.in_flight;
-        drop(state);
-        #[cfg(feature = "metrics")]
-        self.metrics.in_flight(in_flight);
-        let _ = in_flight;
-        // Outside the lock: a permit whose waiter is gone comes back through its drop.
+        self.gauge_in_flight(state.in_flight);
+        handed
+    }
+
+    /// Sends the permits [`dispense`](Self::dispense) took: a permit whose waiter is gone
+    /// comes back through its drop.
+    fn hand_out(self: &Arc<Self>, handed: Vec<(oneshot::Sender<Permit>, u32)>) {
         for (tx, in_flight) in handed {
             let _ = tx.send(self.permit(in_flight));
         }
@@ -206,16 +229,19 @@ impl Permit {
         let mut state = self.gate.state.lock();
         let busy = state.pressed || state.in_flight >= state.limit.limit();
         state.pressed = false;
+        let before = state.limit.limit();
         state.limit.sample(rtt, self.in_flight, busy);
         #[cfg(feature = "metrics")]
         {
-            let limit = state.limit.limit();
-            let baseline = state.limit.baseline_micros();
-            drop(state);
-            self.gate.metrics.limit(limit);
-            if let Some(b) = baseline {
+            self.gate.metrics.limit(state.limit.limit());
+            if let Some(b) = state.limit.baseline_micros() {
                 self.gate.metrics.baseline(b);
             }
+        }
+        if state.limit.limit() > before {
+            let handed = self.gate.dispense(&mut state);
+            drop(state);
+            self.gate.hand_out(handed);
         }
     }
 }
@@ -287,8 +313,11 @@ mod tests {
         let Acquire::Queued(rx) = gate.acquire(Priority::Critical) else {
             panic!("queued")
         };
-        drop(rx);
+        // The freed slot is handed to the waiter: still one in flight.
         drop(running);
+        assert_eq!(gate.in_flight(), 1);
+        // The waiter leaves without taking it: the permit in its channel gives it back.
+        drop(rx);
         assert_eq!(gate.in_flight(), 0);
     }
 }

@@ -90,7 +90,7 @@ impl Shared {
 
     /// `Retry-After` in whole seconds, rounded up.
     fn retry_after_secs(&self) -> u64 {
-        self.retry_after.as_secs() + u64::from(self.retry_after.subsec_nanos() > 0)
+        crate::decision::ceil_secs(self.retry_after)
     }
 }
 

@@ -95,9 +95,7 @@ pub(crate) fn grpc_retry_refusal(
     #[cfg(feature = "tonic")]
     {
         let details = super::grpc_details::StatusDetails {
-            retry_after_secs: Some(
-                retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0),
-            ),
+            retry_after_secs: Some(crate::decision::ceil_secs(retry_after)),
             ..Default::default()
         };
         if let Some(value) = details.header_value(code, message) {

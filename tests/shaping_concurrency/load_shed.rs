@@ -349,12 +349,9 @@ async fn cancelled_requests_and_dropped_bodies_give_their_slots_back() {
         std::mem::forget(res); // never dropped: the slot stays taken
     }
     assert_eq!(layer.in_flight(), 4);
+    // Every slot is held: even a critical request is refused.
     assert_eq!(
-        svc.clone()
-            .oneshot(Request::new(()))
-            .await
-            .unwrap()
-            .status(),
+        svc.clone().oneshot(critical()).await.unwrap().status(),
         StatusCode::SERVICE_UNAVAILABLE
     );
 }
