@@ -108,8 +108,15 @@ impl fmt::Debug for TargetSpec {
 pub(crate) fn redact_url(url: &str) -> String {
     let start = url.find("://").map_or(0, |i| i + 3);
     let rest = &url[start..];
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
+    // The user information ends at the first `@` whose host part (up to `/`, `?`, `#` or the
+    // end) holds no other `@`: a password may hold an unencoded `@`, `/`, `?` or `#` (such a
+    // URL does not parse, and its error shows it). In doubt, more is hidden, never less.
+    let at = rest.match_indices('@').map(|(i, _)| i).find(|&i| {
+        let after = &rest[i + 1..];
+        let host_end = after.find(['/', '?', '#']).unwrap_or(after.len());
+        !after[..host_end].contains('@')
+    });
+    match at {
         Some(at) => format!("{}***{}", &url[..start], &rest[at..]),
         None => url.to_owned(),
     }
@@ -189,9 +196,9 @@ impl RedisBackend {
     /// ```
     /// use tollgate::store::redis::RedisBackend;
     ///
-    /// let password = std::env::var("REDIS_PASSWORD").unwrap_or_default();
-    /// let backend = RedisBackend::new("redis://10.0.0.5:6379").credentials("tollgate", password);
-    /// assert!(!format!("{backend:?}").contains("REDIS_PASSWORD"));
+    /// let password = std::env::var("REDIS_PASSWORD").unwrap_or_else(|_| "s3cret".into());
+    /// let backend = RedisBackend::new("redis://10.0.0.5:6379").credentials("tollgate", &password);
+    /// assert!(!format!("{backend:?}").contains(&password));
     /// ```
     pub fn credentials(mut self, username: impl Into<String>, password: impl Into<String>) -> Self {
         self.credentials = Some(Credentials {
@@ -892,7 +899,10 @@ mod tests {
             ("redis://user:pw@h:6379/0", "redis://***@h:6379/0"),
             ("rediss://:pw@h:6380", "rediss://***@h:6380"),
             ("redis://u:p@ss@h:1?x=@", "redis://***@h:1?x=@"),
-            ("redis://h:6379/0#a@b", "redis://h:6379/0#a@b"),
+            ("redis://u:pa/ss@h:1", "redis://***@h:1"),
+            ("redis://u:p?a#ss@h:1/0", "redis://***@h:1/0"),
+            // An `@` after the host hides too much, never too little.
+            ("redis://h:6379/0#a@b", "redis://***@b"),
             ("user:pw@h", "***@h"),
         ] {
             assert_eq!(redact_url(url), shown);

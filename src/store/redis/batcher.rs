@@ -233,18 +233,18 @@ fn answer(jobs: Vec<Job>, ints: Result<Vec<i64>, BatchError>, script: &LuaScript
         }
     };
     let total = ints.len();
+    // A compact reply holds the time once, first; each group's answer starts with it. An empty
+    // reply has none, and every job's part is then missing.
+    let now = ints.first().copied().unwrap_or_default();
     let mut at = usize::from(compact);
     for job in jobs {
-        // A compact reply holds the time once; each group's answer starts with it.
-        let (len, part) = if compact {
+        let (len, part) = if compact && total > 0 {
             let mut buf = [0i64; 6];
-            buf[0] = ints[0];
+            buf[0] = now;
             let (len, five) = match ints.get(at) {
                 Some(&record) if record < 0 => (
                     1,
-                    script
-                        .compact()
-                        .and_then(|form| form.expand(record, ints[0])),
+                    script.compact().and_then(|form| form.expand(record, now)),
                 ),
                 _ => (
                     5,
@@ -257,6 +257,8 @@ fn answer(jobs: Vec<Job>, ints: Result<Vec<i64>, BatchError>, script: &LuaScript
                 Ints::from_slice(&buf)
             });
             (len, part)
+        } else if compact {
+            (1, None)
         } else {
             let len = job.group.reply_len();
             (len, ints.get(at..at + len).and_then(Ints::from_slice))
@@ -487,6 +489,22 @@ mod tests {
             ra.try_recv().unwrap().1,
             Err(BatchError::Invalid(_))
         ));
+    }
+
+    #[test]
+    fn an_empty_reply_is_malformed_for_every_job_and_never_a_panic() {
+        let s = script(1);
+        let (a, mut ra) = job("a", 1, 0, &s);
+        let (b, mut rb) = job("b", 1, 0, &s);
+        let jobs = vec![a, b];
+        assert!(compact(&jobs));
+        answer(jobs, Ok(vec![]), &s);
+        for rx in [&mut ra, &mut rb] {
+            assert!(matches!(
+                rx.try_recv().unwrap().1,
+                Err(BatchError::Invalid(_))
+            ));
+        }
     }
 
     #[test]

@@ -190,7 +190,19 @@ impl ClusterNodes {
 
     fn cell(&self, addr: &str) -> Cell {
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(cell) = conns.get(addr) {
+            return cell.clone();
+        }
         conns.entry(addr.to_owned()).or_default().clone()
+    }
+
+    /// Drops the connections to nodes the slot map no longer names as masters (demoted, or
+    /// gone across failovers, or named only by a `MOVED` or `ASK`): the store keeps at most one
+    /// connection per master of the map, and the seed's.
+    fn keep_the_maps_masters(&self) {
+        let masters = self.slots.map().masters();
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        conns.retain(|addr, _| *addr == self.seed_addr || masters.contains(addr));
     }
 
     /// Drops `cell` (the connection to `addr` that failed) unless it was already replaced.
@@ -206,9 +218,12 @@ impl ClusterNodes {
         if !self.slots.due() {
             return;
         }
-        let conn = Conn::Cluster(self.clone());
-        let slots = self.slots.clone();
-        tokio::spawn(async move { slots.refresh(&conn).await });
+        let nodes = self.clone();
+        tokio::spawn(async move {
+            let conn = Conn::Cluster(nodes.clone());
+            nodes.slots.refresh(&conn).await;
+            nodes.keep_the_maps_masters();
+        });
     }
 
     /// `CLUSTER SLOTS`, asked of every master the map names and the seed at once, over the

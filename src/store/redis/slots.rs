@@ -54,7 +54,14 @@ impl SlotCache {
         if last != 0 && now.saturating_sub(last) < every {
             return;
         }
-        self.asked.store(now.max(1), Ordering::Relaxed);
+        // Of the callers that saw the map due at once, one reads it.
+        if self
+            .asked
+            .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
         match tokio::time::timeout(self.timeout, SlotMap::fetch(conn)).await {
             Ok(Ok(map)) => {
                 *self.map.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(map);
