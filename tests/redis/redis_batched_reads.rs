@@ -85,11 +85,12 @@ async fn repeated_and_corrupted_keys_in_one_batch_decide_as_one_at_a_time() {
 }
 
 /// A store's first limit, when a token bucket or a fixed window, takes a fused path for a batch's
-/// checks of cost 1 whose state was read ahead (`tb_fast` in token_bucket.lua, `fw_fast` in
-/// fixed_window.lua), answered by a compact record; the same limit as a store's second limit
+/// checks of cost 1 whose state was read ahead (`tb_fast` in token_bucket_fast.lua, `fw_fast` in
+/// fixed_window_fast.lua), answered by a compact record; the same limit as a store's second limit
 /// takes the general path. Both answer the same rounds of batched requests alike: fresh keys
-/// (general path: nothing read ahead), allowed and then rejected ones (fused path; the fixed
-/// window's refusals too). Reset and retry agree within 2 s.
+/// (written with `SET ... NX` on the fused path), allowed and then rejected ones (the token
+/// bucket's refusals go to the general path; the fixed window's are fused too). Reset and retry
+/// agree within 2 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fused_paths_decide_as_the_general_path() {
     let server = RedisServer::start();
@@ -215,4 +216,80 @@ async fn a_full_batch_is_decided_on_either_path() {
         assert!(batches <= 3, "round {round}: {batches} batches");
     }
     assert_eq!(store.stats().errors(), 0);
+}
+
+/// The lead (`scripts/lead.lua`) decides a batch with the fused check until a key needs the
+/// general path, and the driver goes on from that key: in one batch where every other client
+/// has spent its budget (a refusal, which the token bucket leaves to the general path) and a
+/// few keys hold another type (left to the general path by `SET ... NX`), every client gets
+/// its own decision, in order, whichever key comes first. Fresh keys written by the fused path
+/// expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_the_lead_leaves_midway_is_decided_in_order() {
+    let server = RedisServer::start();
+    for kind in [AlgorithmKind::TokenBucket, AlgorithmKind::FixedWindow] {
+        if kind == AlgorithmKind::FixedWindow && to_window_end_ms() < 20_000 {
+            tokio::time::sleep(Duration::from_millis(to_window_end_ms() + 100)).await;
+        }
+        let quota = match kind {
+            AlgorithmKind::TokenBucket => Quota::per_day(24).burst(2),
+            _ => Quota::per_hour(2),
+        };
+        let store = Arc::new(
+            RedisBackend::new(server.url())
+                .prefix(prefix("lead-midway"))
+                .max_in_flight(1)
+                .timeout(Duration::from_secs(10))
+                .build(&[spec("m", quota, kind)])
+                .expect("a store"),
+        );
+        one(&*store, "warm-up", 1).await.expect("decided");
+        let name = |c: usize| format!("{kind}-c{c}");
+        // Even clients spend their two units; clients 3 and 7 hold a hash.
+        for c in (0..CLIENTS).step_by(2) {
+            for _ in 0..2 {
+                assert!(one(&*store, &name(c), 1).await.unwrap().allowed());
+            }
+        }
+        let key = |c: usize| store.redis_key(0, &Key::string(name(c))).unwrap();
+        for c in [3, 7] {
+            let _: redis::Value = server.cmd(&["HSET", &key(c), "tokens", "5"]);
+        }
+        let corrupt_before = store.stats().corrupt_resets();
+        let batches_before = store.stats().batches();
+        server.pause();
+        let tasks: Vec<_> = (0..CLIENTS)
+            .map(|c| {
+                let store = store.clone();
+                let name = name(c);
+                tokio::spawn(async move { (c, one(&*store, &name, 1).await) })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        server.resume();
+        for t in tasks {
+            let (c, d) = t.await.unwrap();
+            let d = d.expect("decided");
+            let at = format!("{kind}, client {c}: {d:?}");
+            if c % 2 == 0 {
+                assert!(!d.allowed(), "{at}");
+                assert_eq!(d.remaining(), 0, "{at}");
+                assert!(d.retry_after().unwrap() > Duration::from_secs(60), "{at}");
+            } else {
+                // Fresh (or reset from a hash): one of two units spent.
+                assert!(d.allowed(), "{at}");
+                assert_eq!(d.remaining(), 1, "{at}");
+            }
+        }
+        assert!(store.stats().batches() - batches_before <= 3, "{kind}");
+        assert_eq!(store.stats().corrupt_resets() - corrupt_before, 2, "{kind}");
+        assert_eq!(store.stats().errors(), 0, "{kind}");
+        for c in [1, 3, 5] {
+            let ttl: i64 = server.cmd(&["PTTL", &key(c)]);
+            assert!(
+                ttl > 0,
+                "{kind}, client {c}: a fresh key expires (PTTL {ttl})"
+            );
+        }
+    }
 }

@@ -18,6 +18,10 @@ use crate::store::plan_quota::CompiledAlgorithm;
 use crate::store::{LimitSpec, PlanQuota, MAX_LIMITS};
 
 const PRELUDE: &str = include_str!("scripts/prelude.lua");
+const LEAD: &str = include_str!("scripts/lead.lua");
+const STATE: &str = include_str!("scripts/state.lua");
+const TOKEN_BUCKET_FAST: &str = include_str!("scripts/token_bucket_fast.lua");
+const FIXED_WINDOW_FAST: &str = include_str!("scripts/fixed_window_fast.lua");
 const DISPATCH: &str = include_str!("scripts/dispatch.lua");
 const DRIVER: &str = include_str!("scripts/driver.lua");
 /// The hybrid store's lease driver, run in place of `driver.lua` (see `super::lease`).
@@ -233,10 +237,10 @@ pub(crate) fn keep_ttl_window(ttl_ms: u64) -> (u64, i64) {
     )
 }
 
-/// The cell and refill bound (µs) `CONFIG` gives a limit: a token bucket's TTL-keeping window
-/// ([`keep_ttl_window`]); for a fixed window of epoch windows (`p3` = 0), its period as the cell,
-/// so that the start of the cell holding a batch's time, which the batch works out once, is the
-/// start of the window holding it (`fw_fast` in fixed_window.lua).
+/// The cell and refill bound (µs) of limit 0's fused batch check: a token bucket's TTL-keeping
+/// window ([`keep_ttl_window`]); for a fixed window of epoch windows (`p3` = 0), its period as the
+/// cell, so that the start of the cell holding a batch's time, which the batch works out once, is
+/// the start of the window holding it (`fw_fast` in fixed_window_fast.lua).
 fn fast_cell(kind: AlgorithmKind, p: &ScriptParams) -> (u64, i64) {
     let (cell, keep) = keep_ttl_window(p.ttl_ms);
     match (kind, p.p) {
@@ -245,31 +249,67 @@ fn fast_cell(kind: AlgorithmKind, p: &ScriptParams) -> (u64, i64) {
     }
 }
 
-/// Writes `CONFIG`, the script's one generated piece: a Lua function of a limit's configuration
-/// index returning its algorithm (the `<name>_algorithm` function of its file), `ttl_ms`, `p1`,
-/// `p2`, `p3`, and the `cell` and `keep` of a token bucket's TTL-keeping writes
-/// ([`keep_ttl_window`]); nothing past the last limit. `ttl_ms` is a string: it only goes to
-/// `PX`, and a number would be formatted with `sprintf` on every write. A function of constants
-/// rather than a table, so that a call builds nothing it does not use.
+/// Writes `CONFIG`, one of the script's two generated pieces: a Lua function of a limit's
+/// configuration index returning its algorithm (the `<name>_algorithm` function of its file),
+/// `ttl_ms`, `p1`, `p2` and `p3`; nothing past the last limit. `ttl_ms` is a string: it only goes
+/// to `PX`, and a number would be formatted with `sprintf` on every write. A function of
+/// constants rather than a table, so that a call builds nothing it does not use.
 fn write_config(code: &mut String, limits: &[(AlgorithmKind, ScriptParams)]) {
     use std::fmt::Write;
     code.push_str(
         "-- This store's limits, generated from its configuration: CONFIG(i) returns limit i's\n\
-         -- algorithm, ttl_ms, p1, p2, p3, and the cell and refill bound (µs) of a token bucket's\n\
-         -- TTL-keeping writes (a fixed window's cell: its period); nothing past the last limit.\n\
+         -- algorithm, ttl_ms, p1, p2, p3; nothing past the last limit.\n\
          local function CONFIG(i)\n",
     );
     for (i, (kind, p)) in limits.iter().enumerate() {
-        let (cell, keep) = fast_cell(*kind, p);
         let [p1, p2, p3] = p.p;
         let _ = writeln!(
             code,
-            "  if i == {i} then return {}_algorithm, '{}', {p1}, {p2}, {p3}, {cell}, {keep} end",
+            "  if i == {i} then return {}_algorithm, '{}', {p1}, {p2}, {p3} end",
             script_of(*kind).short,
             p.ttl_ms,
         );
     }
     code.push_str("end\n");
+}
+
+/// Writes the batch constants, the script's other generated piece, and limit 0's fused batch
+/// check when it has one: `PREFETCH`, whether a batch reads its keys ahead with one `MGET` (unless
+/// a limit is a sliding log, which reads its state in pieces), then `FAST`, limit 0's fused check
+/// (`tb_fast` or `fw_fast`, when the batch reads ahead and the limit has a compact reply form;
+/// else `false`), with its `ttl_ms`, parameters, and the cell and refill bound of its writes
+/// ([`fast_cell`]).
+fn write_batch_paths(code: &mut String, limits: &[(AlgorithmKind, ScriptParams)]) {
+    use std::fmt::Write;
+    let prefetch = limits
+        .iter()
+        .all(|(kind, _)| *kind != AlgorithmKind::SlidingLog);
+    let _ = writeln!(
+        code,
+        "-- How this store's batches run, generated from its configuration (lead.lua).\n\
+         local PREFETCH = {prefetch}\n\
+         local FAST, FAST_TTL, FAST_P1, FAST_P2, FAST_P3, FAST_CELL, FAST_KEEP = false"
+    );
+    let fast = match (prefetch, CompactForm::of(limits), limits.first()) {
+        (true, Some(CompactForm::TokenBucket { .. }), Some(first)) => {
+            Some((TOKEN_BUCKET_FAST, "tb_fast", first))
+        }
+        (true, Some(CompactForm::FixedWindow { .. }), Some(first)) => {
+            Some((FIXED_WINDOW_FAST, "fw_fast", first))
+        }
+        _ => None,
+    };
+    if let Some((source, name, (kind, p))) = fast {
+        let (cell, keep) = fast_cell(*kind, p);
+        let [p1, p2, p3] = p.p;
+        code.push_str(source);
+        let _ = writeln!(
+            code,
+            "FAST, FAST_TTL, FAST_P1, FAST_P2, FAST_P3, FAST_CELL, FAST_KEEP =\n  \
+             {name}, '{}', {p1}, {p2}, {p3}, {cell}, {keep}",
+            p.ttl_ms,
+        );
+    }
 }
 
 impl LuaScript {
@@ -283,12 +323,19 @@ impl LuaScript {
         )
     }
 
-    /// The prelude, the files of the algorithms `limits` use (each once, in the order of first
-    /// use), `CONFIG` (each limit's algorithm and parameters, as constants), the dispatch and the
+    /// The prelude, the batch constants with limit 0's fused check and the lead, the state
+    /// helpers, the files of the algorithms `limits` use (each once, in the order of first use),
+    /// `CONFIG` (each limit's algorithm and parameters, as constants), the dispatch and the
     /// driver. The SHA therefore names one configuration.
     pub(crate) fn assemble(limits: &[(AlgorithmKind, ScriptParams)]) -> Self {
         let mut code = String::with_capacity(8 * 1024);
         code.push_str(PRELUDE);
+        code.push('\n');
+        write_batch_paths(&mut code, limits);
+        code.push('\n');
+        code.push_str(LEAD);
+        code.push('\n');
+        code.push_str(STATE);
         let mut used: Vec<&'static str> = Vec::with_capacity(limits.len());
         for (kind, _) in limits {
             for &source in script_of(*kind).sources {
@@ -609,22 +656,27 @@ mod tests {
         ];
         let script = LuaScript::assemble(&limits);
         let [a, b, c] = fw.p;
-        // Epoch windows: the cell is the window's period.
-        let (_, keep) = keep_ttl_window(fw.ttl_ms);
+        // Limit 0 is a leaky bucket: no fused batch check, so no FAST.
+        let batch =
+            "-- How this store's batches run, generated from its configuration (lead.lua).\n\
+             local PREFETCH = true\n\
+             local FAST, FAST_TTL, FAST_P1, FAST_P2, FAST_P3, FAST_CELL, FAST_KEEP = false\n";
         let config = format!(
             "-- This store's limits, generated from its configuration: CONFIG(i) returns limit i's\n\
-             -- algorithm, ttl_ms, p1, p2, p3, and the cell and refill bound (µs) of a token bucket's\n\
-             -- TTL-keeping writes (a fixed window's cell: its period); nothing past the last limit.\n\
+             -- algorithm, ttl_ms, p1, p2, p3; nothing past the last limit.\n\
              local function CONFIG(i)\n  \
-             if i == 0 then return lb_algorithm, '2000', 100000, 1, 2000000, 250000, 1748000 end\n  \
-             if i == 1 then return fw_algorithm, '{}', {a}, {b}, {c}, {a}, {keep} end\n  \
-             if i == 2 then return tb_algorithm, '2000', 100000, 1, 2000000, 250000, 1748000 end\n\
+             if i == 0 then return lb_algorithm, '2000', 100000, 1, 2000000 end\n  \
+             if i == 1 then return fw_algorithm, '{}', {a}, {b}, {c} end\n  \
+             if i == 2 then return tb_algorithm, '2000', 100000, 1, 2000000 end\n\
              end\n",
             fw.ttl_ms,
         );
         // Each file once, in the order of first use; the leaky bucket's after the token bucket's.
         let files = [
             PRELUDE,
+            batch,
+            LEAD,
+            STATE,
             TOKEN_BUCKET,
             LEAKY_BUCKET,
             FIXED_WINDOW,
@@ -642,6 +694,54 @@ mod tests {
     }
 
     #[test]
+    fn limit_0s_fused_batch_check_comes_before_the_lead() {
+        let tb = params(AlgorithmKind::TokenBucket);
+        let fw = params(AlgorithmKind::FixedWindow);
+        for (limits, fused, name) in [
+            (
+                vec![(AlgorithmKind::TokenBucket, tb)],
+                Some(TOKEN_BUCKET_FAST),
+                "tb_fast",
+            ),
+            (
+                vec![(AlgorithmKind::FixedWindow, fw)],
+                Some(FIXED_WINDOW_FAST),
+                "fw_fast",
+            ),
+            // A sliding log among the limits: batches do not read ahead, so nothing is fused.
+            (
+                vec![
+                    (AlgorithmKind::TokenBucket, tb),
+                    (AlgorithmKind::SlidingLog, params(AlgorithmKind::SlidingLog)),
+                ],
+                None,
+                "",
+            ),
+            (vec![(AlgorithmKind::Gcra, tb)], None, ""),
+        ] {
+            let code = LuaScript::assemble(&limits).code().to_owned();
+            let lead = code.find(LEAD).expect("the lead");
+            assert!(code.find(STATE).expect("the state helpers") > lead);
+            assert!(code.find("local function CONFIG(i)").expect("CONFIG") > lead);
+            let prefetch = !limits.iter().any(|(k, _)| *k == AlgorithmKind::SlidingLog);
+            assert!(code.contains(&format!("local PREFETCH = {prefetch}\n")));
+            match fused {
+                Some(source) => {
+                    let at = code.find(source).expect("the fused check");
+                    assert!(at < lead, "{name}");
+                    assert!(
+                        code[at..lead].contains(&format!("=\n  {name}, '")),
+                        "{name}"
+                    );
+                }
+                None => {
+                    assert!(!code.contains(TOKEN_BUCKET_FAST) && !code.contains(FIXED_WINDOW_FAST));
+                }
+            }
+        }
+    }
+
+    #[test]
     fn the_sha_names_one_configuration() {
         let p = params(AlgorithmKind::TokenBucket);
         let tb = LuaScript::assemble(&[(AlgorithmKind::TokenBucket, p)]);
@@ -656,7 +756,7 @@ mod tests {
     }
 
     /// What `<short>_algorithm()` returns for `kind`, from its file: load, decide, apply, refund,
-    /// rebase, check, fast, and whether a batch may read its keys ahead.
+    /// rebase, check.
     fn registration(kind: AlgorithmKind) -> Vec<String> {
         let AlgorithmScript { short, sources } = script_of(kind);
         let source = sources.last().expect("a file");
@@ -674,22 +774,21 @@ mod tests {
         for kind in AlgorithmKind::ALL {
             let code: String = script_of(kind).sources.concat();
             let returned = registration(kind);
-            let [load, decide, apply, refund, rebase, check, fast, ahead] = &returned[..] else {
-                panic!("{kind}: eight values, got {returned:?}");
+            let [load, decide, apply, refund, rebase, check] = &returned[..] else {
+                panic!("{kind}: six values, got {returned:?}");
             };
             let defined = |f: &str| {
                 let def = |c: &str| {
                     c.contains(&format!("local function {f}("))
                         || c.contains(&format!("local {f} = "))
                 };
-                def(&code) || def(PRELUDE)
+                def(&code) || def(PRELUDE) || def(STATE)
             };
             for f in [load, decide, apply, refund, rebase] {
                 assert!(defined(f), "{kind}: {f}");
             }
             // Only the buckets decide and apply in one call; the token bucket and the fixed
-            // window have a fused batch path (and a compact reply); a batch reads ahead unless a
-            // sliding log is configured.
+            // window have a fused batch check (and a compact reply).
             let buckets = matches!(
                 kind,
                 AlgorithmKind::TokenBucket | AlgorithmKind::Gcra | AlgorithmKind::LeakyBucket
@@ -700,19 +799,11 @@ mod tests {
                 kind,
                 AlgorithmKind::TokenBucket | AlgorithmKind::FixedWindow
             );
-            assert_eq!(fast != "false", fused, "{kind}");
             assert_eq!(
                 CompactForm::of(&[(kind, params(kind))]).is_some(),
                 fused,
                 "{kind}"
             );
-            assert!(fast == "false" || defined(fast), "{kind}: {fast}");
-            let expected = if kind == AlgorithmKind::SlidingLog {
-                "false"
-            } else {
-                "true"
-            };
-            assert_eq!(ahead, expected, "{kind}");
         }
         // Defined before they are read.
         let all: Vec<_> = AlgorithmKind::ALL
@@ -727,8 +818,8 @@ mod tests {
             assert!(defined < at("local function CONFIG(i)"), "{kind}");
         }
         assert!(at("local function CONFIG(i)") < at("local function LIMIT(i)"));
-        assert!(at("local function batch_paths()") < at("= batch_paths()"));
-        assert!(at("local PREFETCH, FAST,") < at("r = FAST(key"));
+        assert!(at("local PREFETCH = ") < at("if FAST and ARGV[1] == 'B' then"));
+        assert!(at("local LEAD_NOW,") < at("LEAD_NOW, LEAD_FROM, LEAD_INTS"));
     }
 
     #[test]

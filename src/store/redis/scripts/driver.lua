@@ -4,7 +4,6 @@
 local KEYS, ARGV = KEYS, ARGV
 local node = ARGV[1] == 'n'
 if node then
-  PREFETCH, FAST, FAST_TTL, FAST_P1, FAST_P2, FAST_P3, FAST_CELL, FAST_KEEP = batch_paths()
   local nkeys = tonumber(ARGV[2])
   local keys, argv = {}, {}
   for i = 1, nkeys do
@@ -121,28 +120,29 @@ end
 
 -- A batch: 'b' (each key's argument follows) or 'B' (every key distinct, of limit 0 at cost 1:
 -- no argument per key). The reply is the time, then per key a compact record (one negative
--- integer, from limit 0's FAST) or five integers, packed at the end (pack_ints).
+-- integer, from limit 0's FAST) or five integers, packed at the end (pack_ints). A 'B' batch the
+-- lead (lead.lua) began continues from its key LEAD_NEXT.
 local kind = ARGV[1]
 if kind == 'b' or kind == 'B' then
-  if not node then
-    PREFETCH, FAST, FAST_TTL, FAST_P1, FAST_P2, FAST_P3, FAST_CELL, FAST_KEEP = batch_paths()
-  end
   local each = kind == 'B'
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local ints, m = { now }, 1
-  -- The start of the cell holding `now` (FAST_CELL µs; "Expiry" in token_bucket.lua), once for
-  -- the batch rather than once per key.
-  local from = 0
-  if FAST then
-    from = idiv(now, FAST_CELL) * FAST_CELL
+  local now, from, ints, m, start = LEAD_NOW, LEAD_FROM, LEAD_INTS, LEAD_NEXT, LEAD_NEXT
+  if not start then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    ints, m, start = { now }, 1, 1
+    -- The start of the cell holding `now` (FAST_CELL µs; "Expiry" in token_bucket.lua), once
+    -- for the batch rather than once per key.
+    from = 0
+    if FAST then
+      from = idiv(now, FAST_CELL) * FAST_CELL
+    end
   end
   -- One MGET instead of a GET per decision when every limit keeps its state in one short string
   -- (PREFETCH: no sliding log, whose log is read in pieces). A redis.call costs more than the
   -- read itself. 'B' takes each key's value by its index (its keys are distinct); 'b' leaves
   -- them in PREFETCHED (see read_state for how each is taken), as a key may come twice.
-  local values
-  if PREFETCH and not node and (each or #KEYS > 1) then
+  local values = LEAD_VALUES
+  if not values and PREFETCH and not node and (each or #KEYS > 1) then
     values = redis.call('MGET', unpack(KEYS))
     if not each then
       for i = 1, #KEYS do
@@ -158,7 +158,7 @@ if kind == 'b' or kind == 'B' then
     -- A 'B' batch read ahead, with limit 0's fused check: each key by its index, the rest of the
     -- loop below (what FAST leaves) inlined, as this loop runs once per decision.
     local fast, ttl, p1, p2, p3, keep = FAST, FAST_TTL, FAST_P1, FAST_P2, FAST_P3, FAST_KEEP
-    for i = 1, #KEYS do
+    for i = start, #KEYS do
       local v = values[i]
       local r = fast(KEYS[i], v, ttl, now, p1, p2, p3, from, keep)
       if r then
@@ -175,7 +175,7 @@ if kind == 'b' or kind == 'B' then
     end
     return pack_ints(ints, m)
   end
-  for i = 1, #KEYS do
+  for i = start, #KEYS do
     local key, arg = KEYS[i], '1'
     if not each then
       arg = ARGV[i + 1]

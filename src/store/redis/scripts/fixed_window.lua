@@ -126,45 +126,6 @@ local function fw_apply(key, ttl, now, cost, period, limit, cal, window, count)
   store2(key, ttl, w, after)
 end
 
--- A batch's common decision in one call, for epoch windows (cal = 0): a check of cost 1 at the
--- limit's own parameters of a key whose state `v` the batch read ahead (16 bytes, unmarked).
--- When it allows, it writes the state and returns the reply's compact record, -1 - the window's
--- count after the charge: the store derives remaining (limit - count) and reset (to the end of
--- the window holding `now`) from it (`CompactForm` in script.rs). A window already spent is
--- refused with the record -1 (a count of 0: remaining 0, reset and retry at the window's end),
--- writing nothing. Returns nil, having touched nothing, for anything else (a calendar, a key not
--- read ahead, marked or unreadable, a later window): the general path decides it.
--- Expiry: a write that opens a window sets the key's TTL as fw_apply does (at least to the
--- window's end); a later write in the same window keeps it (`KEEPTTL`), as every write that left
--- the key in this window set a TTL reaching the window's end. Once the window has ended the key
--- reads as a fresh one would, whether it is there or not.
--- `from` is the start of the window holding `now` (for epoch windows CONFIG gives the period as
--- the cell, and the batch works out the cell's start once), a multiple of `period`, so
--- `from / period` is that window's index, exactly.
-local function fw_fast(key, v, ttl, now, period, limit, cal, from)
-  if cal ~= 0 or not v or #v ~= 16 then
-    return nil
-  end
-  local window, count = struct.unpack('<i8i8', v)
-  if out_of_range(window) or out_of_range(count) then
-    return nil
-  end
-  local w = from / period
-  if window == w then
-    if count >= limit then
-      return -1 -- refused until the window ends; nothing is written
-    end
-    count = count + 1
-    redis.call('SET', key, struct.pack('<i8i8', w, count), 'KEEPTTL')
-    return -1 - count
-  end
-  if window > w or limit < 1 then
-    return nil
-  end
-  fw_apply(key, ttl, now, 1, period, limit, 0, window, count)
-  return -2
-end
-
 -- Gives back units charged at `now` only while the stored window is still the one they were
 -- charged to: once the window has moved on, its count is another window's and stays as it is
 -- (a refund never frees units of a window it did not charge). `now` is the reservation's time;
@@ -212,8 +173,8 @@ local function fw_rebase(_, _, now, operiod, _, ocal, period, _, cal, window, co
 end
 
 
--- The fixed window for the dispatch (dispatch.lua): load, decide, apply, refund, rebase, check,
--- fast, and whether a batch may read its keys ahead.
+-- The fixed window for the dispatch (dispatch.lua): load, decide, apply, refund, rebase, check
+-- (none).
 local function fw_algorithm()
-  return fw_load, fw_decide, fw_apply, fw_refund, fw_rebase, false, fw_fast, true
+  return fw_load, fw_decide, fw_apply, fw_refund, fw_rebase, false
 end

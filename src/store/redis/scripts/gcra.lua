@@ -142,8 +142,7 @@ local function gcra_rebase(_, _, now, ounit, oper, ocap, unit, per, cap, tat, su
 end
 
 
--- GCRA for the dispatch (dispatch.lua): load, decide, apply, refund, rebase, check, fast, and
--- whether a batch may read its keys ahead.
+-- GCRA for the dispatch (dispatch.lua): load, decide, apply, refund, rebase, check.
 local function gcra_algorithm()
-  return gcra_load, gcra_decide, gcra_apply, gcra_refund, gcra_rebase, gcra_check, false, true
+  return gcra_load, gcra_decide, gcra_apply, gcra_refund, gcra_rebase, gcra_check
 end

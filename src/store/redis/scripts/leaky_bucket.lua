@@ -3,8 +3,7 @@
 -- as a queue's level, under keys of its own.
 
 -- The leaky-bucket meter for the dispatch (dispatch.lua): load, decide, apply, refund, rebase,
--- check, fast (none: the token bucket's fused batch path is the token bucket's alone), and
--- whether a batch may read its keys ahead.
+-- check (the token bucket's fused batch check, token_bucket_fast.lua, is the token bucket's alone).
 local function lb_algorithm()
-  return tb_load, tb_decide, tb_apply, tb_refund, tb_rebase, tb_check, false, true
+  return tb_load, tb_decide, tb_apply, tb_refund, tb_rebase, tb_check
 end

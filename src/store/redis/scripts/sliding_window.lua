@@ -153,7 +153,7 @@ end
 
 
 -- The sliding window counter for the dispatch (dispatch.lua): load, decide, apply, refund,
--- rebase, check, fast, and whether a batch may read its keys ahead.
+-- rebase, check (none).
 local function sw_algorithm()
-  return sw_load, sw_decide, sw_apply, sw_refund, sw_rebase, false, false, true
+  return sw_load, sw_decide, sw_apply, sw_refund, sw_rebase, false
 end

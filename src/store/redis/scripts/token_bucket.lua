@@ -19,22 +19,21 @@ end
 
 local tb_load = load2
 
--- Expiry. A key must outlive its state: it may expire only once its bucket is full again (the
--- state then equals a fresh key's), so every write leaves it alive until `last` + ttl at least
--- (ttl covers a refill from empty). tb_store writes with `PX ttl`, later by the time `last` is
--- ahead of `now` (Redis's clock went back). Setting the TTL is the dearest part of a write (Redis
--- rewrites `SET ... PX` as `SET ... PXAT` for propagation), so tb_fast keeps the key's TTL
--- (`KEEPTTL`, Redis 6.0) when that provably suffices: time is cut into cells of `cell` µs (an
--- eighth of the ttl), and a write keeps the TTL only if it falls in the cell of the key's last
--- write and not before it (`last` <= `now`), and leaves a bucket full again within `keep` µs
--- (the ttl less a cell and 2 ms). Every write since the key's last TTL-setting write (whose state
--- said `last` = L, with the key alive until L + ttl - 2 ms whatever millisecond Redis stamped the
--- write with) is then in L's cell, so before L + cell, and its bucket is full before
--- L + cell + keep = L + ttl - 2 ms: the key expires no earlier than that. Keeping the TTL never
--- makes a key live longer than the write that set it allowed; it may expire up to a cell sooner
--- after its last write than a key whose every write sets the TTL, and only ever once its bucket
--- is full. A key written at least once a cell keeps most of its writes cheap; a sparser one sets
--- the TTL on every write.
+-- Expiry. A key must outlive its state: it may expire only once its bucket is full again (the state
+-- then equals a fresh key's), so every write leaves it alive until `last` + ttl at least (ttl
+-- covers a refill from empty). tb_store writes with `PX ttl`, later by the time `last` is ahead of
+-- `now` (Redis's clock went back). Setting the TTL is the dearest part of a write (Redis rewrites
+-- `SET ... PX` as `SET ... PXAT` for propagation), so tb_fast (token_bucket_fast.lua) keeps the
+-- key's TTL (`KEEPTTL`, Redis 6.0) when that provably suffices: time is cut into cells of `cell` µs
+-- (an eighth of the ttl), and a write keeps the TTL only if it falls in the cell of the key's last
+-- write and not before it (`last` <= `now`), and leaves a bucket full again within `keep` µs (the
+-- ttl less a cell and 2 ms). Every write since the key's last TTL-setting write (whose state said
+-- `last` = L, with the key alive until L + ttl - 2 ms whatever millisecond Redis stamped the write
+-- with) is then in L's cell, so before L + cell, and its bucket is full before L + cell + keep = L
+-- + ttl - 2 ms: the key expires no earlier than that. Keeping the TTL never makes a key live longer
+-- than the write that set it allowed; it may expire up to a cell sooner after its last write than a
+-- key whose every write sets the TTL, and only ever once its bucket is full. A key written at least
+-- once a cell keeps most of its writes cheap; a sparser one sets the TTL on every write.
 -- Writes by other code (plans, refunds, groups of several limits) all go through tb_store.
 
 -- Writes the state (deficit, last), alive for ttl (ms) past `last`, or, for a deficit above cap
@@ -135,43 +134,6 @@ local function tb_check(key, ttl, now, cost, unit, per, cap, deficit, last)
     lock + cdiv(deficit - (cap - cost * unit), per)
 end
 
--- A batch's common decision in one call: a check of cost 1 at the limit's own parameters of a
--- key whose state `v` the batch read ahead (16 bytes, unmarked). When it allows, it writes the
--- state and returns the reply's compact record, -1 - deficit after the charge: the store derives
--- remaining (floor((cap - deficit) / unit)) and reset (ceil(deficit / per)) from it
--- (`CompactForm` in script.rs), so the script packs one integer instead of five. Returns nil,
--- having touched nothing, for anything else (a key not read ahead, marked or unreadable, a
--- carried deficit or a lock, a rejection): the general path decides it. `from`, the start of
--- the cell holding `now` (µs; the batch works it out once), and `keep` (µs) decide when the write
--- keeps the key's TTL: see "Expiry" above (`last` is in now's cell exactly when from <= last <= now;
--- the reset, ceil(after / per), is at most `keep` exactly when after <= keep × per; a product past
--- 2^53 only exceeds `after`).
-local function tb_fast(key, v, ttl, now, unit, per, cap, from, keep)
-  if not v or #v ~= 16 then
-    return nil
-  end
-  local deficit, last = struct.unpack('<i8i8', v)
-  if deficit < 0 or deficit > cap or last < 0 or last > now then
-    return nil -- unreadable, a deficit carried from a larger quota, or a lock
-  end
-  if now > last then
-    deficit = deficit - (now - last) * per
-    if deficit < 0 then
-      deficit = 0
-    end
-  end
-  local after = deficit + unit
-  if after > cap then
-    return nil
-  end
-  if last >= from and after <= keep * per then
-    redis.call('SET', key, struct.pack('<i8i8', after, now), 'KEEPTTL')
-  else
-    tb_store(key, ttl, now, after, now, per, cap)
-  end
-  return -1 - after
-end
-
 -- Gives back what a reservation of `cost` at `at` still takes from the bucket, applied at `now`:
 -- `cost` less the refill since the reservation (a bucket without it may have been full and lost
 -- that refill), so the key is never fuller than it would be had the reservation never been made.
@@ -216,8 +178,7 @@ local function tb_rebase(_, _, now, ounit, oper, ocap, unit, per, cap, deficit, 
 end
 
 
--- The token bucket for the dispatch (dispatch.lua): load, decide, apply, refund, rebase, check,
--- fast, and whether a batch may read its keys ahead.
+-- The token bucket for the dispatch (dispatch.lua): load, decide, apply, refund, rebase, check.
 local function tb_algorithm()
-  return tb_load, tb_decide, tb_apply, tb_refund, tb_rebase, tb_check, tb_fast, true
+  return tb_load, tb_decide, tb_apply, tb_refund, tb_rebase, tb_check
 end
