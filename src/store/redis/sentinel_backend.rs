@@ -108,6 +108,7 @@ impl RedisBackend {
             sentinels: clients,
             master: master.to_owned(),
             node,
+            response_timeout: self.timeout,
         })
     }
 }
