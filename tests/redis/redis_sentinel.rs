@@ -1,7 +1,9 @@
 //! The Redis store behind Sentinel (`RedisBackend::sentinel`), against a primary, one replica
 //! and three Sentinels (`down-after-milliseconds 1000`) the harness starts on loopback: every
 //! algorithm decides through the Sentinels exactly as on the node itself, two stores share one
-//! limit, and a real failover under load.
+//! limit, a real failover under load, a stalled primary (SIGSTOP) left once the Sentinels
+//! promote the replica, the known primary kept while the Sentinels go away, and calls bounded by
+//! the store's timeout rather than the connect timeout (each states its bound).
 //!
 //! The failover test SIGKILLs the primary while 8 tasks (4 per store, two stores) decide
 //! continuously, and asserts, with slack for a loaded 2-core machine:
