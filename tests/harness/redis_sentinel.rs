@@ -74,6 +74,26 @@ impl RedisSentinel {
         self.passwords = Some((node.to_owned(), sentinel.to_owned()));
     }
 
+    /// Adds a Sentinel user `user` with `password` that may run every command but subscribe to
+    /// no channel (`resetchannels`): a store logged in as it never hears `+switch-master`.
+    pub fn add_user_without_channels(&self, user: &str, password: &str) {
+        let password = format!(">{password}");
+        for s in &self.sentinels {
+            let _: () = self.cmd(
+                s,
+                &[
+                    "ACL",
+                    "SETUSER",
+                    user,
+                    "on",
+                    &password,
+                    "+@all",
+                    "resetchannels",
+                ],
+            );
+        }
+    }
+
     /// Runs a command on `server` (a node or a Sentinel), with its password once secured.
     pub fn cmd<T: redis::FromRedisValue>(&self, server: &RedisServer, args: &[&str]) -> T {
         self.try_cmd(server, args)
@@ -167,6 +187,34 @@ impl RedisSentinel {
         promoted
     }
 
+    /// The Sentinels holding a client subscribed to a channel (`CLIENT LIST` shows `sub=1`),
+    /// by index; a Sentinel that does not answer holds none.
+    pub fn subscribed_sentinels(&self) -> Vec<usize> {
+        (0..self.sentinels.len())
+            .filter(|&i| {
+                self.try_cmd::<String>(&self.sentinels[i], &["CLIENT", "LIST"])
+                    .is_ok_and(|list| list.lines().any(|c| c.contains(" sub=1 ")))
+            })
+            .collect()
+    }
+
+    /// Script calls (`EVALSHA` and `EVAL`) `node` has run for its clients since it started
+    /// (a replica applies its primary's writes without counting them here).
+    pub fn script_calls(&self, node: &RedisServer) -> u64 {
+        let info: String = self.cmd(node, &["INFO", "commandstats"]);
+        info.lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| {
+                l.split_once("calls=")?
+                    .1
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    }
+
     /// How far the first replica trails the primary, in bytes of the replication stream: an
     /// upper bound, as the replica's offset is read first and the primary's just after.
     pub fn replication_lag_bytes(&self) -> i64 {
@@ -206,7 +254,8 @@ impl RedisSentinel {
             })
     }
 
-    fn wait(&self, within: Duration, what: &str, mut done: impl FnMut(&Self) -> bool) {
+    /// Polls `done` every 50 ms until it holds; panics after `within`.
+    pub fn wait(&self, within: Duration, what: &str, mut done: impl FnMut(&Self) -> bool) {
         let deadline = Instant::now() + within;
         while !done(self) {
             assert!(Instant::now() < deadline, "timed out waiting for {what}");

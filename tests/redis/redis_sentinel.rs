@@ -1,7 +1,9 @@
 //! The Redis store behind Sentinel (`RedisBackend::sentinel`), against a primary, one replica
 //! and three Sentinels (`down-after-milliseconds 1000`) the harness starts on loopback: every
 //! algorithm decides through the Sentinels exactly as on the node itself, two stores share one
-//! limit, and a real failover under load.
+//! limit, a real failover under load, a stalled primary (SIGSTOP) left once the Sentinels
+//! promote the replica, the known primary kept while the Sentinels go away, and calls bounded by
+//! the store's timeout rather than the connect timeout (each states its bound).
 //!
 //! The failover test SIGKILLs the primary while 8 tasks (4 per store, two stores) decide
 //! continuously, and asserts, with slack for a loaded 2-core machine:
@@ -33,7 +35,9 @@ use tollgate::store::{Backend, LimitCheck};
 use tollgate::Quota;
 
 use crate::harness::redis_sentinel::{RedisSentinel, MASTER};
-use crate::harness::sentinel_failover::{counter, instance, kill_the_primary_under_load};
+use crate::harness::sentinel_failover::{
+    counter, instance, kill_the_primary_under_load, STORE_TIMEOUT,
+};
 use crate::harness::stores::{decide, node_store, one, prefix, spec};
 use crate::redis_secure::Logs;
 
@@ -345,4 +349,271 @@ fn bad_sentinel_settings_are_config_errors_that_never_print_credentials() {
         debug.contains("h2:26379") && debug.contains("***@h:26379"),
         "{debug}"
     );
+}
+
+/// What sequential checks on one key decided over a span of time.
+#[derive(Debug, Default)]
+struct Span {
+    /// Checks decided by Redis.
+    decided: u32,
+    /// Checks Redis did not decide (the failure policy did).
+    failed: u32,
+    /// The slowest check.
+    slowest: Duration,
+    /// Checks whose `remaining` was not one less than the check before (another node's state).
+    inconsistent: u32,
+    /// The last `remaining` Redis answered.
+    remaining: Option<u64>,
+}
+
+/// Checks `key` one after another for `span` (a 5 ms pause between two), from `remaining` on.
+async fn check_for(store: &RedisStore, key: &str, span: Duration, remaining: Option<u64>) -> Span {
+    let mut out = Span {
+        remaining,
+        ..Span::default()
+    };
+    let end = Instant::now() + span;
+    while Instant::now() < end {
+        let start = Instant::now();
+        let result = one(store, key, 1).await;
+        out.slowest = out.slowest.max(start.elapsed());
+        match result {
+            Ok(d) => {
+                out.decided += 1;
+                if out.remaining.is_some_and(|r| d.remaining() + 1 != r) {
+                    out.inconsistent += 1;
+                }
+                out.remaining = Some(d.remaining());
+            }
+            Err(_) => out.failed += 1,
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    out
+}
+
+/// The Sentinels go away while the primary stays up: first the one the store's `+switch-master`
+/// subscription is on, then all of them. The store keeps the primary it knows: for 1.5 s after
+/// each kill every check is decided by Redis (none by the failure policy, none slower than the
+/// store's 250 ms timeout), on the same node (`remaining` counts down by one, no reconnect).
+/// Once the Sentinels are back, the store subscribes again within 10 s (its backoff tops out at
+/// 2 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_known_primary_is_kept_while_the_sentinels_go_away() {
+    let mut set = RedisSentinel::start(1);
+    let store = instance(&set, &prefix("sentinel-gone"), &[counter("gone", 100_000)]);
+    let first = one(&store, "k", 1).await.unwrap().remaining();
+    let mut on = Vec::new();
+    tokio::task::block_in_place(|| {
+        set.wait(Duration::from_secs(10), "the store's subscription", |s| {
+            on = s.subscribed_sentinels();
+            !on.is_empty()
+        })
+    });
+    let on = on[0];
+    tokio::task::block_in_place(|| set.sentinels[on].kill());
+    let one_gone = check_for(&store, "k", Duration::from_millis(1500), Some(first)).await;
+    tokio::task::block_in_place(|| {
+        for (i, s) in set.sentinels.iter_mut().enumerate() {
+            if i != on {
+                s.kill();
+            }
+        }
+    });
+    let all_gone = check_for(&store, "k", Duration::from_millis(1500), one_gone.remaining).await;
+    println!(
+        "sentinels gone: subscribed on sentinel {on}; after killing it {one_gone:?}; after \
+         killing all {all_gone:?}; {:?}",
+        store.stats()
+    );
+    for (what, span) in [("one sentinel", &one_gone), ("every sentinel", &all_gone)] {
+        assert!(span.decided > 10, "{what} gone: {span:?}");
+        assert_eq!(span.failed, 0, "{what} gone: checks failed: {span:?}");
+        assert_eq!(span.inconsistent, 0, "{what} gone: {span:?}");
+        assert!(
+            span.slowest < STORE_TIMEOUT,
+            "{what} gone: a check took {:?}",
+            span.slowest
+        );
+    }
+    assert_eq!(store.stats().reconnects(), 0, "the primary was kept");
+
+    let back = Instant::now();
+    tokio::task::block_in_place(|| {
+        for s in &mut set.sentinels {
+            s.restart();
+        }
+        set.wait(Duration::from_secs(10), "a new subscription", |s| {
+            !s.subscribed_sentinels().is_empty()
+        });
+    });
+    println!(
+        "sentinels back: subscribed again {:?} after the restart",
+        back.elapsed()
+    );
+    assert!(one(&store, "k", 1).await.unwrap().allowed());
+}
+
+/// The primary stops answering (SIGSTOP: calls time out, nothing errors) and the Sentinels
+/// promote the replica (down-after 1000 ms). The store logs in to the Sentinels as a user that
+/// may subscribe to no channel, so it never hears `+switch-master`: only its timeouts make it
+/// ask the Sentinels again (at most every 200 ms). It decides by Redis within **5 s** of the
+/// replica answering `ROLE` as a master (typically about 1 s: a Sentinel names the promoted
+/// replica once its next `INFO`, up to 1 s later, shows the promotion), with the key's state.
+/// Once the old primary runs again (SIGCONT; it still calls itself a master until the Sentinels
+/// demote it), the store sends it nothing: its script calls stay as they were while the store
+/// decides for 1 s on the promoted node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_primary_is_left_once_the_sentinels_promote_the_replica() {
+    let set = RedisSentinel::start(1);
+    set.add_user_without_channels("deaf", "deaf-pw");
+    let store = sentinel_backend(&set)
+        .sentinel_credentials("deaf", "deaf-pw")
+        .prefix(prefix("sentinel-stall"))
+        .timeout(STORE_TIMEOUT)
+        .probe_interval(Duration::from_millis(100))
+        .build(&[counter("stall", 1000)])
+        .unwrap();
+    let mut remaining = 0;
+    for _ in 0..5 {
+        remaining = one(&store, "k", 1).await.unwrap().remaining();
+    }
+    let old = set.primary().port();
+    let replica = set.nodes.iter().find(|n| n.port() != old).unwrap().url();
+    // Let the replica hold every write before the primary stops.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let paused = Instant::now();
+    let promoted = std::thread::spawn(move || {
+        let client = redis::Client::open(replica).unwrap();
+        while paused.elapsed() < Duration::from_secs(15) {
+            let role = client
+                .get_connection_with_timeout(Duration::from_millis(200))
+                .and_then(|mut c| redis::cmd("ROLE").query::<Vec<redis::Value>>(&mut c));
+            if role.is_ok_and(|r| r.first() == Some(&redis::Value::BulkString(b"master".to_vec())))
+            {
+                return Some(Instant::now());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    });
+    set.node(old).pause();
+    let decided = loop {
+        if let Ok(d) = one(&store, "k", 1).await {
+            break d;
+        }
+        assert!(
+            paused.elapsed() < Duration::from_secs(15),
+            "no decision 15 s after the primary stopped: {:?}",
+            store.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let decided_at = Instant::now();
+    let promoted = promoted
+        .join()
+        .unwrap()
+        .expect("the replica was promoted within 15 s");
+    let after_promotion = decided_at.saturating_duration_since(promoted);
+
+    set.node(old).resume();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let calls_before = tokio::task::block_in_place(|| set.script_calls(set.node(old)));
+    let resumed = check_for(
+        &store,
+        "k",
+        Duration::from_secs(1),
+        Some(decided.remaining()),
+    )
+    .await;
+    let calls_after = tokio::task::block_in_place(|| set.script_calls(set.node(old)));
+    let subscribed = tokio::task::block_in_place(|| set.subscribed_sentinels());
+    println!(
+        "stalled primary: replica promoted {:?} after SIGSTOP, store decided again {:?} after \
+         the promotion ({:?} after SIGSTOP; remaining {remaining} -> {}); after SIGCONT {resumed:?}, \
+         script calls on the old primary {calls_before} -> {calls_after}; {:?}",
+        promoted - paused,
+        after_promotion,
+        decided_at - paused,
+        decided.remaining(),
+        store.stats()
+    );
+    assert!(
+        after_promotion <= Duration::from_secs(5),
+        "decided again {after_promotion:?} after the promotion"
+    );
+    assert!(
+        decided.remaining() < remaining,
+        "the promoted node holds the key's state"
+    );
+    assert_eq!(
+        calls_after, calls_before,
+        "the old primary was sent script calls after it ran again"
+    );
+    assert!(subscribed.is_empty(), "the store heard no announcement");
+    assert!(resumed.decided > 10, "{resumed:?}");
+    assert_eq!(
+        (resumed.failed, resumed.inconsistent),
+        (0, 0),
+        "{resumed:?}"
+    );
+}
+
+/// The primary's calls are bounded by the store's timeout, not the connect timeout. With a
+/// timeout (2 s) longer than the connect timeout (100 ms), a primary that stalls 400 ms
+/// (`CLIENT PAUSE`) still decides. With a timeout (150 ms) shorter than the connect timeout
+/// (3 s), a primary that stalls 700 ms has the check decided by the failure policy within
+/// **600 ms** (the 150 ms timeout plus slack for a loaded machine), then decides again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_to_the_primary_take_the_store_timeout_not_the_connect_timeout() {
+    let set = RedisSentinel::start(0);
+    let store = |timeout: Duration, connect: Duration| {
+        sentinel_backend(&set)
+            .prefix(prefix("sentinel-timeouts"))
+            .timeout(timeout)
+            .connect_timeout(connect)
+            .build(&[counter("t", 1000)])
+            .unwrap()
+    };
+    let primary = set.primary();
+    let stall = |ms: &str| {
+        let _: () =
+            tokio::task::block_in_place(|| set.cmd(primary, &["CLIENT", "PAUSE", ms, "ALL"]));
+        Instant::now()
+    };
+
+    let patient = store(Duration::from_secs(2), Duration::from_millis(100));
+    one(&patient, "k", 1).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let start = stall("400");
+    let slow = one(&patient, "k", 1).await;
+    let slow_took = start.elapsed();
+
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let tight = store(Duration::from_millis(150), Duration::from_secs(3));
+    one(&tight, "k", 1).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let start = stall("700");
+    let stalled = one(&tight, "k", 1).await;
+    let stalled_took = start.elapsed();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let again = one(&tight, "k", 1).await;
+    println!(
+        "response timeouts: a 400 ms stall with a 2 s timeout answered {:?} after {slow_took:?}; \
+         a 700 ms stall with a 150 ms timeout answered {:?} after {stalled_took:?}",
+        slow.as_ref().map(|d| d.remaining()),
+        stalled.as_ref().map(|d| d.remaining()),
+    );
+    assert!(
+        slow.is_ok(),
+        "a primary slower than the connect timeout but within the store's timeout decides: {slow:?}"
+    );
+    assert!(slow_took >= Duration::from_millis(300), "{slow_took:?}");
+    assert!(stalled.is_err(), "{stalled:?}");
+    assert!(
+        stalled_took < Duration::from_millis(600),
+        "a stalled primary answered after {stalled_took:?} (timeout 150 ms, connect timeout 3 s)"
+    );
+    assert!(again.is_ok(), "{again:?}");
 }

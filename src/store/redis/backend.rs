@@ -43,7 +43,7 @@ pub struct RedisBackend {
     prefix: String,
     hash_secret: Vec<u8>,
     readable_keys: bool,
-    timeout: Duration,
+    pub(super) timeout: Duration,
     connect_timeout: Duration,
     breaker_threshold: u32,
     probe_interval: Duration,

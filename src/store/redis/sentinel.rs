@@ -1,17 +1,22 @@
 //! A primary found through Redis Sentinel: the Sentinels that monitor it, and per connection a
 //! resolver task that asks them for the primary (`SENTINEL get-master-addr-by-name`), checks
 //! with `ROLE` that the node it reached is a master, and resolves again when a call loses the
-//! connection or meets `READONLY`, and when a Sentinel announces `+switch-master`.
+//! connection or meets `READONLY`, and when a Sentinel announces `+switch-master`. Calls that
+//! keep timing out on the primary make it ask the Sentinels whether that node is still the
+//! primary (it switches only if they name another). A task of its own keeps a `+switch-master`
+//! subscription on one of the Sentinels, moving to another with backoff when it ends; the
+//! known primary is kept meanwhile.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
-use tokio::sync::{watch, Notify};
+use tokio::sync::{mpsc, watch, Notify};
+use tokio::time::Instant;
 
 use super::conn::with_addr;
 use super::stats::RedisStats;
@@ -22,6 +27,17 @@ const SWITCH_MASTER: &str = "+switch-master";
 /// The longest pause between two attempts to resolve the primary while none answers.
 const MAX_RETRY_DELAY: Duration = Duration::from_millis(200);
 
+/// Consecutive calls that time out on the primary before the resolver asks the Sentinels
+/// whether it is still the primary.
+const SUSPECT_AFTER: u32 = 3;
+
+/// The shortest pause between two such questions while the calls keep timing out.
+const CHECK_INTERVAL: Duration = Duration::from_millis(200);
+
+/// The first and the longest pause before subscribing to `+switch-master` again after a
+/// subscription ended or no Sentinel accepted one.
+const RESUBSCRIBE_DELAY: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(2));
+
 /// Where a Sentinel-monitored primary is found, validated at build time.
 #[derive(Clone)]
 pub(crate) struct SentinelTarget {
@@ -31,6 +47,8 @@ pub(crate) struct SentinelTarget {
     pub(crate) master: String,
     /// The node's connection settings (credentials, TLS), at a placeholder address.
     pub(crate) node: redis::ConnectionInfo,
+    /// The store's per-call timeout ([`RedisBackend::timeout`](super::RedisBackend::timeout)).
+    pub(crate) response_timeout: Duration,
 }
 
 /// The master name and the Sentinels' addresses, never their credentials.
@@ -46,6 +64,7 @@ impl fmt::Debug for SentinelTarget {
                     .map(|s| s.get_connection_info().addr().to_string())
                     .collect::<Vec<_>>(),
             )
+            .field("response_timeout", &self.response_timeout)
             .finish()
     }
 }
@@ -72,7 +91,8 @@ pub(crate) struct SentinelConn {
 }
 
 impl SentinelConn {
-    /// Starts the resolver task on the current tokio runtime; nothing is awaited here.
+    /// Starts the resolver task (and its subscription task) on the current tokio runtime;
+    /// nothing is awaited here.
     pub(crate) fn open(
         target: &SentinelTarget,
         connect_timeout: Duration,
@@ -80,14 +100,24 @@ impl SentinelConn {
     ) -> Self {
         let (tx, rx) = watch::channel(None);
         let failed = Arc::new(Failed::default());
+        let (announced, announcements) = mpsc::channel(1);
+        tokio::spawn(subscribe_until_closed(
+            target.sentinels.clone(),
+            connect_timeout,
+            target.master.clone(),
+            announced,
+        ));
         let resolver = Resolver {
             target: target.clone(),
             connect_timeout,
             stats: stats.clone(),
             primary: tx,
             failed: failed.clone(),
+            announcements,
             generation: 0,
             last: None,
+            preferred: 0,
+            next_check: Instant::now(),
         };
         tokio::spawn(resolver.run());
         Self {
@@ -99,20 +129,31 @@ impl SentinelConn {
 
     /// Sends `cmd` to the primary (waiting up to the connect timeout while none is known). A
     /// lost connection or `READONLY` (the node was demoted) makes the resolver find the primary
-    /// again; the call itself fails, and the failure policy decides it.
+    /// again; the call itself fails, and the failure policy decides it. A call that times out
+    /// (or is dropped unanswered: the store's timeout ended it) counts toward asking the
+    /// Sentinels whether the node is still the primary.
     pub(crate) async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
         let primary = self.primary().await?;
+        let mut pending = Unanswered {
+            failed: &self.failed,
+            generation: primary.generation,
+            armed: true,
+        };
         let result = primary
             .conn
             .clone()
             .send_packed_command(cmd)
             .await
             .and_then(Value::extract_error);
-        if let Err(e) = &result
-            && needs_new_primary(e)
-        {
-            tracing::debug!(primary = %primary.addr, error = %e, "redis primary failed; asking the sentinels again");
-            self.failed.report(primary.generation);
+        pending.armed = false;
+        match &result {
+            Err(e) if e.is_timeout() => self.failed.timed_out(primary.generation),
+            Err(e) if needs_new_primary(e) => {
+                tracing::debug!(primary = %primary.addr, error = %e, "redis primary failed; asking the sentinels again");
+                self.failed.report(primary.generation);
+            }
+            // The node answered (a server error such as `NOSCRIPT` is an answer too).
+            _ => self.failed.answered(),
         }
         result
     }
@@ -133,6 +174,21 @@ impl SentinelConn {
     }
 }
 
+/// Counts a call dropped before its answer (the store's timeout ended it) as a timeout.
+struct Unanswered<'a> {
+    failed: &'a Failed,
+    generation: u64,
+    armed: bool,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.failed.timed_out(self.generation);
+        }
+    }
+}
+
 /// Whether `e` says the node is gone or no longer the primary.
 fn needs_new_primary(e: &RedisError) -> bool {
     e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
@@ -148,15 +204,26 @@ struct Resolver {
     stats: RedisStats,
     primary: watch::Sender<Option<Primary>>,
     failed: Arc<Failed>,
+    /// From the subscription task.
+    announcements: mpsc::Receiver<Announcement>,
     generation: u64,
     /// The primary last found.
     last: Option<Arc<str>>,
+    /// The Sentinel asked first: the last one that answered.
+    preferred: usize,
+    /// When the Sentinels may next be asked whether the primary is still theirs.
+    next_check: Instant,
 }
 
-/// The latest generation a call failed on, and the resolver's wake-up.
+/// What calls report to the resolver, and its wake-up.
 #[derive(Default)]
 struct Failed {
+    /// The latest generation a call failed on (lost connection, `READONLY`).
     generation: AtomicU64,
+    /// Calls that timed out since the last answer, on any generation.
+    timeouts: AtomicU32,
+    /// The latest generation on which [`SUSPECT_AFTER`] timeouts were reached.
+    suspect: AtomicU64,
     wake: Notify,
 }
 
@@ -165,66 +232,83 @@ impl Failed {
         self.generation.fetch_max(generation, Ordering::Relaxed);
         self.wake.notify_one();
     }
+
+    fn timed_out(&self, generation: u64) {
+        if self.timeouts.fetch_add(1, Ordering::Relaxed) + 1 >= SUSPECT_AFTER {
+            self.suspect.fetch_max(generation, Ordering::Relaxed);
+            self.wake.notify_one();
+        }
+    }
+
+    fn answered(&self) {
+        if self.timeouts.load(Ordering::Relaxed) != 0 {
+            self.timeouts.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// What the subscription task tells the resolver.
+#[derive(Debug, Clone, Copy)]
+enum Announcement {
+    /// A Sentinel announced a new primary for the master.
+    Switched,
+    /// A subscription was set up again after one ended: an announcement may have been missed.
+    Resubscribed,
 }
 
 /// Why the resolver woke up.
 enum Wake {
-    /// A call failed (on the current primary, or on one already replaced).
-    Failed,
-    /// A Sentinel announced a new primary for the master (or the subscription ended, and one
-    /// may have been missed).
-    Switched,
-    /// Every connection handle was dropped.
-    Closed,
+    /// Find the primary again, making calls wait for it (a call lost the connection or met
+    /// `READONLY`, or a Sentinel announced a failover).
+    Resolve,
+    /// Ask the Sentinels whether the primary is still theirs, keeping it meanwhile (calls time
+    /// out on it, or an announcement may have been missed).
+    Check,
+    /// Nothing to do (a report about a primary already replaced).
+    Nothing,
 }
 
 impl Resolver {
     async fn run(mut self) {
-        let mut announcements: Option<redis::aio::PubSubStream> = None;
+        if !self.resolve_until_found().await {
+            return;
+        }
         loop {
-            if !self.resolve_until_found().await {
-                return;
-            }
-            if announcements.is_none() {
-                announcements = self.subscribe().await;
-            }
-            // Wait for a reason to resolve again.
-            loop {
-                let wake = match announcements.as_mut() {
-                    Some(stream) => tokio::select! {
-                        () = self.failed.wake.notified() => Wake::Failed,
-                        () = self.primary.closed() => Wake::Closed,
-                        msg = stream.next() => match msg {
-                            Some(msg) if announces(&msg, &self.target.master) => Wake::Switched,
-                            Some(_) => continue,
-                            None => {
-                                announcements = None;
-                                Wake::Switched
-                            }
-                        },
-                    },
-                    None => tokio::select! {
-                        () = self.failed.wake.notified() => Wake::Failed,
-                        () = self.primary.closed() => Wake::Closed,
-                        // Without a subscription, try to subscribe again now and then.
-                        () = tokio::time::sleep(self.connect_timeout.max(MAX_RETRY_DELAY)) => {
-                            announcements = self.subscribe().await;
-                            continue;
-                        }
-                    },
-                };
-                match wake {
-                    Wake::Closed => return,
-                    Wake::Failed
-                        if self.failed.generation.load(Ordering::Relaxed) < self.generation =>
-                    {
-                        continue;
+            let wake = tokio::select! {
+                () = self.failed.wake.notified() => self.reported(),
+                () = self.primary.closed() => return,
+                announcement = self.announcements.recv() => match announcement {
+                    Some(Announcement::Switched) => Wake::Resolve,
+                    Some(Announcement::Resubscribed) => Wake::Check,
+                    None => return,
+                },
+            };
+            match wake {
+                Wake::Nothing => {}
+                Wake::Check => {
+                    if !self.check().await {
+                        return;
                     }
-                    Wake::Failed | Wake::Switched => break,
+                }
+                Wake::Resolve => {
+                    // Calls wait for the new primary rather than fail on the old one.
+                    self.primary.send_replace(None);
+                    if !self.resolve_until_found().await {
+                        return;
+                    }
                 }
             }
-            // Calls wait for the new primary rather than fail on the old one.
-            self.primary.send_replace(None);
+        }
+    }
+
+    /// What the calls' reports ask for.
+    fn reported(&self) -> Wake {
+        if self.failed.generation.load(Ordering::Relaxed) >= self.generation {
+            Wake::Resolve
+        } else if self.failed.suspect.swap(0, Ordering::Relaxed) >= self.generation {
+            Wake::Check
+        } else {
+            Wake::Nothing
         }
     }
 
@@ -237,20 +321,9 @@ impl Resolver {
             }
             match self.resolve().await {
                 Ok((addr, conn)) => {
-                    let addr: Arc<str> = addr.into();
-                    if self.generation > 0 {
-                        self.stats.add_reconnect();
-                    }
-                    if self.last.as_ref() != Some(&addr) {
-                        tracing::info!(master = %self.target.master, primary = %addr, previous = self.last.as_deref(), "redis primary found through the sentinels");
-                    }
-                    self.last = Some(addr.clone());
-                    self.generation += 1;
-                    self.primary.send_replace(Some(Primary {
-                        addr,
-                        conn,
-                        generation: self.generation,
-                    }));
+                    self.install(addr.into(), conn);
+                    // Announcements made before this resolution are in what it found.
+                    while self.announcements.try_recv().is_ok() {}
                     return true;
                 }
                 Err(e) => {
@@ -262,37 +335,89 @@ impl Resolver {
         }
     }
 
-    /// Asks each Sentinel in turn for the primary, and connects to the first one named that
-    /// answers `ROLE` as a master.
-    async fn resolve(&self) -> Result<(String, MultiplexedConnection), RedisError> {
-        let mut last = None;
-        for sentinel in &self.target.sentinels {
-            let found = async {
-                let mut conn = self.connect(sentinel).await?;
-                let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
-                    .arg("get-master-addr-by-name")
-                    .arg(&self.target.master)
-                    .query_async(&mut conn)
-                    .await?;
-                let Some((host, port)) = addr else {
-                    return Err(RedisError::from((
-                        ErrorKind::Client,
-                        "the sentinel does not monitor this master name",
-                    )));
-                };
-                let node = redis::Client::open(with_addr(&self.target.node, host.clone(), port))?;
-                let mut conn = self.connect(&node).await?;
-                let role: Value = redis::cmd("ROLE").query_async(&mut conn).await?;
-                if !is_master(&role) {
-                    return Err(RedisError::from((
-                        ErrorKind::Client,
-                        "the node the sentinel named is not a master (yet)",
-                    )));
+    /// Makes `addr` the primary calls use.
+    fn install(&mut self, addr: Arc<str>, conn: MultiplexedConnection) {
+        if self.generation > 0 {
+            self.stats.add_reconnect();
+        }
+        if self.last.as_ref() != Some(&addr) {
+            tracing::info!(master = %self.target.master, primary = %addr, previous = self.last.as_deref(), "redis primary found through the sentinels");
+        }
+        self.last = Some(addr.clone());
+        self.generation += 1;
+        self.failed.timeouts.store(0, Ordering::Relaxed);
+        self.primary.send_replace(Some(Primary {
+            addr,
+            conn,
+            generation: self.generation,
+        }));
+    }
+
+    /// Asks every Sentinel which node is the primary (at most once per [`CHECK_INTERVAL`]),
+    /// keeping the current one while they name it or none answers; switches to another node
+    /// one of them names once it answers `ROLE` as a master. False once every handle is gone.
+    async fn check(&mut self) -> bool {
+        let wait = tokio::time::sleep_until(self.next_check);
+        tokio::select! {
+            () = wait => {}
+            () = self.primary.closed() => return false,
+        }
+        self.next_check = Instant::now() + CHECK_INTERVAL;
+        let asked = self.target.sentinels.iter().map(|sentinel| async {
+            tokio::time::timeout(self.connect_timeout, self.named_by(sentinel))
+                .await
+                .ok()
+                .and_then(Result::ok)
+        });
+        let named = futures_util::future::join_all(asked).await;
+        let current = self.last.clone();
+        let mut others: Vec<(String, u16)> = Vec::new();
+        for (host, port) in named.iter().flatten() {
+            let same = current.as_deref() == Some(format!("{host}:{port}").as_str());
+            if !same && !others.iter().any(|o| (&o.0, o.1) == (host, *port)) {
+                others.push((host.clone(), *port));
+            }
+        }
+        for (host, port) in others {
+            let found = tokio::time::timeout(
+                self.connect_timeout * 2,
+                self.connect_master(host.clone(), port),
+            )
+            .await;
+            match found {
+                Ok(Ok(conn)) => {
+                    self.install(format!("{host}:{port}").into(), conn);
+                    return true;
                 }
+                Ok(Err(e)) => {
+                    tracing::debug!(master = %self.target.master, node = %format!("{host}:{port}"), error = %e, "a node a sentinel names is not the primary (yet)");
+                }
+                Err(_) => {
+                    tracing::debug!(master = %self.target.master, node = %format!("{host}:{port}"), "a node a sentinel names did not answer");
+                }
+            }
+        }
+        tracing::debug!(master = %self.target.master, primary = current.as_deref(), answered = named.iter().flatten().count(), "the sentinels name no other primary; keeping it");
+        true
+    }
+
+    /// Asks each Sentinel in turn (the last one that answered first) for the primary, and
+    /// connects to the first one named that answers `ROLE` as a master.
+    async fn resolve(&mut self) -> Result<(String, MultiplexedConnection), RedisError> {
+        let mut last = None;
+        let count = self.target.sentinels.len();
+        for i in (0..count).map(|i| (self.preferred + i) % count) {
+            let sentinel = &self.target.sentinels[i];
+            let found = async {
+                let (host, port) = self.named_by(sentinel).await?;
+                let conn = self.connect_master(host.clone(), port).await?;
                 Ok((format!("{host}:{port}"), conn))
             };
             match tokio::time::timeout(self.connect_timeout * 2, found).await {
-                Ok(Ok(found)) => return Ok(found),
+                Ok(Ok(found)) => {
+                    self.preferred = i;
+                    return Ok(found);
+                }
                 Ok(Err(e)) => last = Some(e),
                 Err(_) => {
                     last = Some(RedisError::from((
@@ -305,28 +430,124 @@ impl Resolver {
         Err(last.unwrap_or_else(|| RedisError::from((ErrorKind::Client, "no sentinels"))))
     }
 
-    async fn connect(&self, client: &redis::Client) -> Result<MultiplexedConnection, RedisError> {
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(Some(self.connect_timeout));
-        client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
+    /// The node `sentinel` names as the primary.
+    async fn named_by(&self, sentinel: &redis::Client) -> Result<(String, u16), RedisError> {
+        let mut conn = connect(sentinel, self.connect_timeout, self.connect_timeout).await?;
+        let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(&self.target.master)
+            .query_async(&mut conn)
+            .await?;
+        addr.ok_or_else(|| {
+            RedisError::from((
+                ErrorKind::Client,
+                "the sentinel does not monitor this master name",
+            ))
+        })
     }
 
-    /// A subscription to `+switch-master` on the first Sentinel that accepts one.
-    async fn subscribe(&self) -> Option<redis::aio::PubSubStream> {
-        for sentinel in &self.target.sentinels {
-            let subscribed = async {
-                let mut pubsub = sentinel.get_async_pubsub().await?;
-                pubsub.subscribe(SWITCH_MASTER).await?;
-                Ok::<_, RedisError>(pubsub.into_on_message())
+    /// A connection to the node at `host:port`, once it answers `ROLE` as a master. Its calls
+    /// may take the store's timeout, or the connect timeout if that is longer (the calls made
+    /// while connecting); each call of the store bounds itself by the store's timeout.
+    async fn connect_master(
+        &self,
+        host: String,
+        port: u16,
+    ) -> Result<MultiplexedConnection, RedisError> {
+        let node = redis::Client::open(with_addr(&self.target.node, host, port))?;
+        let response_timeout = self.target.response_timeout.max(self.connect_timeout);
+        let mut conn = connect(&node, self.connect_timeout, response_timeout).await?;
+        let role: Value = tokio::time::timeout(self.connect_timeout, async {
+            redis::cmd("ROLE").query_async(&mut conn).await
+        })
+        .await
+        .map_err(|_| {
+            RedisError::from((ErrorKind::Io, "timed out asking the node for its ROLE"))
+        })??;
+        if !is_master(&role) {
+            return Err(RedisError::from((
+                ErrorKind::Client,
+                "the node the sentinel named is not a master (yet)",
+            )));
+        }
+        Ok(conn)
+    }
+}
+
+async fn connect(
+    client: &redis::Client,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+) -> Result<MultiplexedConnection, RedisError> {
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(connect_timeout))
+        .set_response_timeout(Some(response_timeout));
+    client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+}
+
+/// Keeps a `+switch-master` subscription on one of `sentinels` and tells the resolver what it
+/// announces for `master`; when the subscription ends (the Sentinel restarted or died), it
+/// subscribes on the next Sentinel that accepts, with a backoff while none does, and tells the
+/// resolver it did. Ends when the resolver does.
+async fn subscribe_until_closed(
+    sentinels: Vec<redis::Client>,
+    connect_timeout: Duration,
+    master: String,
+    resolver: mpsc::Sender<Announcement>,
+) {
+    let (mut next, mut delay, mut ended) = (0, RESUBSCRIBE_DELAY.0, false);
+    let count = sentinels.len();
+    if count == 0 {
+        return;
+    }
+    loop {
+        let subscribed = async {
+            for i in (0..count).map(|i| (next + i) % count) {
+                let subscribe = async {
+                    let mut pubsub = sentinels[i].get_async_pubsub().await?;
+                    pubsub.subscribe(SWITCH_MASTER).await?;
+                    Ok::<_, RedisError>(pubsub.into_on_message())
+                };
+                if let Ok(Ok(stream)) = tokio::time::timeout(connect_timeout, subscribe).await {
+                    return Some((i, stream));
+                }
+            }
+            None
+        };
+        let subscribed = tokio::select! {
+            s = subscribed => s,
+            () = resolver.closed() => return,
+        };
+        let Some((at, mut stream)) = subscribed else {
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = resolver.closed() => return,
+            }
+            (delay, ended) = ((delay * 2).min(RESUBSCRIBE_DELAY.1), true);
+            continue;
+        };
+        if ended {
+            tracing::debug!(master = %master, sentinel = at, "subscribed to a sentinel's announcements again");
+            let _ = resolver.try_send(Announcement::Resubscribed);
+        }
+        delay = RESUBSCRIBE_DELAY.0;
+        loop {
+            let msg = tokio::select! {
+                msg = stream.next() => msg,
+                () = resolver.closed() => return,
             };
-            if let Ok(Ok(stream)) = tokio::time::timeout(self.connect_timeout, subscribed).await {
-                return Some(stream);
+            match msg {
+                Some(msg) if announces(&msg, &master) => {
+                    let _ = resolver.try_send(Announcement::Switched);
+                }
+                Some(_) => {}
+                None => break,
             }
         }
-        None
+        tracing::debug!(master = %master, sentinel = at, "a sentinel's announcements ended; the known primary is kept while subscribing to another");
+        (next, ended) = (at + 1, true);
     }
 }
 
@@ -360,6 +581,35 @@ mod tests {
         assert!(!is_master(&role(Value::BulkString(b"slave".to_vec()))));
         assert!(!is_master(&role(Value::BulkString(b"sentinel".to_vec()))));
         assert!(!is_master(&Value::Nil));
+    }
+
+    #[test]
+    fn repeated_timeouts_make_the_primary_suspect_until_it_answers() {
+        let failed = Failed::default();
+        for _ in 1..SUSPECT_AFTER {
+            failed.timed_out(4);
+        }
+        assert_eq!(failed.suspect.load(Ordering::Relaxed), 0, "not yet");
+        failed.timed_out(4);
+        assert_eq!(failed.suspect.load(Ordering::Relaxed), 4);
+        // A late timeout on an older primary does not make the current one suspect.
+        failed.timed_out(3);
+        assert_eq!(failed.suspect.load(Ordering::Relaxed), 4);
+        failed.answered();
+        failed.suspect.store(0, Ordering::Relaxed);
+        failed.timed_out(4);
+        assert_eq!(
+            failed.suspect.load(Ordering::Relaxed),
+            0,
+            "an answer starts the count again"
+        );
+        assert_eq!(failed.generation.load(Ordering::Relaxed), 0, "no resolve");
+    }
+
+    #[test]
+    fn a_timeout_is_not_a_lost_connection() {
+        let timeout = RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        assert!(timeout.is_timeout(), "checked before needs_new_primary");
     }
 
     #[test]

@@ -10,8 +10,11 @@ impl RedisBackend {
     /// The primary of `master`, found through `sentinels` (`host:port`, or `redis://host:port` /
     /// `rediss://host:port` URLs; any subset of the Sentinels that monitor it): the store asks
     /// them which node is the primary, checks with `ROLE` that the node it reaches is a master,
-    /// and asks again when it loses the connection, when the node answers `READONLY`, and when
-    /// a Sentinel announces a failover (`+switch-master`). The primary is authenticated with
+    /// and asks again when it loses the connection, when the node answers `READONLY`, when
+    /// a Sentinel announces a failover (`+switch-master`), and when calls keep timing out on
+    /// the primary (then it switches only if the Sentinels name another node). Calls take the
+    /// store's [`timeout`](Self::timeout); while the Sentinels are unreachable the known primary
+    /// is kept. The primary is authenticated with
     /// [`credentials`](Self::credentials), the Sentinels with
     /// [`sentinel_credentials`](Self::sentinel_credentials) (or credentials in their URLs); with
     /// `rediss://` Sentinels the primary is reached over TLS too, with the same
@@ -108,6 +111,7 @@ impl RedisBackend {
             sentinels: clients,
             master: master.to_owned(),
             node,
+            response_timeout: self.timeout,
         })
     }
 }
