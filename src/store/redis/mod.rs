@@ -245,6 +245,7 @@ mod routing;
 pub(crate) mod script;
 mod sentinel;
 mod sentinel_backend;
+mod sentinel_subscription;
 mod slots;
 mod stats;
 mod store;
