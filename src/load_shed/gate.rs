@@ -320,4 +320,34 @@ mod tests {
         drop(rx);
         assert_eq!(gate.in_flight(), 0);
     }
+
+    #[test]
+    fn a_raised_limit_serves_a_waiting_request_before_any_slot_is_freed() {
+        let gate = Gate::new(
+            LimitState::Adaptive(super::super::gradient::Learner::new(
+                super::super::gradient::Adaptive::new()
+                    .initial_limit(1)
+                    .smoothing(1.0),
+            )),
+            [1_000_000; 3],
+            [1, 0, 0],
+            Arc::new(ManualClock::new()),
+            #[cfg(feature = "metrics")]
+            super::super::metrics::ShedMetrics::new(crate::decision::Name::new("t")),
+        );
+        let Acquire::Got(mut running) = gate.acquire(Priority::Critical) else {
+            panic!("the one slot")
+        };
+        let Acquire::Queued(mut rx) = gate.acquire(Priority::Critical) else {
+            panic!("queued")
+        };
+        // The running request answers as fast as the baseline while another waited: the limit
+        // grows to 2, and the new slot goes to the waiter at once, the first still held.
+        running.answered();
+        assert_eq!(gate.limit(), 2);
+        let second = rx.try_recv().expect("the raised limit's slot");
+        assert_eq!(gate.in_flight(), 2);
+        drop((running, second));
+        assert_eq!(gate.in_flight(), 0);
+    }
 }
