@@ -2,18 +2,20 @@
 //! again at most once per probe interval; and the hash slot of a key's tag.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::{ArcSwap, Guard};
 use redis::Value;
 
 use super::conn::Conn;
 use crate::error::{StoreError, StoreErrorKind};
 
 /// The Cluster's slot map as last read, shared by a store, the stores reconfigured from it and
-/// their batchers.
+/// their batchers. Reading it takes no lock and no reference count in the common case (an
+/// [`ArcSwap`]); a refresh swaps in a whole new map.
 pub(crate) struct SlotCache {
-    map: RwLock<Arc<SlotMap>>,
+    map: ArcSwap<SlotMap>,
     /// When the map was last asked for (ms since `born`), to ask at most once per `every`.
     asked: AtomicU64,
     born: std::time::Instant,
@@ -25,7 +27,7 @@ impl SlotCache {
     /// An empty map, read again at most once per `every`, each read within `timeout`.
     pub(crate) fn new(every: Duration, timeout: Duration) -> Self {
         Self {
-            map: RwLock::default(),
+            map: ArcSwap::default(),
             asked: AtomicU64::new(0),
             born: std::time::Instant::now(),
             every,
@@ -33,9 +35,10 @@ impl SlotCache {
         }
     }
 
-    /// The map as last read (empty until then).
-    pub(crate) fn map(&self) -> Arc<SlotMap> {
-        self.map.read().unwrap_or_else(|e| e.into_inner()).clone()
+    /// The map as last read (empty until then), held for as long as the guard lives (keep it
+    /// short: across an `.await`, clone the `Arc` out of it with [`Guard::into_inner`]).
+    pub(crate) fn map(&self) -> Guard<Arc<SlotMap>> {
+        self.map.load()
     }
 
     /// Whether a [`refresh`](Self::refresh) now would read the map (none in the last interval).
@@ -64,7 +67,7 @@ impl SlotCache {
         }
         match tokio::time::timeout(self.timeout, SlotMap::fetch(conn)).await {
             Ok(Ok(map)) => {
-                *self.map.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(map);
+                self.map.store(Arc::new(map));
             }
             Ok(Err(e)) => tracing::debug!(error = %e, "could not read the cluster slot map"),
             Err(_) => tracing::debug!("reading the cluster slot map timed out"),
@@ -73,10 +76,11 @@ impl SlotCache {
 }
 
 /// The Cluster's slot map as `CLUSTER SLOTS` reports it: (first slot, last slot, master
-/// `host:port`), sorted by first slot.
+/// `host:port`), sorted by first slot. The ranges of one master share its address, which a
+/// caller holds by a reference count rather than a copy.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct SlotMap {
-    ranges: Vec<(u16, u16, String)>,
+    ranges: Vec<(u16, u16, Arc<str>)>,
 }
 
 impl SlotMap {
@@ -99,7 +103,7 @@ impl SlotMap {
         let Value::Array(entries) = value else {
             return None;
         };
-        let mut ranges = Vec::with_capacity(entries.len());
+        let mut ranges: Vec<(u16, u16, Arc<str>)> = Vec::with_capacity(entries.len());
         for e in entries {
             let Value::Array(e) = e else { return None };
             let (Some(Value::Int(a)), Some(Value::Int(b)), Some(Value::Array(master))) =
@@ -115,24 +119,25 @@ impl SlotMap {
             let Some(Value::Int(port)) = master.get(1) else {
                 return None;
             };
-            ranges.push((
-                u16::try_from(*a).ok()?,
-                u16::try_from(*b).ok()?,
-                format!("{host}:{port}"),
-            ));
+            let addr = format!("{host}:{port}");
+            let addr = match ranges.iter().find(|r| *r.2 == *addr) {
+                Some(r) => r.2.clone(),
+                None => Arc::from(addr),
+            };
+            ranges.push((u16::try_from(*a).ok()?, u16::try_from(*b).ok()?, addr));
         }
-        ranges.sort_unstable();
+        ranges.sort_unstable_by_key(|r| (r.0, r.1));
         Some(Self { ranges })
     }
 
     /// A slot the master at `addr` serves (its first), or `None` if it serves none.
     pub(crate) fn slot_of(&self, addr: &str) -> Option<u16> {
-        self.ranges.iter().find(|r| r.2 == addr).map(|r| r.0)
+        self.ranges.iter().find(|r| *r.2 == *addr).map(|r| r.0)
     }
 
     /// The masters the map names, each once.
-    pub(crate) fn masters(&self) -> Vec<String> {
-        let mut masters: Vec<String> = Vec::with_capacity(self.ranges.len());
+    pub(crate) fn masters(&self) -> Vec<Arc<str>> {
+        let mut masters: Vec<Arc<str>> = Vec::with_capacity(self.ranges.len());
         for (_, _, addr) in &self.ranges {
             if !masters.contains(addr) {
                 masters.push(addr.clone());
@@ -142,13 +147,13 @@ impl SlotMap {
     }
 
     /// The master serving `slot`, if known.
-    pub(crate) fn node(&self, slot: u16) -> Option<&str> {
+    pub(crate) fn node(&self, slot: u16) -> Option<&Arc<str>> {
         let i = self
             .ranges
             .partition_point(|r| r.0 <= slot)
             .checked_sub(1)?;
         let (a, b, addr) = &self.ranges[i];
-        (*a <= slot && slot <= *b).then_some(addr.as_str())
+        (*a <= slot && slot <= *b).then_some(addr)
     }
 }
 
@@ -212,6 +217,14 @@ mod tests {
                 ]),
             ]),
             Value::Array(vec![
+                Value::Int(16000),
+                Value::Int(16383),
+                Value::Array(vec![
+                    Value::SimpleString("10.0.0.1".to_owned()),
+                    Value::Int(7000),
+                ]),
+            ]),
+            Value::Array(vec![
                 Value::Int(0),
                 Value::Int(5460),
                 Value::Array(vec![
@@ -221,10 +234,17 @@ mod tests {
             ]),
         ]))
         .unwrap();
-        assert_eq!(m.node(0), Some("10.0.0.1:7000"));
-        assert_eq!(m.node(5460), Some("10.0.0.1:7000"));
-        assert_eq!(m.node(5461), Some("10.0.0.2:7001"));
-        assert_eq!(m.node(10923), None);
+        let node = |slot| m.node(slot).map(|a| &**a);
+        assert_eq!(node(0), Some("10.0.0.1:7000"));
+        assert_eq!(node(5460), Some("10.0.0.1:7000"));
+        assert_eq!(node(5461), Some("10.0.0.2:7001"));
+        assert_eq!(node(10923), None);
+        assert_eq!(node(16383), Some("10.0.0.1:7000"));
+        assert!(
+            Arc::ptr_eq(m.node(0).unwrap(), m.node(16383).unwrap()),
+            "one address per master, shared by its ranges"
+        );
+        assert_eq!(m.masters().len(), 2);
         assert_eq!(m.slot_of("10.0.0.2:7001"), Some(5461));
         assert_eq!(m.slot_of("10.0.0.1:7000"), Some(0));
         assert_eq!(m.slot_of("10.0.0.3:7002"), None);
