@@ -227,7 +227,8 @@ impl ClusterNodes {
     /// gone across failovers, or named only by a `MOVED` or `ASK`): the store keeps at most one
     /// connection per master of the map, and the seed's.
     fn keep_the_maps_masters(&self) {
-        let masters = self.slots.map().masters();
+        let map = self.slots.map();
+        let masters = map.masters();
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
         conns.retain(|addr, _| **addr == *self.seed_addr || masters.iter().any(|m| **m == **addr));
     }
@@ -256,7 +257,7 @@ impl ClusterNodes {
     /// `CLUSTER SLOTS`, asked of every master the map names and the seed at once, over the
     /// store's own connections: the first answer wins, so a dead node costs nothing.
     pub(crate) async fn cluster_slots(self: &Arc<Self>) -> Result<Value, RedisError> {
-        let mut addrs = self.slots.map().masters();
+        let mut addrs = self.slots.map().masters().to_vec();
         if !addrs.contains(&self.seed_addr) {
             addrs.push(self.seed_addr.clone());
         }

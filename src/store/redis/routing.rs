@@ -64,8 +64,12 @@ impl Inner {
     /// The breaker (and address) of the node serving `tag`'s slot: two reference counts, no
     /// lock and no allocation once the node's breaker exists.
     pub(super) fn node_of(&self, tag: &[u8]) -> (Arc<Breaker>, Option<Arc<str>>) {
-        match self.slots.map().node(slot_of_tag(tag)) {
-            Some(addr) => (self.breakers.node(addr), Some(addr.clone())),
+        match self
+            .slots
+            .map()
+            .node_and_breaker(slot_of_tag(tag), &self.breakers)
+        {
+            Some((addr, breaker)) => (breaker, Some(addr.clone())),
             None => (self.breakers.default_breaker().clone(), None),
         }
     }

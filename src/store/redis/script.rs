@@ -477,19 +477,17 @@ pub(crate) fn pack_args<'g>(
 /// Up to [`SEEN_KEYS`] keys (a default batch) are told apart in a hash table on the stack, in
 /// one pass and without an allocation; a larger batch's keys are sorted.
 fn each_of_limit_0<'g>(groups: impl Iterator<Item = &'g Group> + Clone) -> bool {
+    let mut seen: [Option<&str>; 2 * SEEN_KEYS] = [None; 2 * SEEN_KEYS];
     let mut n = 0;
     for g in groups.clone() {
-        for l in g.limits.iter().take(g.keys.len()) {
+        for (k, l) in g.keys.iter().zip(&g.limits) {
             if l.limit != 0 || l.cost != 1 || l.quota.is_some() {
                 return false;
             }
-        }
-        n += g.keys.len().min(g.limits.len());
-    }
-    let keys = groups.flat_map(|g| g.keys.iter().take(g.limits.len()));
-    if n <= SEEN_KEYS {
-        let mut seen: [Option<&str>; 2 * SEEN_KEYS] = [None; 2 * SEEN_KEYS];
-        for k in keys {
+            n += 1;
+            if n > SEEN_KEYS {
+                continue;
+            }
             // Open addressing, at most half full: a free place is always found.
             let mut at = key_hash(k) % seen.len();
             while let Some(other) = seen[at] {
@@ -500,9 +498,13 @@ fn each_of_limit_0<'g>(groups: impl Iterator<Item = &'g Group> + Clone) -> bool 
             }
             seen[at] = Some(k);
         }
+    }
+    if n <= SEEN_KEYS {
         return true;
     }
-    let mut keys: Vec<&str> = keys.map(String::as_str).collect();
+    let mut keys: Vec<&str> = groups
+        .flat_map(|g| g.keys.iter().zip(&g.limits).map(|(k, _)| k.as_str()))
+        .collect();
     keys.sort_unstable();
     keys.windows(2).all(|w| w[0] != w[1])
 }
@@ -510,15 +512,19 @@ fn each_of_limit_0<'g>(groups: impl Iterator<Item = &'g Group> + Clone) -> bool 
 /// The most keys [`each_of_limit_0`] tells apart without an allocation (a default batch).
 const SEEN_KEYS: usize = 64;
 
-/// A hash of a Redis key for [`each_of_limit_0`]'s table: of its length and its last 16 bytes,
-/// where the keys of one batch differ (a hashed or escaped client key), read as two words.
+/// A hash of a Redis key for [`each_of_limit_0`]'s table: of its length and its last 16 bytes
+/// (where the keys of one batch differ: a hashed or escaped client key), read as two words.
 fn key_hash(key: &str) -> usize {
     let bytes = key.as_bytes();
-    let mut tail = [0u8; 16];
-    let from = bytes.len().saturating_sub(16);
-    tail[16 - (bytes.len() - from)..].copy_from_slice(&bytes[from..]);
-    let [a, b] =
-        [&tail[..8], &tail[8..]].map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()));
+    let word = |w: &[u8]| w.try_into().map_or(0, u64::from_le_bytes);
+    let (a, b) = match bytes.len().checked_sub(16) {
+        Some(at) => (word(&bytes[at..at + 8]), word(&bytes[at + 8..])),
+        None => {
+            let mut tail = [0u8; 16];
+            tail[..bytes.len()].copy_from_slice(bytes);
+            (word(&tail[..8]), word(&tail[8..]))
+        }
+    };
     let h = (a ^ b.rotate_left(29) ^ bytes.len() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     (h >> 32) as usize
 }
