@@ -11,8 +11,8 @@
 //!
 //! `TRYAGAIN` (a call whose keys are split between the two nodes of a slot being migrated; Redis
 //! ran nothing) is sent again from the start, [`TRYAGAIN_WAITS`] later each time: at most 3
-//! tries in 30 ms. If the keys are still split, the call fails and is decided by the failure
-//! policies, as on `CLUSTERDOWN`.
+//! tries, 30 ms of waits between them. If the keys are still split, the call fails and is
+//! decided by the failure policies, as on `CLUSTERDOWN`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
