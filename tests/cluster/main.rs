@@ -6,6 +6,7 @@
 mod harness;
 
 mod redis_cluster_batching;
+mod redis_cluster_errors;
 mod redis_cluster_redirects;
 mod redis_plans;
 mod redis_refunds;

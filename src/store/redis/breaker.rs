@@ -11,6 +11,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, Weak};
 
+use arc_swap::ArcSwap;
+
 use super::stats::RedisStats;
 
 /// The breaker of one node.
@@ -72,9 +74,14 @@ impl Breaker {
 
 /// The breakers of a store's nodes, by node address (`host:port`; `""` for a single node or a
 /// Cluster node not known yet). Breakers outlive topology changes: an address keeps its breaker.
+///
+/// Finding a node's breaker takes no lock: the table is replaced whole (under `adding`) when a
+/// node is first seen, which happens once per master.
 #[derive(Debug, Default)]
 pub(crate) struct Breakers {
-    by_node: Mutex<HashMap<String, Arc<Breaker>>>,
+    by_node: ArcSwap<HashMap<Box<str>, Arc<Breaker>>>,
+    /// Held while a breaker is added, so that two new nodes at once both stay.
+    adding: Mutex<()>,
     /// The breaker for a single node, and for Cluster calls whose node is not known.
     default: Arc<Breaker>,
 }
@@ -86,7 +93,11 @@ impl Breakers {
 
     /// The breaker of the node at `addr`.
     pub(crate) fn node(&self, addr: &str) -> Arc<Breaker> {
-        let mut map = self.by_node.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = self.by_node.load().get(addr) {
+            return b.clone();
+        }
+        let _adding = self.adding.lock().unwrap_or_else(|e| e.into_inner());
+        let map = self.by_node.load_full();
         if let Some(b) = map.get(addr) {
             return b.clone();
         }
@@ -94,7 +105,9 @@ impl Breakers {
             node: addr.into(),
             ..Breaker::default()
         });
-        map.insert(addr.to_owned(), b.clone());
+        let mut map = HashMap::clone(&map);
+        map.insert(addr.into(), b.clone());
+        self.by_node.store(Arc::new(map));
         b
     }
 }
@@ -137,5 +150,24 @@ mod tests {
         assert!(breakers.node("127.0.0.1:7000").is_open());
         assert!(!breakers.node("127.0.0.1:7001").is_open());
         assert!(!breakers.default_breaker().is_open());
+    }
+
+    #[test]
+    fn nodes_added_at_once_each_keep_one_breaker() {
+        let breakers = Breakers::default();
+        let addrs: Vec<String> = (0..32).map(|i| format!("127.0.0.1:{}", 7000 + i)).collect();
+        let got: Vec<Vec<Arc<Breaker>>> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..4)
+                .map(|_| s.spawn(|| addrs.iter().map(|a| breakers.node(a)).collect()))
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        for (i, addr) in addrs.iter().enumerate() {
+            let b = breakers.node(addr);
+            assert_eq!(&*b.node, addr.as_str());
+            for seen in &got {
+                assert!(Arc::ptr_eq(&seen[i], &b), "{addr}: one breaker");
+            }
+        }
     }
 }

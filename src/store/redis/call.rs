@@ -254,7 +254,7 @@ impl Inner {
     async fn call_one(
         self: &Arc<Self>,
         group: Group,
-        (breaker, addr): (Arc<Breaker>, Option<String>),
+        (breaker, addr): (Arc<Breaker>, Option<Arc<str>>),
         slot: u16,
         kind: CallKind,
     ) -> (Group, Result<Ints, StoreError>) {

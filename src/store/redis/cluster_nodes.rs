@@ -8,6 +8,11 @@
 //! `MOVED`) fails only that call and starts a slot-map refresh in the background, asked of every
 //! other known node at once and rate-limited by the [`SlotCache`]; the next calls go where the
 //! new map says. `MOVED` is followed once to the node it names, `ASK` once with `ASKING`.
+//!
+//! `TRYAGAIN` (a call whose keys are split between the two nodes of a slot being migrated; Redis
+//! ran nothing) is sent again from the start, [`TRYAGAIN_WAITS`] later each time: at most 3
+//! tries, 30 ms of waits between them. If the keys are still split, the call fails and is
+//! decided by the failure policies, as on `CLUSTERDOWN`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -25,6 +30,9 @@ use super::slots::SlotCache;
 /// dropped (as the redis-rs Cluster connection's default); calls end at their own deadline.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The waits before each new try of a call answered `TRYAGAIN` (see the module docs).
+const TRYAGAIN_WAITS: [Duration; 2] = [Duration::from_millis(10), Duration::from_millis(20)];
+
 /// One master's connection, made on first use; replaced when it fails.
 type Cell = Arc<OnceCell<MultiplexedConnection>>;
 
@@ -35,7 +43,7 @@ pub(crate) struct ClusterNodes {
     /// The first seed's settings (credentials, TLS); every node is reached with them.
     seed: redis::ConnectionInfo,
     /// The seed's `host:port`, asked for the slot map when no known node answers.
-    seed_addr: String,
+    seed_addr: Arc<str>,
     slots: Arc<SlotCache>,
     connect_timeout: Duration,
     conns: Mutex<HashMap<String, Cell>>,
@@ -56,7 +64,7 @@ impl ClusterNodes {
         fallback: ClusterConnection,
     ) -> Self {
         Self {
-            seed_addr: seed.addr().to_string(),
+            seed_addr: seed.addr().to_string().into(),
             seed: seed.clone(),
             slots,
             connect_timeout,
@@ -67,8 +75,27 @@ impl ClusterNodes {
 
     /// Sends `cmd` to the master serving `slot` as the store's map says, following one `MOVED`
     /// or `ASK`; through the fallback connection while the map does not name the slot's master.
+    /// A `TRYAGAIN` is tried again after each of [`TRYAGAIN_WAITS`].
     pub(crate) async fn send(self: &Arc<Self>, cmd: &Cmd, slot: u16) -> Result<Value, RedisError> {
-        let Some(addr) = self.slots.map().node(slot).map(str::to_owned) else {
+        let mut waits = TRYAGAIN_WAITS.iter();
+        loop {
+            match self.send_once(cmd, slot).await {
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::TryAgain) => {
+                    let Some(wait) = waits.next() else {
+                        return Err(e);
+                    };
+                    tracing::debug!(slot, ?wait, "keys split by a slot migration; trying again");
+                    tokio::time::sleep(*wait).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn send_once(self: &Arc<Self>, cmd: &Cmd, slot: u16) -> Result<Value, RedisError> {
+        // The map is held only while the slot is looked up; the address is shared with it.
+        let addr = self.slots.map().node(slot).cloned();
+        let Some(addr) = addr else {
             self.refresh_in_background();
             let route = redis::cluster_routing::RoutingInfo::SingleNode(
                 redis::cluster_routing::SingleNodeRoutingInfo::SpecificNode(
@@ -200,9 +227,10 @@ impl ClusterNodes {
     /// gone across failovers, or named only by a `MOVED` or `ASK`): the store keeps at most one
     /// connection per master of the map, and the seed's.
     fn keep_the_maps_masters(&self) {
-        let masters = self.slots.map().masters();
+        let map = self.slots.map();
+        let masters = map.masters();
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-        conns.retain(|addr, _| *addr == self.seed_addr || masters.contains(addr));
+        conns.retain(|addr, _| **addr == *self.seed_addr || masters.iter().any(|m| **m == **addr));
     }
 
     /// Drops `cell` (the connection to `addr` that failed) unless it was already replaced.
@@ -229,7 +257,7 @@ impl ClusterNodes {
     /// `CLUSTER SLOTS`, asked of every master the map names and the seed at once, over the
     /// store's own connections: the first answer wins, so a dead node costs nothing.
     pub(crate) async fn cluster_slots(self: &Arc<Self>) -> Result<Value, RedisError> {
-        let mut addrs = self.slots.map().masters();
+        let mut addrs = self.slots.map().masters().to_vec();
         if !addrs.contains(&self.seed_addr) {
             addrs.push(self.seed_addr.clone());
         }

@@ -11,7 +11,7 @@ use super::store::Inner;
 
 impl Inner {
     /// Starts the probe of `breaker`'s node, unless one is running.
-    pub(super) fn spawn_probe(self: &Arc<Self>, breaker: &Arc<Breaker>, addr: Option<String>) {
+    pub(super) fn spawn_probe(self: &Arc<Self>, breaker: &Arc<Breaker>, addr: Option<Arc<str>>) {
         // Outside a runtime (a check made from plain code) the next check in one starts it.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -41,8 +41,7 @@ impl Inner {
                     // A Cluster master: if it no longer serves any slot (failed over), nothing
                     // is sent to it any more and its breaker can close.
                     inner.refresh_slots(&handle.conn).await;
-                    let map = inner.slots.map();
-                    slot = map.slot_of(addr);
+                    slot = inner.slots.map().slot_of(addr);
                     if slot.is_none() {
                         breaker.close(&inner.stats);
                         tracing::info!(node = %addr, "redis node no longer serves slots; its circuit breaker closed");

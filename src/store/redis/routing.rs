@@ -15,8 +15,8 @@ use crate::store::{LimitCheck, MAX_LIMITS};
 pub(super) struct ScriptCall {
     pub(super) group: Group,
     /// The breaker of its node and the node's address (`None`: the single node, or a Cluster
-    /// node not known yet).
-    pub(super) node: (Arc<Breaker>, Option<String>),
+    /// node not known yet), shared with the slot map.
+    pub(super) node: (Arc<Breaker>, Option<Arc<str>>),
     /// The hash slot of its keys (Cluster; 0 on a single node).
     pub(super) slot: u16,
     /// The check index of each of its limits; empty when the group holds every check in order
@@ -61,10 +61,15 @@ const IDENTITY: [usize; MAX_LIMITS] = {
 };
 
 impl Inner {
-    /// The breaker (and address) of the node serving `tag`'s slot.
-    pub(super) fn node_of(&self, tag: &[u8]) -> (Arc<Breaker>, Option<String>) {
-        match self.slots.map().node(slot_of_tag(tag)) {
-            Some(addr) => (self.breakers.node(addr), Some(addr.to_owned())),
+    /// The breaker (and address) of the node serving `tag`'s slot: two reference counts, no
+    /// lock and no allocation once the node's breaker exists.
+    pub(super) fn node_of(&self, tag: &[u8]) -> (Arc<Breaker>, Option<Arc<str>>) {
+        match self
+            .slots
+            .map()
+            .node_and_breaker(slot_of_tag(tag), &self.breakers)
+        {
+            Some((addr, breaker)) => (breaker, Some(addr.clone())),
             None => (self.breakers.default_breaker().clone(), None),
         }
     }

@@ -520,18 +520,60 @@ pub(crate) fn pack_args<'g>(
 
 /// Whether a batch can go as `'B'`: every check is of limit 0 at its own quota, at cost 1, and
 /// no key comes twice (the script then reads each key's state by its position).
-fn each_of_limit_0<'g>(groups: impl Iterator<Item = &'g Group>) -> bool {
-    let mut keys: Vec<&str> = Vec::with_capacity(64);
-    for g in groups {
+///
+/// Up to [`SEEN_KEYS`] keys (a default batch) are told apart in a hash table on the stack, in
+/// one pass and without an allocation; a larger batch's keys are sorted.
+fn each_of_limit_0<'g>(groups: impl Iterator<Item = &'g Group> + Clone) -> bool {
+    let mut seen: [Option<&str>; 2 * SEEN_KEYS] = [None; 2 * SEEN_KEYS];
+    let mut n = 0;
+    for g in groups.clone() {
         for (k, l) in g.keys.iter().zip(&g.limits) {
             if l.limit != 0 || l.cost != 1 || l.quota.is_some() {
                 return false;
             }
-            keys.push(k);
+            n += 1;
+            if n > SEEN_KEYS {
+                continue;
+            }
+            // Open addressing, at most half full: a free place is always found.
+            let mut at = key_hash(k) % seen.len();
+            while let Some(other) = seen[at] {
+                if other == k.as_str() {
+                    return false;
+                }
+                at = (at + 1) % seen.len();
+            }
+            seen[at] = Some(k);
         }
     }
+    if n <= SEEN_KEYS {
+        return true;
+    }
+    let mut keys: Vec<&str> = groups
+        .flat_map(|g| g.keys.iter().zip(&g.limits).map(|(k, _)| k.as_str()))
+        .collect();
     keys.sort_unstable();
     keys.windows(2).all(|w| w[0] != w[1])
+}
+
+/// The most keys [`each_of_limit_0`] tells apart without an allocation (a default batch).
+const SEEN_KEYS: usize = 64;
+
+/// A hash of a Redis key for [`each_of_limit_0`]'s table: of its length and its last 16 bytes
+/// (where the keys of one batch differ: a hashed or escaped client key), read as two words.
+fn key_hash(key: &str) -> usize {
+    let bytes = key.as_bytes();
+    let word = |w: &[u8]| w.try_into().map_or(0, u64::from_le_bytes);
+    let (a, b) = match bytes.len().checked_sub(16) {
+        Some(at) => (word(&bytes[at..at + 8]), word(&bytes[at + 8..])),
+        None => {
+            let mut tail = [0u8; 16];
+            tail[..bytes.len()].copy_from_slice(bytes);
+            (word(&tail[..8]), word(&tail[8..]))
+        }
+    };
+    let h = (a ^ b.rotate_left(29) ^ bytes.len() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (h >> 32) as usize
 }
 
 /// One group's reply integers: its `now`, then 5 per limit. A group of one limit (the common
@@ -894,6 +936,48 @@ mod tests {
         };
         assert_eq!(args(false), ["2", "a", "b", "b", "1", "2"]);
         assert_eq!(args(true), ["0", "n", "2", "a", "b", "b", "1", "2"]);
+    }
+
+    #[test]
+    fn a_batch_of_distinct_keys_of_limit_0_is_told_apart_at_every_size() {
+        let group = |key: String, limit, cost| Group {
+            keys: vec![key],
+            limits: vec![LimitArg {
+                limit,
+                cost,
+                quota: None,
+            }],
+            now: None,
+            reserved_at: None,
+        };
+        // Keys alike but for one byte, in the middle or at the end, as a batch's keys are.
+        let key = |i: usize| format!("rl:{{{i:016x}}}:tb:hourly:h.{:032x}", i % 97);
+        for n in [1, 2, 7, 63, SEEN_KEYS, SEEN_KEYS + 1, 200, 1024] {
+            let mut groups: Vec<Group> = (0..n).map(|i| group(key(i), 0, 1)).collect();
+            assert!(each_of_limit_0(groups.iter()), "{n} distinct keys");
+            // A repeated key, first or last, is found wherever it is.
+            for (at, of) in [(n - 1, 0), (0, n - 1), (n / 2, n / 3)] {
+                if at == of {
+                    continue;
+                }
+                let was = std::mem::replace(&mut groups[at].keys[0], key(of));
+                assert!(!each_of_limit_0(groups.iter()), "{n}: key {of} at {at}");
+                groups[at].keys[0] = was;
+            }
+            groups[n - 1].limits[0].cost = 2;
+            assert!(!each_of_limit_0(groups.iter()), "{n}: a cost of 2");
+            groups[n - 1].limits[0] = LimitArg {
+                limit: 1,
+                cost: 1,
+                quota: None,
+            };
+            assert!(!each_of_limit_0(groups.iter()), "{n}: limit 1");
+        }
+        // Keys equal in their last 16 bytes and length share a hash, and are still told apart.
+        let groups: Vec<Group> = (0..SEEN_KEYS)
+            .map(|i| group(format!("{i:02}{}", "x".repeat(20)), 0, 1))
+            .collect();
+        assert!(each_of_limit_0(groups.iter()));
     }
 
     /// `cmd`'s arguments after the first `skip`, as text.

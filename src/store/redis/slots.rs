@@ -2,18 +2,21 @@
 //! again at most once per probe interval; and the hash slot of a key's tag.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
+use arc_swap::{ArcSwap, Guard};
 use redis::Value;
 
+use super::breaker::{Breaker, Breakers};
 use super::conn::Conn;
 use crate::error::{StoreError, StoreErrorKind};
 
 /// The Cluster's slot map as last read, shared by a store, the stores reconfigured from it and
-/// their batchers.
+/// their batchers. Reading it takes no lock and no reference count in the common case (an
+/// [`ArcSwap`]); a refresh swaps in a whole new map.
 pub(crate) struct SlotCache {
-    map: RwLock<Arc<SlotMap>>,
+    map: ArcSwap<SlotMap>,
     /// When the map was last asked for (ms since `born`), to ask at most once per `every`.
     asked: AtomicU64,
     born: std::time::Instant,
@@ -25,7 +28,7 @@ impl SlotCache {
     /// An empty map, read again at most once per `every`, each read within `timeout`.
     pub(crate) fn new(every: Duration, timeout: Duration) -> Self {
         Self {
-            map: RwLock::default(),
+            map: ArcSwap::default(),
             asked: AtomicU64::new(0),
             born: std::time::Instant::now(),
             every,
@@ -33,9 +36,10 @@ impl SlotCache {
         }
     }
 
-    /// The map as last read (empty until then).
-    pub(crate) fn map(&self) -> Arc<SlotMap> {
-        self.map.read().unwrap_or_else(|e| e.into_inner()).clone()
+    /// The map as last read (empty until then), held for as long as the guard lives (keep it
+    /// short: across an `.await`, clone the `Arc` out of it with [`Guard::into_inner`]).
+    pub(crate) fn map(&self) -> Guard<Arc<SlotMap>> {
+        self.map.load()
     }
 
     /// Whether a [`refresh`](Self::refresh) now would read the map (none in the last interval).
@@ -64,7 +68,7 @@ impl SlotCache {
         }
         match tokio::time::timeout(self.timeout, SlotMap::fetch(conn)).await {
             Ok(Ok(map)) => {
-                *self.map.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(map);
+                self.map.store(Arc::new(map));
             }
             Ok(Err(e)) => tracing::debug!(error = %e, "could not read the cluster slot map"),
             Err(_) => tracing::debug!("reading the cluster slot map timed out"),
@@ -72,11 +76,17 @@ impl SlotCache {
     }
 }
 
-/// The Cluster's slot map as `CLUSTER SLOTS` reports it: (first slot, last slot, master
-/// `host:port`), sorted by first slot.
+/// The Cluster's slot map as `CLUSTER SLOTS` reports it: (first slot, last slot, master), sorted
+/// by first slot, and each master's `host:port` once, which a caller holds by a reference count
+/// rather than a copy.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct SlotMap {
-    ranges: Vec<(u16, u16, String)>,
+    /// (first slot, last slot, index in `masters`).
+    ranges: Vec<(u16, u16, usize)>,
+    masters: Vec<Arc<str>>,
+    /// Each master's breaker (in `masters` order) among the breakers of the stores that share
+    /// this map, looked up once per map; kept with the breakers they were looked up in.
+    breakers: OnceLock<(Weak<Breakers>, Vec<Arc<Breaker>>)>,
 }
 
 impl SlotMap {
@@ -100,6 +110,7 @@ impl SlotMap {
             return None;
         };
         let mut ranges = Vec::with_capacity(entries.len());
+        let mut masters: Vec<Arc<str>> = Vec::new();
         for e in entries {
             let Value::Array(e) = e else { return None };
             let (Some(Value::Int(a)), Some(Value::Int(b)), Some(Value::Array(master))) =
@@ -115,40 +126,71 @@ impl SlotMap {
             let Some(Value::Int(port)) = master.get(1) else {
                 return None;
             };
-            ranges.push((
-                u16::try_from(*a).ok()?,
-                u16::try_from(*b).ok()?,
-                format!("{host}:{port}"),
-            ));
+            let addr = format!("{host}:{port}");
+            let m = match masters.iter().position(|m| **m == *addr) {
+                Some(m) => m,
+                None => {
+                    masters.push(addr.into());
+                    masters.len() - 1
+                }
+            };
+            ranges.push((u16::try_from(*a).ok()?, u16::try_from(*b).ok()?, m));
         }
         ranges.sort_unstable();
-        Some(Self { ranges })
+        Some(Self {
+            ranges,
+            masters,
+            breakers: OnceLock::new(),
+        })
     }
 
     /// A slot the master at `addr` serves (its first), or `None` if it serves none.
     pub(crate) fn slot_of(&self, addr: &str) -> Option<u16> {
-        self.ranges.iter().find(|r| r.2 == addr).map(|r| r.0)
+        let m = self.masters.iter().position(|m| **m == *addr)?;
+        self.ranges.iter().find(|r| r.2 == m).map(|r| r.0)
     }
 
     /// The masters the map names, each once.
-    pub(crate) fn masters(&self) -> Vec<String> {
-        let mut masters: Vec<String> = Vec::with_capacity(self.ranges.len());
-        for (_, _, addr) in &self.ranges {
-            if !masters.contains(addr) {
-                masters.push(addr.clone());
-            }
-        }
-        masters
+    pub(crate) fn masters(&self) -> &[Arc<str>] {
+        &self.masters
     }
 
-    /// The master serving `slot`, if known.
-    pub(crate) fn node(&self, slot: u16) -> Option<&str> {
+    /// The index in `masters` of the master serving `slot`, if known.
+    fn master(&self, slot: u16) -> Option<usize> {
         let i = self
             .ranges
             .partition_point(|r| r.0 <= slot)
             .checked_sub(1)?;
-        let (a, b, addr) = &self.ranges[i];
-        (*a <= slot && slot <= *b).then_some(addr.as_str())
+        let (a, b, m) = self.ranges[i];
+        (a <= slot && slot <= b).then_some(m)
+    }
+
+    /// The master serving `slot`, if known.
+    pub(crate) fn node(&self, slot: u16) -> Option<&Arc<str>> {
+        self.master(slot).map(|m| &self.masters[m])
+    }
+
+    /// The master serving `slot`, if known, and its breaker among `breakers`: found by index
+    /// once the map has looked its masters' breakers up (on its first call), without a lock
+    /// or a hash.
+    pub(crate) fn node_and_breaker(
+        &self,
+        slot: u16,
+        breakers: &Arc<Breakers>,
+    ) -> Option<(&Arc<str>, Arc<Breaker>)> {
+        let m = self.master(slot)?;
+        let addr = &self.masters[m];
+        let (of, found) = self.breakers.get_or_init(|| {
+            let found = self.masters.iter().map(|a| breakers.node(a)).collect();
+            (Arc::downgrade(breakers), found)
+        });
+        // Another store's breakers (not one sharing this map's): looked up by address.
+        let breaker = if std::ptr::eq(of.as_ptr(), Arc::as_ptr(breakers)) {
+            found[m].clone()
+        } else {
+            breakers.node(addr)
+        };
+        Some((addr, breaker))
     }
 }
 
@@ -212,6 +254,14 @@ mod tests {
                 ]),
             ]),
             Value::Array(vec![
+                Value::Int(16000),
+                Value::Int(16383),
+                Value::Array(vec![
+                    Value::SimpleString("10.0.0.1".to_owned()),
+                    Value::Int(7000),
+                ]),
+            ]),
+            Value::Array(vec![
                 Value::Int(0),
                 Value::Int(5460),
                 Value::Array(vec![
@@ -221,10 +271,31 @@ mod tests {
             ]),
         ]))
         .unwrap();
-        assert_eq!(m.node(0), Some("10.0.0.1:7000"));
-        assert_eq!(m.node(5460), Some("10.0.0.1:7000"));
-        assert_eq!(m.node(5461), Some("10.0.0.2:7001"));
-        assert_eq!(m.node(10923), None);
+        let node = |slot| m.node(slot).map(|a| &**a);
+        assert_eq!(node(0), Some("10.0.0.1:7000"));
+        assert_eq!(node(5460), Some("10.0.0.1:7000"));
+        assert_eq!(node(5461), Some("10.0.0.2:7001"));
+        assert_eq!(node(10923), None);
+        assert_eq!(node(16383), Some("10.0.0.1:7000"));
+        assert!(
+            Arc::ptr_eq(m.node(0).unwrap(), m.node(16383).unwrap()),
+            "one address per master, shared by its ranges"
+        );
+        assert_eq!(m.masters().len(), 2);
+
+        // Each master's breaker is its breaker among the store's, found by index; another
+        // store's breakers give their own.
+        let breakers = Arc::new(Breakers::default());
+        let (addr, b) = m.node_and_breaker(5461, &breakers).unwrap();
+        assert_eq!(&**addr, "10.0.0.2:7001");
+        assert!(Arc::ptr_eq(&b, &breakers.node("10.0.0.2:7001")));
+        let (_, b) = m.node_and_breaker(0, &breakers).unwrap();
+        assert!(Arc::ptr_eq(&b, &breakers.node("10.0.0.1:7000")));
+        assert!(m.node_and_breaker(10923, &breakers).is_none());
+        let others = Arc::new(Breakers::default());
+        let (_, b) = m.node_and_breaker(0, &others).unwrap();
+        assert!(Arc::ptr_eq(&b, &others.node("10.0.0.1:7000")));
+        assert!(!Arc::ptr_eq(&b, &breakers.node("10.0.0.1:7000")));
         assert_eq!(m.slot_of("10.0.0.2:7001"), Some(5461));
         assert_eq!(m.slot_of("10.0.0.1:7000"), Some(0));
         assert_eq!(m.slot_of("10.0.0.3:7002"), None);
