@@ -1,4 +1,4 @@
-//! A fixed window's batched checks (the fused path, `fw_fast` in `scripts/fixed_window.lua`, and
+//! A fixed window's batched checks (the fused path, `fw_fast` in `scripts/fixed_window_fast.lua`, and
 //! its compact reply) decide as the general path does, and keep the key's TTL within a window:
 //! checked against a real `redis-server` and its clock. Windows of an hour; a test that would
 //! cross the end of one waits for the next first (at most 20 s). Bounds asserted: each client's

@@ -1,10 +1,12 @@
 //! The Lua side: per-limit parameters, script assembly, packing a call and parsing its reply.
 //!
-//! A store's script is the concatenation of files in `scripts/` and one generated chunk, in this
-//! order: `prelude.lua`, the file of each algorithm its limits use (each once), `CONFIG` (this
-//! store's limits as data, written by [`LuaScript::assemble`]), `dispatch.lua` and `driver.lua`
-//! (or `lease.lua`, for the hybrid store's leases). The call protocol, the order of the files and
-//! what adding an algorithm takes are described in `docs/internals/redis-script.md`.
+//! A store's script is the concatenation of files in `scripts/` and two generated chunks, in this
+//! order ([`LuaScript::assemble`]): `prelude.lua`; the batch constants (`PREFETCH`, `FAST`) with
+//! limit 0's fused batch check (`token_bucket_fast.lua` or `fixed_window_fast.lua`) when it has
+//! one; `lead.lua`; `state.lua`; the file of each algorithm its limits use (each once); `CONFIG`
+//! (this store's limits as data); `dispatch.lua` and `driver.lua` (or `lease.lua`, for the hybrid
+//! store's leases). The call protocol, the order of the files and what adding an algorithm takes
+//! are described in `docs/internals/redis-script.md`.
 
 use std::time::Duration;
 
@@ -115,7 +117,7 @@ pub(crate) struct LimitInfo {
     pub(crate) short: &'static str,
     pub(crate) algorithm: AlgorithmKind,
     /// The parameters the script holds for this limit: those its unmarked keys were written at
-    /// (see `scripts/prelude.lua`). The limit's own, unless the store was reconfigured from one
+    /// (see `scripts/state.lua`). The limit's own, unless the store was reconfigured from one
     /// where the limit of this name had another quota.
     pub(crate) params: ScriptParams,
     /// `Decision::limit` as the algorithm reports it.
@@ -164,8 +166,8 @@ pub(crate) struct LuaScript {
 }
 
 /// Limit 0's parameters, to read a batch reply's compact records: one negative integer
-/// `-1 - x` for a check its algorithm's `fast` decided, `x` being the token bucket's deficit
-/// after the charge (`tb_fast`) or the fixed window's count after it (`fw_fast`, epoch windows;
+/// `-1 - x` for a check its fused batch check (`FAST`) decided, `x` being the token bucket's
+/// deficit after the charge (`tb_fast`) or the fixed window's count after it (`fw_fast`, epoch windows;
 /// 0: refused, the window spent); `docs/internals/redis-script.md`, "The check call".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CompactForm {

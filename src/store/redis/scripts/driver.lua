@@ -157,10 +157,12 @@ if kind == 'b' or kind == 'B' then
   if direct and FAST then
     -- A 'B' batch read ahead, with limit 0's fused check: each key by its index, the rest of the
     -- loop below (what FAST leaves) inlined, as this loop runs once per decision.
+    -- The key the lead stopped at (LEAD_NEXT) goes straight to the general path.
     local fast, ttl, p1, p2, p3, keep = FAST, FAST_TTL, FAST_P1, FAST_P2, FAST_P3, FAST_KEEP
+    local left = LEAD_NEXT
     for i = start, #KEYS do
       local v = values[i]
-      local r = fast(KEYS[i], v, ttl, now, p1, p2, p3, from, keep)
+      local r = i ~= left and fast(KEYS[i], v, ttl, now, p1, p2, p3, from, keep)
       if r then
         m = m + 1
         ints[m] = r

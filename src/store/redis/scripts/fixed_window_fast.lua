@@ -15,8 +15,8 @@
 -- the window's end when that is later); a later write in the same window keeps it (`KEEPTTL`),
 -- as every write that left the key in this window set a TTL reaching the window's end. Once the
 -- window has ended the key reads as a fresh one would, whether it is there or not.
--- `from` is the start of the window holding `now` (for epoch windows CONFIG gives the period as
--- the cell, and the batch works out the cell's start once), a multiple of `period`, so
+-- `from` is the start of the window holding `now` (for epoch windows FAST_CELL is the period,
+-- and the batch works out the cell's start once), a multiple of `period`, so
 -- `from / period` is that window's index, exactly.
 local function fw_fast(key, v, ttl, now, period, limit, _, from)
   local w = from / period

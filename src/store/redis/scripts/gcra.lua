@@ -104,7 +104,7 @@ end
 -- Plan change (Gcra::rebase): the state was written at (ounit, oper, ocap) and a check arrives
 -- at (unit, per, cap). The steps before full at the old quota are, up to its capacity, a deficit
 -- and beyond it a lock (the time before anything refills); both are carried as the token bucket
--- carries them (bucket_carry in the prelude), and stored as a TAT that many steps after `now`, at
+-- carries them (bucket_carry in state.lua), and stored as a TAT that many steps after `now`, at
 -- most min(2^53 - 1, (2^52 - 1) * per) steps so the TAT stays below 2^53; a key that spent
 -- nothing is fresh. Returns the new state without storing it (the check stores it only if it
 -- charges something; see `replan` in the driver).

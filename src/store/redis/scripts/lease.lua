@@ -1,5 +1,7 @@
 -- tollgate: the lease driver of the hybrid store (src/store/hybrid), run in place of driver.lua
--- after the prelude, the algorithms, CONFIG and the dispatch, so a lease runs exactly the
+-- after the prelude, the batch constants and the lead (which a lease call passes untouched: its
+-- ARGV[1] is a limit's index), the state helpers, the algorithms, CONFIG and the dispatch, so a
+-- lease runs exactly the
 -- functions a check runs. Leasing `n` units is a check of cost `n` at one instant:
 -- `decide(now, 0)` says how many fit, `apply` charges them. Its arguments (the state key and its
 -- birth record; limit, want, min[:wait], give, given_at, owed, now, known, known_at, known_until)
