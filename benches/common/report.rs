@@ -188,11 +188,13 @@ impl Section {
         self
     }
 
-    /// The directory sections are written to.
+    /// The directory sections are written to: `bench-report` in the workspace's target
+    /// directory (the benches are a member of the crate's workspace, whose root is one level up),
+    /// where `examples/bench_report` reads them.
     pub fn dir() -> PathBuf {
         let target = std::env::var_os("CARGO_TARGET_DIR")
             .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/target")));
+            .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target")));
         target.join("bench-report")
     }
 
