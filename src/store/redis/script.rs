@@ -940,10 +940,10 @@ mod tests {
         assert_eq!(args(true), ["0", "n", "2", "a", "b", "b", "1", "2"]);
     }
 
-    #[test]
-    fn a_batch_of_distinct_keys_of_limit_0_is_told_apart_at_every_size() {
-        let group = |key: String, limit, cost| Group {
-            keys: vec![key],
+    /// A group of one limit's check of `key` at the server's time, without a plan.
+    fn one_limit(key: &str, limit: usize, cost: u64) -> Group {
+        Group {
+            keys: vec![key.to_owned()],
             limits: vec![LimitArg {
                 limit,
                 cost,
@@ -951,7 +951,12 @@ mod tests {
             }],
             now: None,
             reserved_at: None,
-        };
+        }
+    }
+
+    #[test]
+    fn a_batch_of_distinct_keys_of_limit_0_is_told_apart_at_every_size() {
+        let group = |key: String, limit, cost| one_limit(&key, limit, cost);
         // Keys alike but for one byte, in the middle or at the end, as a batch's keys are.
         let key = |i: usize| format!("rl:{{{i:016x}}}:tb:hourly:h.{:032x}", i % 97);
         for n in [1, 2, 7, 63, SEEN_KEYS, SEEN_KEYS + 1, 200, 1024] {
@@ -1035,16 +1040,7 @@ mod tests {
 
     #[test]
     fn a_batch_of_distinct_keys_at_limit_0_and_cost_1_goes_without_arguments() {
-        let one = |key: &str, limit, cost| Group {
-            keys: vec![key.to_owned()],
-            limits: vec![LimitArg {
-                limit,
-                cost,
-                quota: None,
-            }],
-            now: None,
-            reserved_at: None,
-        };
+        let one = one_limit;
         let args = |groups: &[Group]| {
             let mut cmd = redis::cmd("EVALSHA");
             pack_args(&mut cmd, CallKind::Batch, groups.iter(), false);
