@@ -20,6 +20,15 @@ const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// A Cluster store of three hourly limits of 100 failing `Open`, `Closed` and `Local`.
 fn store(cluster: &RedisCluster, test: &str, batching: bool) -> (RedisStore, String) {
+    store_with_timeout(cluster, test, batching, Duration::from_secs(3))
+}
+
+fn store_with_timeout(
+    cluster: &RedisCluster,
+    test: &str,
+    batching: bool,
+    timeout: Duration,
+) -> (RedisStore, String) {
     let prefix = prefix(test);
     let limit = |name: &str, policy| {
         LimitSpec::new(
@@ -32,7 +41,7 @@ fn store(cluster: &RedisCluster, test: &str, batching: bool) -> (RedisStore, Str
     let store = RedisBackend::cluster(cluster.urls())
         .prefix(prefix.clone())
         .batching(batching)
-        .timeout(Duration::from_secs(3))
+        .timeout(timeout)
         .probe_interval(Duration::from_millis(100))
         .build(&[
             limit("open", FailurePolicy::Open),
@@ -133,6 +142,14 @@ async fn clusterdown_is_decided_by_each_policy_and_redis_decides_again_once_it_i
         stats.breaker_open() && stats.short_circuited() > 0,
         "the master's breaker opened after 5 failures: {stats:?}"
     );
+    // Its probe reads a key of the master's slot, which the master refuses while the Cluster
+    // is down (it would answer `ECHO`): the breaker stays open through four probe intervals.
+    let trips = stats.breaker_trips();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        stats.breaker_open() && stats.breaker_trips() == trips,
+        "the breaker stays open while the Cluster is down: {stats:?}"
+    );
 
     // The slot's master is back: Redis decides again, and the failed checks charged nothing.
     let _: String = cluster.nodes[owner].cmd(&["CLUSTER", "ADDSLOTS", &slot]);
@@ -190,8 +207,8 @@ async fn keys_split_by_a_migration_are_tried_again_then_decided_by_policy_never_
         println!("batching {batching}: TRYAGAIN answered by policy after {took:?}: {refused}");
         assert_eq!(refused.retry_after(), Some(RETRY_AFTER));
         assert!(
-            took >= Duration::from_millis(30),
-            "two more tries, 10 and 20 ms apart, before the policy: {took:?}"
+            took >= Duration::from_millis(30) && took < Duration::from_secs(1),
+            "two more tries, 10 and 20 ms apart, then the policy (not the 3 s timeout): {took:?}"
         );
         assert!(store.stats().errors() > errors);
         let open = check(&store, client, &[0, 2])
@@ -212,4 +229,61 @@ async fn keys_split_by_a_migration_are_tried_again_then_decided_by_policy_never_
         let on = |n: &RedisServer| n.cmd::<i64>(&["CLUSTER", "COUNTKEYSINSLOT", &slot]);
         assert_eq!((on(a), on(b)), (0, 2));
     }
+}
+
+/// A `TRYAGAIN` is tried again only while a try fits before the caller's deadline: with a 30 ms
+/// timeout, the call is tried at once and after 10 ms, then answered by the failure policy at
+/// once (a third try, 20 ms later, would pass the deadline), not by the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tryagain_is_not_tried_again_past_the_callers_deadline() {
+    let cluster = RedisCluster::start();
+    let (store, prefix) = store_with_timeout(
+        &cluster,
+        "tryagain-deadline",
+        false,
+        Duration::from_millis(30),
+    );
+    // Connected, and the keys written, with time to spare on a busy machine.
+    let mut warm = 0;
+    while check(&store, "d", &[1, 2]).await.is_err() {
+        warm += 1;
+        assert!(warm < 100, "the store never decided by Redis");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut keys = cluster.keys(&format!("{prefix}*"));
+    keys.sort();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    let slot = cluster.keyslot(&keys[0]).to_string();
+    let from = cluster.index_for(&keys[0]);
+    let to = (from + 1) % cluster.nodes.len();
+    let (a, b) = (&cluster.nodes[from], &cluster.nodes[to]);
+    let _: String = b.cmd(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &id(a)]);
+    let _: String = a.cmd(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &id(b)]);
+    let port = b.port().to_string();
+    let _: String = a.cmd(&["MIGRATE", "127.0.0.1", &port, &keys[0], "0", "5000"]);
+    let rejected = |n: &RedisServer| -> u64 {
+        let stats: String = n.cmd(&["INFO", "commandstats"]);
+        stats
+            .lines()
+            .find(|l| l.starts_with("cmdstat_evalsha:"))
+            .and_then(|l| l.split("rejected_calls=").nth(1))
+            .and_then(|v| v.split(',').next())
+            .map_or(0, |v| v.trim().parse().unwrap())
+    };
+    let (timeouts, tries) = (store.stats().timeouts(), rejected(a));
+    let refused = check(&store, "d", &[1, 2])
+        .await
+        .expect_err("the closed limit refuses while the keys are split");
+    assert_eq!(refused.retry_after(), Some(RETRY_AFTER));
+    let tried = rejected(a) - tries;
+    println!("{tried} tries answered TRYAGAIN: {refused}");
+    assert_eq!(
+        store.stats().timeouts(),
+        timeouts,
+        "answered by the policy before the timeout"
+    );
+    assert!(
+        (1..=2).contains(&tried),
+        "no try is sent that would end past the deadline: {tried}"
+    );
 }

@@ -203,7 +203,7 @@ async fn call_batch(
     };
     let result = tokio::time::timeout_at(
         deadline,
-        conn.eval_routed(script, kind, jobs.iter().map(|j| &j.group), node),
+        conn.eval_routed(script, kind, jobs.iter().map(|j| &j.group), node, deadline),
     )
     .await;
     match result {

@@ -155,9 +155,15 @@ impl Inner {
             group.reserved_at = Some(a.now);
             async move {
                 let conn = self.handle().ok()?.conn;
-                let value = tokio::time::timeout(
-                    self.timeout,
-                    conn.eval(&self.script, CallKind::Refund, std::iter::once(&group)),
+                let deadline = deadline_after(self.timeout);
+                let value = tokio::time::timeout_at(
+                    deadline,
+                    conn.eval(
+                        &self.script,
+                        CallKind::Refund,
+                        std::iter::once(&group),
+                        deadline,
+                    ),
                 )
                 .await
                 .ok()?
@@ -288,9 +294,10 @@ impl Inner {
                 // every batched call's future as large, which is moved as it is polled.
                 _ => {
                     Box::pin(async {
-                        let result = match tokio::time::timeout(
-                            timeout,
-                            self.send(&handle.conn, &group, kind),
+                        let deadline = deadline_after(timeout);
+                        let result = match tokio::time::timeout_at(
+                            deadline,
+                            self.send(&handle.conn, &group, kind, deadline),
                         )
                         .await
                         {
@@ -331,9 +338,15 @@ impl Inner {
     }
 
     /// One script call for one group, on the shared connection.
-    async fn send(&self, conn: &Conn, group: &Group, kind: CallKind) -> Result<Ints, CallError> {
+    async fn send(
+        &self,
+        conn: &Conn,
+        group: &Group,
+        kind: CallKind,
+        deadline: tokio::time::Instant,
+    ) -> Result<Ints, CallError> {
         let value = conn
-            .eval(&self.script, kind, std::iter::once(group))
+            .eval(&self.script, kind, std::iter::once(group), deadline)
             .await
             .map_err(|e| CallError::Redis(e.to_string(), kind_of(&e)))?;
         let ints = reply_ints(value).map_err(CallError::Store)?;

@@ -11,8 +11,9 @@
 //!
 //! `TRYAGAIN` (a call whose keys are split between the two nodes of a slot being migrated; Redis
 //! ran nothing) is sent again from the start, [`TRYAGAIN_WAITS`] later each time: at most 3
-//! tries, 30 ms of waits between them. If the keys are still split, the call fails and is
-//! decided by the failure policies, as on `CLUSTERDOWN`.
+//! tries, 30 ms of waits between them, and only a try that fits before the caller's deadline
+//! (the store's timeout). If the keys are still split, the call fails and is decided by the
+//! failure policies, as on `CLUSTERDOWN`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -22,6 +23,7 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::sync::OnceCell;
+use tokio::time::Instant;
 
 use super::conn::{with_addr, Conn};
 use super::slots::SlotCache;
@@ -32,6 +34,10 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The waits before each new try of a call answered `TRYAGAIN` (see the module docs).
 const TRYAGAIN_WAITS: [Duration; 2] = [Duration::from_millis(10), Duration::from_millis(20)];
+
+/// The time a new try needs before the caller's deadline to be worth sending: a loopback round
+/// trip and the script, with room to spare.
+const TRYAGAIN_MARGIN: Duration = Duration::from_millis(2);
 
 /// One master's connection, made on first use; replaced when it fails.
 type Cell = Arc<OnceCell<MultiplexedConnection>>;
@@ -75,13 +81,23 @@ impl ClusterNodes {
 
     /// Sends `cmd` to the master serving `slot` as the store's map says, following one `MOVED`
     /// or `ASK`; through the fallback connection while the map does not name the slot's master.
-    /// A `TRYAGAIN` is tried again after each of [`TRYAGAIN_WAITS`].
-    pub(crate) async fn send(self: &Arc<Self>, cmd: &Cmd, slot: u16) -> Result<Value, RedisError> {
+    /// A `TRYAGAIN` is tried again after each of [`TRYAGAIN_WAITS`] that leaves
+    /// [`TRYAGAIN_MARGIN`] for the try before `deadline` (the caller's); otherwise it is the
+    /// answer at once, so the caller's failure policy decides the call rather than its timeout.
+    pub(crate) async fn send(
+        self: &Arc<Self>,
+        cmd: &Cmd,
+        slot: u16,
+        deadline: Instant,
+    ) -> Result<Value, RedisError> {
         let mut waits = TRYAGAIN_WAITS.iter();
         loop {
             match self.send_once(cmd, slot).await {
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::TryAgain) => {
-                    let Some(wait) = waits.next() else {
+                    let Some(wait) = waits
+                        .next()
+                        .filter(|&&w| Instant::now() + w + TRYAGAIN_MARGIN < deadline)
+                    else {
                         return Err(e);
                     };
                     tracing::debug!(slot, ?wait, "keys split by a slot migration; trying again");

@@ -12,6 +12,7 @@ use redis::{
     AsyncConnectionConfig, Cmd, ConnectionAddr, ErrorKind, RedisError, ServerErrorKind, Value,
 };
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use super::batcher::Batchers;
 use super::cluster_nodes::ClusterNodes;
@@ -95,20 +96,34 @@ impl Conn {
         }
     }
 
-    /// Whether the connection answers: `ECHO` to the node, or for a Cluster to the master of
-    /// `slot` (a slot of the node being probed, which has just answered a [`NodeProbe`]), else
-    /// to any node it holds a live connection to (`PING` would go to every master, and fail
-    /// while one is down). Routed by slot, the answer is about the connection to the node whose
-    /// keys the caller decides for. Sent to any node, about a third of the checks would go to
-    /// another, stalled master of a 3-master Cluster and time out, and the probe would then
-    /// replace the connection (the hybrid test
-    /// `a_stalled_master_does_not_make_a_healthy_masters_probe_replace_the_connection`).
+    /// Whether the connection answers: `ECHO` to the node; for a Cluster, `EXISTS` of `key`
+    /// (`(slot, key)`: [`probe_key`](super::slots::probe_key), a key of the store's namespace
+    /// that no store writes, in a slot of the node being probed, which has just answered a
+    /// [`NodeProbe`]) on the master of its slot, else `ECHO` to any node it holds a live
+    /// connection to (`PING` would go to every master, and fail while one is down). Routed by
+    /// slot, the answer is about the connection to the node whose keys the caller decides for.
+    /// Sent to any node, about a third of the checks would go to another, stalled master of a
+    /// 3-master Cluster and time out, and the probe would then replace the connection (the
+    /// hybrid test `a_stalled_master_does_not_make_a_healthy_masters_probe_replace_the_connection`).
+    /// A key, unlike `ECHO`, is refused while the node does not serve its slot: `CLUSTERDOWN`
+    /// (the Cluster lost a slot's coverage), `MOVED`, `TRYAGAIN`.
     ///
     /// A Cluster node is probed with a [`NodeProbe`] first, on a connection of the probe's own.
-    pub(crate) async fn responsive(&self, slot: Option<u16>) -> bool {
-        let mut echo = redis::cmd("ECHO");
-        echo.arg("tollgate");
-        self.send_to(echo, slot).await.is_ok()
+    pub(crate) async fn responsive(&self, slot_key: Option<(u16, &str)>) -> bool {
+        // The caller's timeout bounds the probe; a keyed read is not tried again.
+        let now = Instant::now();
+        match slot_key {
+            Some((slot, key)) => {
+                let mut exists = redis::cmd("EXISTS");
+                exists.arg(key);
+                self.send_to(exists, Some(slot), now).await.is_ok()
+            }
+            None => {
+                let mut echo = redis::cmd("ECHO");
+                echo.arg("tollgate");
+                self.send_to(echo, None, now).await.is_ok()
+            }
+        }
     }
 
     pub(crate) async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
@@ -123,13 +138,15 @@ impl Conn {
 
     /// Runs the script on `groups` with `EVALSHA`, falling back to `EVAL` (which also caches the
     /// script) when the server answers `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
+    /// `deadline` is when the caller gives up: a Cluster call does not wait to try again past it.
     pub(crate) async fn eval<'g>(
         &self,
         script: &LuaScript,
         kind: CallKind,
         groups: impl Iterator<Item = &'g Group> + Clone,
+        deadline: Instant,
     ) -> Result<Value, RedisError> {
-        self.eval_routed(script, kind, groups, None).await
+        self.eval_routed(script, kind, groups, None, deadline).await
     }
 
     /// [`eval`](Self::eval), or with `node` (a Cluster), one call to the master serving slot
@@ -141,6 +158,7 @@ impl Conn {
         kind: CallKind,
         groups: impl Iterator<Item = &'g Group> + Clone,
         node: Option<u16>,
+        deadline: Instant,
     ) -> Result<Value, RedisError> {
         let run = |head: &str, body: &str| {
             let mut cmd = redis::cmd(head);
@@ -153,7 +171,7 @@ impl Conn {
                 }),
                 _ => node,
             };
-            self.send_to(cmd, slot)
+            self.send_to(cmd, slot, deadline)
         };
         match run("EVALSHA", script.sha()).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
@@ -165,9 +183,14 @@ impl Conn {
     }
 
     /// Sends `cmd`: routed by its keys, or (a Cluster) to the master of slot `node`.
-    async fn send_to(&self, cmd: Cmd, node: Option<u16>) -> Result<Value, RedisError> {
+    async fn send_to(
+        &self,
+        cmd: Cmd,
+        node: Option<u16>,
+        deadline: Instant,
+    ) -> Result<Value, RedisError> {
         match (self, node) {
-            (Conn::Cluster(c), Some(slot)) => c.send(&cmd, slot).await,
+            (Conn::Cluster(c), Some(slot)) => c.send(&cmd, slot, deadline).await,
             _ => self.query(&cmd).await,
         }
     }

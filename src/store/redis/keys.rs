@@ -65,6 +65,11 @@ pub(crate) struct EncodedKey {
 }
 
 impl KeyEncoder {
+    /// The namespace prefix every key of the store starts with.
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     /// An encoder for `prefix`, keyed with `secret` (empty: a public, deterministic hash), that
     /// writes IP keys readably if `readable_ips`.
     pub(crate) fn new(

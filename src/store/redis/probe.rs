@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use super::breaker::Breaker;
 use super::conn::{Conn, Handle, NodeProbe};
+use super::slots;
 use super::store::Inner;
 
 impl Inner {
@@ -28,6 +29,8 @@ impl Inner {
             .and_then(|a| NodeProbe::new(&self.target, a, self.connect_timeout));
         runtime.spawn(async move {
             let _token = token;
+            // The key read on the master, for its slot (see `Conn::responsive`).
+            let mut probe_key: Option<(u16, String)> = None;
             loop {
                 tokio::time::sleep(interval).await;
                 let Some(inner) = weak.upgrade() else {
@@ -36,17 +39,20 @@ impl Inner {
                 let Ok(handle) = inner.handle() else {
                     continue;
                 };
-                let mut slot = None;
+                let mut slot_key = None;
                 if let Some(addr) = &addr {
                     // A Cluster master: if it no longer serves any slot (failed over), nothing
                     // is sent to it any more and its breaker can close.
                     inner.refresh_slots(&handle.conn).await;
-                    slot = inner.slots.map().slot_of(addr);
-                    if slot.is_none() {
+                    let Some(slot) = inner.slots.map().slot_of(addr) else {
                         breaker.close(&inner.stats);
                         tracing::info!(node = %addr, "redis node no longer serves slots; its circuit breaker closed");
                         return;
+                    };
+                    if probe_key.as_ref().is_none_or(|(s, _)| *s != slot) {
+                        probe_key = Some((slot, slots::probe_key(inner.keys.prefix(), slot)));
                     }
+                    slot_key = probe_key.as_ref().map(|(s, k)| (*s, k.as_str()));
                 }
                 let ok = match &mut node_probe {
                     // The node answers on the probe's own connection: the breaker closes once
@@ -54,9 +60,9 @@ impl Inner {
                     // `Links::rebuild`), and is replaced.
                     Some(probe) => {
                         probe.ping(inner.timeout).await
-                            && (inner.answers(&handle.conn, slot).await
+                            && (inner.answers(&handle.conn, slot_key).await
                                 || match inner.rebuild(handle.generation).await {
-                                    Some(new) => inner.answers(&new.conn, slot).await,
+                                    Some(new) => inner.answers(&new.conn, slot_key).await,
                                     None => false,
                                 })
                     }
@@ -98,11 +104,11 @@ impl Inner {
         }
     }
 
-    /// Whether `conn` answers within the connect timeout, for `slot` (see
+    /// Whether `conn` answers within the connect timeout, for a slot and its probe key (see
     /// [`Conn::responsive`](super::conn::Conn::responsive)).
-    async fn answers(&self, conn: &Conn, slot: Option<u16>) -> bool {
+    async fn answers(&self, conn: &Conn, slot_key: Option<(u16, &str)>) -> bool {
         matches!(
-            tokio::time::timeout(self.connect_timeout, conn.responsive(slot)).await,
+            tokio::time::timeout(self.connect_timeout, conn.responsive(slot_key)).await,
             Ok(true)
         )
     }

@@ -32,6 +32,10 @@ const SUSPECT_AFTER: u32 = 3;
 /// The shortest pause between two such questions while the calls keep timing out.
 const CHECK_INTERVAL: Duration = Duration::from_millis(200);
 
+/// The longest pause between two such questions, reached by doubling while they keep naming
+/// the same primary.
+const MAX_CHECK_INTERVAL: Duration = Duration::from_secs(2);
+
 /// Where a Sentinel-monitored primary is found, validated at build time.
 #[derive(Clone)]
 pub(crate) struct SentinelTarget {
@@ -94,7 +98,8 @@ impl SentinelConn {
     ) -> Self {
         let (tx, rx) = watch::channel(None);
         let failed = Arc::new(Failed::default());
-        let (announced, announcements) = mpsc::channel(1);
+        // Room for a `Resubscribed` and a `Switched` behind it, and more.
+        let (announced, announcements) = mpsc::channel(8);
         tokio::spawn(subscribe_until_closed(
             target.sentinels.clone(),
             connect_timeout,
@@ -112,6 +117,7 @@ impl SentinelConn {
             last: None,
             preferred: 0,
             next_check: Instant::now(),
+            check_interval: CHECK_INTERVAL,
         };
         tokio::spawn(resolver.run());
         Self {
@@ -207,6 +213,8 @@ struct Resolver {
     preferred: usize,
     /// When the Sentinels may next be asked whether the primary is still theirs.
     next_check: Instant,
+    /// The pause before the check after the next one (see [`Resolver::check`]).
+    check_interval: Duration,
 }
 
 /// What calls report to the resolver, and its wake-up.
@@ -228,7 +236,12 @@ impl Failed {
     }
 
     fn timed_out(&self, generation: u64) {
-        if self.timeouts.fetch_add(1, Ordering::Relaxed) + 1 >= SUSPECT_AFTER {
+        if self
+            .timeouts
+            .fetch_add(1, Ordering::Relaxed)
+            .saturating_add(1)
+            >= SUSPECT_AFTER
+        {
             self.suspect.fetch_max(generation, Ordering::Relaxed);
             self.wake.notify_one();
         }
@@ -304,11 +317,12 @@ impl Resolver {
             if self.primary.is_closed() {
                 return false;
             }
+            // Announcements made before the Sentinels are asked are in what they answer; one
+            // made while they are asked stays queued, and makes the resolver ask again.
+            while self.announcements.try_recv().is_ok() {}
             match self.resolve().await {
                 Ok((addr, conn)) => {
                     self.install(addr.into(), conn);
-                    // Announcements made before this resolution are in what it found.
-                    while self.announcements.try_recv().is_ok() {}
                     return true;
                 }
                 Err(e) => {
@@ -330,6 +344,7 @@ impl Resolver {
         }
         self.last = Some(addr.clone());
         self.generation += 1;
+        self.check_interval = CHECK_INTERVAL;
         self.failed.timeouts.store(0, Ordering::Relaxed);
         self.primary.send_replace(Some(Primary {
             addr,
@@ -338,31 +353,41 @@ impl Resolver {
         }));
     }
 
-    /// Asks every Sentinel which node is the primary (at most once per [`CHECK_INTERVAL`]),
-    /// keeping the current one while they name it or none answers; switches to another node
-    /// one of them names once it answers `ROLE` as a master. False once every handle is gone.
+    /// Asks every Sentinel which node is the primary and under which configuration epoch
+    /// ([`Resolver::named_with_epoch`]). The node named under the latest epoch is the primary:
+    /// the Sentinel that led a failover names the promoted node under a later epoch than one
+    /// that has not heard of it yet names the old primary. The current primary is kept while it
+    /// is named under the latest epoch, or (Sentinels that do not say their epochs) unless more
+    /// of those that answer name another node than name it; otherwise the store switches to such
+    /// a node once it answers `ROLE` as a master. Checks are at least [`CHECK_INTERVAL`] apart, twice
+    /// as far each time one keeps the primary, up to [`MAX_CHECK_INTERVAL`] (back to the
+    /// shortest after a switch, or after a quiet stretch), so a primary that keeps timing out
+    /// while the Sentinels name it costs each Sentinel one connection per interval, not five a
+    /// second. False once every handle is gone.
     async fn check(&mut self) -> bool {
+        if Instant::now() > self.next_check + MAX_CHECK_INTERVAL {
+            self.check_interval = CHECK_INTERVAL;
+        }
         let wait = tokio::time::sleep_until(self.next_check);
         tokio::select! {
             () = wait => {}
             () = self.primary.closed() => return false,
         }
-        self.next_check = Instant::now() + CHECK_INTERVAL;
+        self.next_check = Instant::now() + self.check_interval;
+        self.check_interval = (self.check_interval * 2).min(MAX_CHECK_INTERVAL);
         let asked = self.target.sentinels.iter().map(|sentinel| async {
-            tokio::time::timeout(self.connect_timeout, self.named_by(sentinel))
+            tokio::time::timeout(self.connect_timeout, self.named_with_epoch(sentinel))
                 .await
                 .ok()
                 .and_then(Result::ok)
         });
-        let named = futures_util::future::join_all(asked).await;
+        let named: Vec<_> = futures_util::future::join_all(asked)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
         let current = self.last.clone();
-        let mut others: Vec<(String, u16)> = Vec::new();
-        for (host, port) in named.iter().flatten() {
-            let same = current.as_deref() == Some(format!("{host}:{port}").as_str());
-            if !same && !others.iter().any(|o| (&o.0, o.1) == (host, *port)) {
-                others.push((host.clone(), *port));
-            }
-        }
+        let others = switch_to(&named, current.as_deref());
         for (host, port) in others {
             let found = tokio::time::timeout(
                 self.connect_timeout * 2,
@@ -382,7 +407,7 @@ impl Resolver {
                 }
             }
         }
-        tracing::debug!(master = %self.target.master, primary = current.as_deref(), answered = named.iter().flatten().count(), "the sentinels name no other primary; keeping it");
+        tracing::debug!(master = %self.target.master, primary = current.as_deref(), answered = named.len(), "the sentinels name no other primary; keeping it");
         true
     }
 
@@ -413,6 +438,35 @@ impl Resolver {
             }
         }
         Err(last.unwrap_or_else(|| RedisError::from((ErrorKind::Client, "no sentinels"))))
+    }
+
+    /// The node `sentinel` names as the primary, and the configuration epoch it names it under
+    /// (`config-epoch` of `SENTINEL MASTER`; `None` when the Sentinel does not say, or refuses
+    /// the command, and is asked for the address alone).
+    async fn named_with_epoch(
+        &self,
+        sentinel: &redis::Client,
+    ) -> Result<((String, u16), Option<u64>), RedisError> {
+        let mut conn = connect(sentinel, self.connect_timeout, self.connect_timeout).await?;
+        let fields: Result<Vec<String>, RedisError> = redis::cmd("SENTINEL")
+            .arg("MASTER")
+            .arg(&self.target.master)
+            .query_async(&mut conn)
+            .await;
+        if let Ok(fields) = fields {
+            let field = |name: &str| {
+                fields
+                    .chunks_exact(2)
+                    .find(|kv| kv[0] == name)
+                    .map(|kv| kv[1].as_str())
+            };
+            let port = field("port").and_then(|p| p.parse().ok());
+            if let (Some(ip), Some(port)) = (field("ip"), port) {
+                let epoch = field("config-epoch").and_then(|e| e.parse().ok());
+                return Ok(((ip.to_owned(), port), epoch));
+            }
+        }
+        Ok((self.named_by(sentinel).await?, None))
     }
 
     /// The node `sentinel` names as the primary.
@@ -459,6 +513,36 @@ impl Resolver {
     }
 }
 
+/// The nodes to switch to, most named first, given what the Sentinels that answered `named`
+/// (each node and the configuration epoch it was named under, if said) while `current` is the
+/// primary: none while `current` is named under the latest epoch said, or (no epoch said) by at
+/// least as many Sentinels as any other node. Only the Sentinels of the latest epoch count, so
+/// one that has not heard of a failover neither moves the store back to the old primary nor
+/// keeps it there; without epochs, one Sentinel does not outvote the others.
+fn switch_to(named: &[((String, u16), Option<u64>)], current: Option<&str>) -> Vec<(String, u16)> {
+    let is_current =
+        |(host, port): &(String, u16)| current == Some(format!("{host}:{port}").as_str());
+    let latest = named.iter().filter_map(|n| n.1).max();
+    let named = named
+        .iter()
+        .filter(|n| latest.is_none() || n.1 == latest)
+        .map(|n| &n.0);
+    let mut keep = 0;
+    let mut others: Vec<((String, u16), usize)> = Vec::new();
+    for node in named {
+        if is_current(node) {
+            keep += 1;
+        } else if let Some(o) = others.iter_mut().find(|o| &o.0 == node) {
+            o.1 += 1;
+        } else {
+            others.push((node.clone(), 1));
+        }
+    }
+    others.retain(|o| o.1 > keep);
+    others.sort_by_key(|o| std::cmp::Reverse(o.1));
+    others.into_iter().map(|o| o.0).collect()
+}
+
 async fn connect(
     client: &redis::Client,
     connect_timeout: Duration,
@@ -487,6 +571,30 @@ fn is_master(role: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_node_named_under_the_latest_epoch_is_the_primary() {
+        let node = |port: u16| ("10.0.0.1".to_owned(), port);
+        let x = Some("10.0.0.1:1");
+        // The leader of a failover names the promoted node under a later epoch: it alone is
+        // enough, and two Sentinels that have not heard of it yet do not outvote it.
+        let named = [(node(2), Some(8)), (node(1), Some(7)), (node(1), Some(7))];
+        assert_eq!(switch_to(&named, x), [node(2)]);
+        // A lagging Sentinel naming the old primary under an older epoch does not move the
+        // store back to it.
+        let named = [(node(2), Some(8)), (node(1), Some(7))];
+        assert!(switch_to(&named, Some("10.0.0.1:2")).is_empty());
+        // The current primary under the latest epoch is kept.
+        let named = [(node(1), Some(8)), (node(1), Some(8)), (node(2), Some(7))];
+        assert!(switch_to(&named, x).is_empty());
+        // Without epochs: a switch needs more Sentinels naming the node than the primary.
+        let named = [(node(2), None), (node(1), None), (node(1), None)];
+        assert!(switch_to(&named, x).is_empty());
+        let named = [(node(2), None), (node(2), None), (node(1), None)];
+        assert_eq!(switch_to(&named, x), [node(2)]);
+        // Nobody answered: keep.
+        assert!(switch_to(&[], x).is_empty());
+    }
 
     #[test]
     fn a_role_reply_is_a_masters_only_when_it_says_so() {

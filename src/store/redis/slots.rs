@@ -196,6 +196,37 @@ impl SlotMap {
 
 /// The Cluster hash slot of `key`: of its hash tag (the bytes between its first `{` and the
 /// next `}`, if not empty), else of the whole key, as Redis computes it.
+/// A key in `slot` under `prefix` (`<prefix>:{probe-<n>}`, the smallest such `n`), which no
+/// store writes: a read of it asks the slot's master whether it serves the slot, which a
+/// keyless command does not (a node answers `ECHO` while the Cluster is down).
+pub(crate) fn probe_key(prefix: &str, slot: u16) -> String {
+    let slot = slot % 16384;
+    let mut tag = *b"probe-0000000000";
+    let mut len = 7;
+    for n in 0u32.. {
+        // n in decimal after "probe-", without allocating.
+        let (mut rest, mut digits) = (n, [0u8; 10]);
+        let mut count = 0;
+        loop {
+            digits[count] = b'0' + (rest % 10) as u8;
+            count += 1;
+            rest /= 10;
+            if rest == 0 {
+                break;
+            }
+        }
+        for (i, d) in digits[..count].iter().rev().enumerate() {
+            tag[6 + i] = *d;
+        }
+        len = 6 + count;
+        if slot_of_tag(&tag[..len]) == slot {
+            break;
+        }
+    }
+    let tag = std::str::from_utf8(&tag[..len]).expect("ASCII");
+    format!("{prefix}:{{{tag}}}")
+}
+
 pub(crate) fn slot_of_key(key: &[u8]) -> u16 {
     let tag = key
         .iter()
@@ -228,6 +259,17 @@ pub(crate) fn slot_of_tag(tag: &[u8]) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_probe_key_is_in_its_slot_under_the_prefix() {
+        // Every slot takes about 16,384 tries on average: a spread of them, and both ends.
+        for slot in (0..16384u16).step_by(257).chain([1, 16382, 16383]) {
+            let key = probe_key("tollgate", slot);
+            assert_eq!(slot_of_key(key.as_bytes()), slot, "{key}");
+            assert!(key.starts_with("tollgate:{probe-"), "{key}");
+        }
+        assert_eq!(probe_key("p", 16384 + 7), probe_key("p", 7));
+    }
 
     #[test]
     fn slots_match_redis() {
