@@ -97,6 +97,39 @@ fn wait_state(cluster: &RedisCluster, state: &str) -> Duration {
     start.elapsed()
 }
 
+/// The two keys of one client (one hash tag), split by a migration of their slot.
+struct Split {
+    keys: Vec<String>,
+    slot: String,
+    /// The node migrating the slot, still holding `keys[1]`.
+    from: usize,
+    /// The node importing it, holding `keys[0]`.
+    to: usize,
+}
+
+/// Starts migrating the slot of the store's two keys (under `prefix`) from its master to the
+/// next node and moves one of them: a call with both is answered `TRYAGAIN` by the migrating
+/// node (and by the importing one after `ASKING`).
+fn split_by_migration(cluster: &RedisCluster, prefix: &str) -> Split {
+    let mut keys = cluster.keys(&format!("{prefix}*"));
+    keys.sort();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    let slot = cluster.keyslot(&keys[0]).to_string();
+    let from = cluster.index_for(&keys[0]);
+    let to = (from + 1) % cluster.nodes.len();
+    let (a, b) = (&cluster.nodes[from], &cluster.nodes[to]);
+    let _: String = b.cmd(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &id(a)]);
+    let _: String = a.cmd(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &id(b)]);
+    let port = b.port().to_string();
+    let _: String = a.cmd(&["MIGRATE", "127.0.0.1", &port, &keys[0], "0", "5000"]);
+    Split {
+        keys,
+        slot,
+        from,
+        to,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clusterdown_is_decided_by_each_policy_and_redis_decides_again_once_it_is_up() {
     // `cluster-require-full-coverage yes`: one slot without a master takes the whole Cluster down.
@@ -184,19 +217,14 @@ async fn keys_split_by_a_migration_are_tried_again_then_decided_by_policy_never_
         let client = if batching { "batched" } else { "alone" };
         // Two limits of one client: two keys of one hash tag, so one slot and one script call.
         assert_eq!(remaining(&store, client, &[1, 2]).await, [99, 99]);
-        let mut keys = cluster.keys(&format!("{prefix}*"));
-        keys.sort();
-        assert_eq!(keys.len(), 2, "{keys:?}");
-        let slot = cluster.keyslot(&keys[0]).to_string();
-        let from = cluster.index_for(&keys[0]);
-        let to = (from + 1) % cluster.nodes.len();
+        let Split {
+            keys,
+            slot,
+            from,
+            to,
+        } = split_by_migration(&cluster, &prefix);
         let (a, b) = (&cluster.nodes[from], &cluster.nodes[to]);
-        let (a_id, b_id) = (id(a), id(b));
-        let _: String = b.cmd(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &a_id]);
-        let _: String = a.cmd(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &b_id]);
-        let port = b.port().to_string();
-        // One key moved, one not: `a` answers TRYAGAIN for the call, so would `b` after ASKING.
-        let _: String = a.cmd(&["MIGRATE", "127.0.0.1", &port, &keys[0], "0", "5000"]);
+        let (b_id, port) = (id(b), b.port().to_string());
 
         let errors = store.stats().errors();
         let started = Instant::now();
@@ -250,17 +278,8 @@ async fn a_tryagain_is_not_tried_again_past_the_callers_deadline() {
         assert!(warm < 100, "the store never decided by Redis");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut keys = cluster.keys(&format!("{prefix}*"));
-    keys.sort();
-    assert_eq!(keys.len(), 2, "{keys:?}");
-    let slot = cluster.keyslot(&keys[0]).to_string();
-    let from = cluster.index_for(&keys[0]);
-    let to = (from + 1) % cluster.nodes.len();
-    let (a, b) = (&cluster.nodes[from], &cluster.nodes[to]);
-    let _: String = b.cmd(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &id(a)]);
-    let _: String = a.cmd(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &id(b)]);
-    let port = b.port().to_string();
-    let _: String = a.cmd(&["MIGRATE", "127.0.0.1", &port, &keys[0], "0", "5000"]);
+    let Split { from, .. } = split_by_migration(&cluster, &prefix);
+    let a = &cluster.nodes[from];
     let rejected = |n: &RedisServer| -> u64 {
         let stats: String = n.cmd(&["INFO", "commandstats"]);
         stats
