@@ -364,6 +364,9 @@ pub struct Failover {
     /// Calls that timed out, summed over the stores (the machine did not keep up, or a store
     /// stalled).
     pub timeouts: u64,
+    /// Each store's batching tasks at the end (`RedisStats::batchers`), once the dead master's
+    /// has ended (waiting up to 2 s for it).
+    pub batchers: Vec<u64>,
 }
 
 impl Failover {
@@ -517,7 +520,23 @@ pub async fn kill_a_master_under_load(
         lag_bytes: master_offset.zip(replica_offset).map(|(m, r)| m - r),
         stats: stores.iter().map(|s| format!("{:?}", s.stats())).collect(),
         timeouts: stores.iter().map(|s| s.stats().timeouts()).sum(),
+        batchers: settled_batchers(&stores).await,
     }
+}
+
+/// Each store's batching tasks, once at most one per live master runs, or after 2 s.
+async fn settled_batchers(stores: &[RedisStore]) -> Vec<u64> {
+    let counts = || {
+        stores
+            .iter()
+            .map(|s| s.stats().batchers())
+            .collect::<Vec<_>>()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while counts().iter().any(|&b| b > 3) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    counts()
 }
 
 /// The dead master's keys, from the `remaining` their checks were told (every check costs one

@@ -53,7 +53,9 @@ fn spawn_batcher(
     node: Option<Arc<SlotCache>>,
 ) -> mpsc::UnboundedSender<Job> {
     let (tx, mut rx) = mpsc::unbounded_channel::<Job>();
+    let running = stats.batcher_running();
     tokio::spawn(async move {
+        let _running = running;
         let mut in_flight = FuturesUnordered::new();
         let mut open = true;
         while open || !in_flight.is_empty() {
@@ -336,6 +338,14 @@ impl Batchers {
                 batcher.clone()
             }
             None => {
+                // A new master: the batchers of addresses the slot map no longer names as
+                // masters (failed over, removed) are dropped, and their tasks end once their
+                // calls on the wire are answered.
+                if let Some(slots) = &self.slots {
+                    let map = slots.map();
+                    let masters = map.masters();
+                    by_node.retain(|(n, _)| masters.iter().any(|m| **m == **n));
+                }
                 let batcher = spawn();
                 by_node.push((node.into(), batcher.clone()));
                 batcher

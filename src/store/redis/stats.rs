@@ -39,6 +39,7 @@ struct Counters {
     batched_calls: AtomicU64,
     split_batches: AtomicU64,
     batcher_restarts: AtomicU64,
+    batchers: AtomicU64,
     reconnects: AtomicU64,
     open_breakers: AtomicU32,
     maxmemory_policy: OnceLock<String>,
@@ -110,6 +111,14 @@ impl RedisStats {
     /// down) and was restarted. Requests it held were decided by their failure policies.
     pub fn batcher_restarts(&self) -> u64 {
         self.inner.batcher_restarts.load(Relaxed)
+    }
+
+    /// Batching tasks running: one per tokio runtime the store decides from for a node or a
+    /// Sentinel primary, one per Cluster master it has sent checks to. A Cluster master the slot
+    /// map no longer names (failed over, removed) loses its batcher when the store first sends to
+    /// a new master, once its calls on the wire are answered, so failovers do not add up.
+    pub fn batchers(&self) -> u64 {
+        self.inner.batchers.load(Relaxed)
     }
 
     /// How many connections were set up because the store was used from a tokio runtime
@@ -214,6 +223,12 @@ impl RedisStats {
         self.inner.open_breakers.fetch_sub(1, Relaxed);
     }
 
+    /// Counts a batching task from its start until it ends (however it ends).
+    pub(crate) fn batcher_running(&self) -> BatcherRunning {
+        self.inner.batchers.fetch_add(1, Relaxed);
+        BatcherRunning(self.clone())
+    }
+
     pub(crate) fn add_batcher_restart(&self) {
         self.inner.batcher_restarts.fetch_add(1, Relaxed);
     }
@@ -224,5 +239,14 @@ impl RedisStats {
 
     pub(crate) fn set_maxmemory_policy(&self, policy: String) {
         let _ = self.inner.maxmemory_policy.set(policy);
+    }
+}
+
+/// A batching task, counted in [`RedisStats::batchers`] until it is dropped.
+pub(crate) struct BatcherRunning(RedisStats);
+
+impl Drop for BatcherRunning {
+    fn drop(&mut self) {
+        self.0.inner.batchers.fetch_sub(1, Relaxed);
     }
 }
