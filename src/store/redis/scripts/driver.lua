@@ -105,17 +105,7 @@ local function single(key, lim, cost, now, at, plan)
     end
   end
   MARK = ''
-  if not ok and retry == 0 then
-    retry = 1 -- as Decision::rejected: a rejection always waits at least 1 µs
-  end
-  -- Only state no transition produces (hand-written, or from another clock) gets this far.
-  if reset > MAX_EXACT then
-    reset = MAX_EXACT
-  end
-  if retry > MAX_EXACT then
-    retry = MAX_EXACT
-  end
-  return ok and 1 or 0, remaining, reset, retry, corrupt and 1 or 0
+  return decided(ok, remaining, reset, retry, corrupt)
 end
 
 -- A batch: 'b' (each key's argument follows) or 'B' (every key distinct, of limit 0 at cost 1:
@@ -229,18 +219,8 @@ end
 
 -- Appends one limit's five integers.
 local function emit(ok, remaining, reset, retry, corrupt)
-  if not ok and retry == 0 then
-    retry = 1 -- as Decision::rejected: a rejection always waits at least 1 µs
-  end
-  -- Only state no transition produces (hand-written, or from another clock) gets this far.
-  if reset > MAX_EXACT then
-    reset = MAX_EXACT
-  end
-  if retry > MAX_EXACT then
-    retry = MAX_EXACT
-  end
   nout = nout + 1
-  out[nout] = struct.pack('<i8i8i8i8i8', ok and 1 or 0, remaining, reset, retry, corrupt and 1 or 0)
+  out[nout] = struct.pack('<i8i8i8i8i8', decided(ok, remaining, reset, retry, corrupt))
 end
 
 local ngroups = int(ARGV[2])

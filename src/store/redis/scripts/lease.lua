@@ -129,13 +129,5 @@ if retry ~= -1 and wait > min then
     retry = later
   end
 end
-if retry == 0 then
-  retry = 1
-end
-if reset > MAX_EXACT then
-  reset = MAX_EXACT
-end
-if retry > MAX_EXACT then
-  retry = MAX_EXACT
-end
-return struct.pack('<i8i8i8i8i8i8', now, 0, remaining, reset, retry, corrupt and 1 or 0)
+local _, left, until_full, wait_for, unread = decided(false, remaining, reset, retry, corrupt)
+return struct.pack('<i8i8i8i8i8i8', now, 0, left, until_full, wait_for, unread)

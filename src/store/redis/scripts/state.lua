@@ -129,3 +129,19 @@ local function bucket_carry(ounit, oper, unit, cap, deficit, lock)
   end
   return cdiv(deficit, ounit) * unit, 0
 end
+
+-- A decision as its reply's integers: allowed (1/0), remaining, reset, retry, corrupt (1/0). A
+-- rejection waits at least 1 µs (as Decision::rejected); reset and retry past 2^53 come only
+-- from state no transition produces (hand-written, or from another clock) and are capped.
+local function decided(ok, remaining, reset, retry, corrupt)
+  if not ok and retry == 0 then
+    retry = 1
+  end
+  if reset > MAX_EXACT then
+    reset = MAX_EXACT
+  end
+  if retry > MAX_EXACT then
+    retry = MAX_EXACT
+  end
+  return ok and 1 or 0, remaining, reset, retry, corrupt and 1 or 0
+end
